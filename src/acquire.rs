@@ -1,0 +1,98 @@
+//! The wait for a slot: try, then wait with jittered backoff (or in the kernel,
+//! or on a wake-up), until a slot is ours or `--timeout` passes.
+
+use std::time::Duration;
+
+use crate::backend::{Acquired, Backend, Request, Wait};
+use crate::backoff::{self, Backoff};
+use crate::clock::Moment;
+use crate::duration::display;
+use crate::error::{Error, Result};
+use crate::report::{Event, Reporter, held_by};
+
+pub struct Policy {
+    /// `None` waits forever.
+    pub timeout: Option<Duration>,
+    pub backoff: backoff::Policy,
+    pub conflict_exit_code: u8,
+}
+
+pub struct Taken {
+    pub acquired: Acquired,
+    /// When the successful attempt was sent: a lease runs from no earlier than this.
+    pub attempt_sent: Moment,
+    pub waited: Duration,
+}
+
+pub fn acquire(
+    backend: &mut dyn Backend,
+    request: &Request,
+    policy: &Policy,
+    reporter: &Reporter,
+) -> Result<Taken> {
+    let started = Moment::now();
+    let deadline = policy.timeout.map(|timeout| started + timeout);
+    let mut backoff = Backoff::new(policy.backoff);
+    let mut rng = rand::rng();
+    let mut announced = false;
+    loop {
+        let attempt_sent = Moment::now();
+        if let Some(acquired) = backend.try_acquire(request)? {
+            return Ok(taken(acquired, attempt_sent, started, reporter));
+        }
+        if deadline.is_some_and(Moment::has_passed) {
+            return Err(busy(backend, request, policy, started));
+        }
+        if !announced {
+            announced = true;
+            if reporter.wants_details() {
+                let holders = backend.holders(Some(&request.name)).unwrap_or_default();
+                reporter.event(&Event::Waiting { holders: &holders });
+            }
+        }
+        let delay = backoff.next_wait(&mut rng, deadline.map(Moment::remaining));
+        reporter.event(&Event::Retry { delay });
+        let attempt_sent = Moment::now();
+        let wait = Wait {
+            step_until: attempt_sent + delay,
+            deadline,
+        };
+        if let Some(acquired) = backend.wait(request, wait)? {
+            return Ok(taken(acquired, attempt_sent, started, reporter));
+        }
+    }
+}
+
+fn taken(acquired: Acquired, attempt_sent: Moment, started: Moment, reporter: &Reporter) -> Taken {
+    let waited = Moment::now() - started;
+    reporter.event(&Event::Acquired {
+        slot: acquired.slot,
+        fence: acquired.fence,
+        waited,
+    });
+    Taken {
+        acquired,
+        attempt_sent,
+        waited,
+    }
+}
+
+fn busy(backend: &mut dyn Backend, request: &Request, policy: &Policy, started: Moment) -> Error {
+    let holders = backend.holders(Some(&request.name)).unwrap_or_default();
+    let slots = match request.parallelism {
+        1 => "its slot is taken".to_owned(),
+        n => format!("all {n} slots are taken"),
+    };
+    let gave_up = match policy.timeout {
+        Some(Duration::ZERO) => String::new(),
+        _ => format!("; gave up after {}", display(Moment::now() - started)),
+    };
+    Error::Busy {
+        message: format!(
+            "{} is busy: {slots}{}{gave_up}",
+            request.name,
+            held_by(&holders)
+        ),
+        exit_code: policy.conflict_exit_code,
+    }
+}

@@ -1,0 +1,111 @@
+//! Jittered exponential backoff (SPEC §1): the n-th wait is
+//! `min(delay_n * U(0.5, 1.5), max_delay)`, `delay_{n+1} = min(delay_n * multiplier, max_delay)`.
+
+use std::time::Duration;
+
+use rand::{Rng, RngExt};
+
+#[derive(Clone, Copy, Debug)]
+pub struct Policy {
+    pub initial_delay: Duration,
+    pub max_delay: Duration,
+    pub multiplier: f64,
+}
+
+/// The delays of one wait, in order.
+#[derive(Debug)]
+pub struct Backoff {
+    policy: Policy,
+    delay: Duration,
+}
+
+impl Backoff {
+    pub fn new(policy: Policy) -> Self {
+        Self {
+            delay: policy.initial_delay.min(policy.max_delay),
+            policy,
+        }
+    }
+
+    /// The next wait, never longer than `left` (the time to the `--timeout` deadline).
+    pub fn next_wait(&mut self, rng: &mut impl Rng, left: Option<Duration>) -> Duration {
+        let jitter = rng.random_range(0.5..1.5);
+        let wait = self.delay.mul_f64(jitter).min(self.policy.max_delay);
+        self.delay = self
+            .delay
+            .mul_f64(self.policy.multiplier)
+            .min(self.policy.max_delay);
+        left.map_or(wait, |left| wait.min(left))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+    use rand::rngs::StdRng;
+
+    const DEFAULTS: Policy = Policy {
+        initial_delay: Duration::from_secs(1),
+        max_delay: Duration::from_secs(30),
+        multiplier: 1.5,
+    };
+
+    #[test]
+    fn waits_follow_the_formula_with_seeded_jitter() {
+        let mut backoff = Backoff::new(DEFAULTS);
+        let mut rng = StdRng::seed_from_u64(7);
+        let mut jitter_rng = StdRng::seed_from_u64(7);
+        let mut delay = 1.0_f64;
+        for _ in 0..20 {
+            let jitter: f64 = jitter_rng.random_range(0.5..1.5);
+            let expected = (delay * jitter).min(30.0);
+            let wait = backoff.next_wait(&mut rng, None).as_secs_f64();
+            assert!((wait - expected).abs() < 1e-6, "wait {wait} != {expected}");
+            delay = (delay * 1.5).min(30.0);
+        }
+    }
+
+    #[test]
+    fn jitter_stays_within_half_to_one_and_a_half() {
+        let mut rng = StdRng::seed_from_u64(1);
+        for _ in 0..1000 {
+            let wait = Backoff::new(DEFAULTS).next_wait(&mut rng, None);
+            assert!(wait >= Duration::from_millis(500) && wait < Duration::from_millis(1500));
+        }
+    }
+
+    #[test]
+    fn capped_by_max_delay() {
+        let mut backoff = Backoff::new(DEFAULTS);
+        let mut rng = StdRng::seed_from_u64(3);
+        let waits: Vec<_> = (0..40).map(|_| backoff.next_wait(&mut rng, None)).collect();
+        assert!(waits.iter().all(|w| *w <= Duration::from_secs(30)));
+        assert!(
+            waits[30..].iter().any(|w| *w == Duration::from_secs(30)),
+            "late waits reach the cap"
+        );
+    }
+
+    #[test]
+    fn never_sleeps_past_the_deadline() {
+        let mut backoff = Backoff::new(DEFAULTS);
+        let mut rng = StdRng::seed_from_u64(5);
+        let left = Duration::from_millis(120);
+        assert_eq!(backoff.next_wait(&mut rng, Some(left)), left);
+    }
+
+    #[test]
+    fn multiplier_one_keeps_the_delay() {
+        let policy = Policy {
+            multiplier: 1.0,
+            ..DEFAULTS
+        };
+        let mut backoff = Backoff::new(policy);
+        let mut rng = StdRng::seed_from_u64(9);
+        for _ in 0..10 {
+            let wait = backoff.next_wait(&mut rng, None);
+            assert!(wait >= Duration::from_millis(500) && wait < Duration::from_millis(1500));
+        }
+    }
+}

@@ -1,0 +1,333 @@
+//! The command line (SPEC §1): every option also reads its environment variable.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::error::ErrorKind;
+use clap::{Args, Parser, Subcommand};
+
+use crate::backend::Kind;
+use crate::duration;
+use crate::name::Name;
+use crate::report::Format;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "lockrun",
+    version,
+    about = "Run a command while holding a named lock: a file, a SQLite database or Redis",
+    override_usage = "lockrun [OPTIONS] --name NAME [--] COMMAND [ARG]...\n       \
+                      lockrun [OPTIONS] --name NAME -c 'SHELL COMMAND'\n       \
+                      lockrun status [OPTIONS] [NAME] [--json]\n       \
+                      lockrun release [OPTIONS] NAME [--slot N] --force",
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true,
+    max_term_width = 100
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub action: Option<Action>,
+
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Action {
+    /// List who holds a lock (every name when NAME is omitted)
+    Status(StatusArgs),
+    /// Break a lease that is known to be dead (sqlite and redis)
+    Release(ReleaseArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The lock's name: 1 to 200 bytes, no control characters
+    #[arg(long, env = "LOCKRUN_NAME", value_parser = parse_name, required = true)]
+    pub name: Option<Name>,
+
+    #[command(flatten)]
+    pub store: StoreArgs,
+
+    /// How many holders at once (slots), 1 to 1024
+    #[arg(short = 'p', long, env = "LOCKRUN_PARALLELISM", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub parallelism: u32,
+
+    /// Give up at once if no slot is free (same as --timeout 0)
+    #[arg(short = 'n', long)]
+    pub no_wait: bool,
+
+    /// Longest wait for a slot; `inf` waits forever
+    #[arg(short = 'w', long, env = "LOCKRUN_TIMEOUT", default_value = "600s", value_name = "DUR",
+          value_parser = parse_limit)]
+    pub timeout: Limit,
+
+    /// First retry delay when polling
+    #[arg(long, env = "LOCKRUN_INITIAL_DELAY", default_value = "1s", value_name = "DUR", value_parser = duration::parse)]
+    pub initial_delay: Duration,
+
+    /// Cap on the retry delay
+    #[arg(long, env = "LOCKRUN_MAX_DELAY", default_value = "30s", value_name = "DUR", value_parser = duration::parse)]
+    pub max_delay: Duration,
+
+    /// Growth of the retry delay per retry (>= 1)
+    #[arg(long, default_value_t = 1.5, value_name = "F", value_parser = parse_multiplier)]
+    pub backoff_multiplier: f64,
+
+    /// Lease length on sqlite and redis; renewed every TTL/3 while the command runs
+    #[arg(long, env = "LOCKRUN_TTL", default_value = "30s", value_name = "DUR", value_parser = parse_ttl)]
+    pub ttl: Duration,
+
+    /// Keep the slot taken at least this long after acquiring
+    #[arg(long, default_value = "0", value_name = "DUR", value_parser = duration::parse)]
+    pub min_hold: Duration,
+
+    /// Stop the command after this long (exit 124)
+    #[arg(long, value_name = "DUR", value_parser = duration::parse)]
+    pub max_runtime: Option<Duration>,
+
+    /// Time between SIGTERM and SIGKILL when lockrun stops the command [default: 10s, at most TTL/3 on sqlite and redis]
+    #[arg(long, value_name = "DUR", value_parser = duration::parse)]
+    pub kill_grace: Option<Duration>,
+
+    /// Exit status when no slot was acquired, 0 to 255
+    #[arg(short = 'E', long, default_value_t = 75, value_name = "N")]
+    pub conflict_exit_code: u8,
+
+    /// Run this string with /bin/sh -c instead of COMMAND ARGS
+    #[arg(
+        short = 'c',
+        long = "command",
+        value_name = "STRING",
+        conflicts_with = "command"
+    )]
+    pub shell_command: Option<OsString>,
+
+    #[command(flatten)]
+    pub output: OutputArgs,
+
+    /// The command to run and its arguments
+    #[arg(
+        value_name = "COMMAND",
+        trailing_var_arg = true,
+        allow_hyphen_values = true
+    )]
+    pub command: Vec<OsString>,
+}
+
+/// Where locks live; shared by running, `status` and `release`.
+#[derive(Debug, Args)]
+pub struct StoreArgs {
+    /// Where the lock lives
+    #[arg(short = 'b', long, env = "LOCKRUN_BACKEND", value_enum, default_value_t = Kind::File)]
+    pub backend: Kind,
+
+    /// File backend's directory [default: `$XDG_RUNTIME_DIR/lockrun`, else `/run/lock/lockrun`, else `$TMPDIR/lockrun-$UID`]
+    #[arg(long, env = "LOCKRUN_DIR", value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+
+    /// `SQLite` database [default: `$XDG_STATE_HOME/lockrun/locks.sqlite3`, else `~/.local/state/lockrun/locks.sqlite3`]
+    #[arg(long, env = "LOCKRUN_DB", value_name = "PATH")]
+    pub db: Option<PathBuf>,
+
+    /// Redis server: `redis://[user:pass@]host:port[/db]`, `rediss://` (TLS) or `redis+unix:///path`
+    #[arg(
+        long,
+        env = "LOCKRUN_REDIS_URL",
+        default_value = "redis://127.0.0.1:6379",
+        value_name = "URL",
+        hide_env_values = true
+    )]
+    pub redis_url: String,
+
+    /// Redis key prefix (keys start with PREFIX:)
+    #[arg(
+        long,
+        env = "LOCKRUN_PREFIX",
+        default_value = "lockrun",
+        value_name = "PREFIX"
+    )]
+    pub prefix: String,
+}
+
+#[derive(Debug, Args)]
+pub struct OutputArgs {
+    /// More diagnostics on stderr: waiting, acquired, renewals, release
+    #[arg(short = 'v', long, conflicts_with = "quiet")]
+    pub verbose: bool,
+
+    /// No diagnostics at all
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
+
+    /// Diagnostics as text lines or one JSON event per line
+    #[arg(long, env = "LOCKRUN_LOG_FORMAT", value_enum, default_value_t = Format::Text)]
+    pub log_format: Format,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// The lock to show; every lock when omitted
+    #[arg(value_parser = parse_name)]
+    pub name: Option<Name>,
+
+    /// Print a JSON array instead of a table
+    #[arg(long)]
+    pub json: bool,
+
+    #[command(flatten)]
+    pub store: StoreArgs,
+
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct ReleaseArgs {
+    /// The lock whose lease to break
+    #[arg(value_parser = parse_name)]
+    pub name: Name,
+
+    /// Only this slot (all of the name's slots when omitted)
+    #[arg(long, value_name = "N")]
+    pub slot: Option<u32>,
+
+    /// Required: breaking a live holder's lease lets a second holder in
+    #[arg(long)]
+    pub force: bool,
+
+    #[command(flatten)]
+    pub store: StoreArgs,
+
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// A limit that may be `inf`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limit(pub Option<Duration>);
+
+fn parse_limit(text: &str) -> Result<Limit, String> {
+    duration::parse_limit(text).map(Limit)
+}
+
+fn parse_name(text: &str) -> Result<Name, String> {
+    Name::parse(text)
+}
+
+fn parse_multiplier(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(value) if value.is_finite() && value >= 1.0 => Ok(value),
+        _ => Err(format!("'{text}' is not a number of at least 1")),
+    }
+}
+
+fn parse_ttl(text: &str) -> Result<Duration, String> {
+    let ttl = duration::parse(text)?;
+    if ttl < Duration::from_millis(100) {
+        return Err(format!(
+            "'{text}' is too short for a lease (at least 100ms)"
+        ));
+    }
+    Ok(ttl)
+}
+
+/// Parses the command line; `Err` carries the exit status for help, version
+/// (0, printed) and usage errors (64, one line).
+pub fn parse() -> Result<Cli, u8> {
+    parse_from(std::env::args_os())
+}
+
+pub fn parse_from(args: impl IntoIterator<Item = OsString>) -> Result<Cli, u8> {
+    Cli::try_parse_from(args).map_err(|err| match err.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            let _ = err.print();
+            0
+        }
+        _ => {
+            eprintln!(
+                "lockrun: {} (see lockrun --help)",
+                one_line(&err.render().to_string())
+            );
+            crate::error::status::USAGE
+        }
+    })
+}
+
+/// clap's message without its "error: " lead, usage block and tips, on one line.
+fn one_line(rendered: &str) -> String {
+    rendered
+        .lines()
+        .take_while(|line| !line.trim().is_empty())
+        .map(str::trim)
+        .collect::<Vec<_>>()
+        .join(" ")
+        .trim_start_matches("error: ")
+        .to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn flock_style_short_flags() {
+        let cli = Cli::try_parse_from([
+            "lockrun", "--name", "x", "-n", "-w", "5", "-E", "3", "-p", "2", "-b", "file", "-v",
+            "true",
+        ])
+        .unwrap();
+        assert!(cli.run.no_wait && cli.run.output.verbose);
+        assert_eq!(cli.run.timeout, Limit(Some(Duration::from_secs(5))));
+        assert_eq!((cli.run.conflict_exit_code, cli.run.parallelism), (3, 2));
+        assert_eq!(cli.run.command, vec![OsString::from("true")]);
+    }
+
+    #[test]
+    fn command_arguments_are_kept_verbatim() {
+        let cli =
+            Cli::try_parse_from(["lockrun", "--name", "x", "--", "ls", "-l", "--", "a b"]).unwrap();
+        assert_eq!(
+            cli.run.command,
+            ["ls", "-l", "--", "a b"].map(OsString::from)
+        );
+        let cli = Cli::try_parse_from(["lockrun", "--name", "x", "ls", "-l"]).unwrap();
+        assert_eq!(cli.run.command, ["ls", "-l"].map(OsString::from));
+    }
+
+    #[test]
+    fn subcommands_parse() {
+        let cli = Cli::try_parse_from(["lockrun", "status", "backup", "--json"]).unwrap();
+        assert!(matches!(
+            cli.action,
+            Some(Action::Status(StatusArgs { json: true, .. }))
+        ));
+        let cli = Cli::try_parse_from([
+            "lockrun", "release", "backup", "--slot", "1", "--force", "-b", "redis",
+        ])
+        .unwrap();
+        assert!(matches!(
+            cli.action,
+            Some(Action::Release(ReleaseArgs {
+                slot: Some(1),
+                force: true,
+                ..
+            }))
+        ));
+    }
+
+    #[test]
+    fn usage_errors_render_on_one_line() {
+        let err = Cli::try_parse_from(["lockrun", "true"]).unwrap_err();
+        let line = one_line(&err.render().to_string());
+        assert!(line.contains("--name") && !line.contains('\n'), "{line}");
+    }
+}

@@ -1,0 +1,52 @@
+//! Errors that know the exit status they end lockrun with (SPEC §2).
+
+/// Exit statuses of lockrun's own.
+pub mod status {
+    pub const USAGE: u8 = 64;
+    pub const UNAVAILABLE: u8 = 69;
+    pub const INTERNAL: u8 = 70;
+    pub const LEASE_LOST: u8 = 76;
+    pub const MAX_RUNTIME: u8 = 124;
+    pub const CANNOT_EXECUTE: u8 = 126;
+    pub const NOT_FOUND: u8 = 127;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A bad flag, value or name.
+    #[error("{0}")]
+    Usage(String),
+    /// The backend cannot be used: server unreachable, auth refused, file unusable.
+    #[error("{0}")]
+    Unavailable(String),
+    /// A bug or an operating-system failure lockrun cannot attribute to the user.
+    #[error("internal error: {0}")]
+    Internal(String),
+    /// No slot was acquired; carries the `--conflict-exit-code`.
+    #[error("{message}")]
+    Busy { message: String, exit_code: u8 },
+    /// The command could not be executed (126) or was not found (127).
+    #[error("{message}")]
+    Spawn { message: String, exit_code: u8 },
+}
+
+impl Error {
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Usage(_) => status::USAGE,
+            Self::Unavailable(_) => status::UNAVAILABLE,
+            Self::Internal(_) => status::INTERNAL,
+            Self::Busy { exit_code, .. } | Self::Spawn { exit_code, .. } => *exit_code,
+        }
+    }
+
+    pub fn unavailable(context: impl std::fmt::Display, err: impl std::fmt::Display) -> Self {
+        Self::Unavailable(format!("{context}: {err}"))
+    }
+
+    pub fn internal(context: impl std::fmt::Display, err: impl std::fmt::Display) -> Self {
+        Self::Internal(format!("{context}: {err}"))
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

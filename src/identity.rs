@@ -1,0 +1,103 @@
+//! Who a holder is: enough to show it in `status` and, on the same host, to
+//! tell whether its process is still alive (pid + process start time + boot id).
+
+use std::fs;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use rand::RngExt;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Process {
+    pub pid: u32,
+    /// Start time in clock ticks since boot (field 22 of `/proc/PID/stat`).
+    pub start_time: u64,
+    pub boot_id: String,
+    pub host: String,
+}
+
+impl Process {
+    pub fn current() -> Self {
+        let pid = std::process::id();
+        Self {
+            pid,
+            start_time: start_time(pid).unwrap_or(0),
+            boot_id: boot_id(),
+            host: host_name(),
+        }
+    }
+
+    /// True when this process certainly no longer exists: it ran on this boot of
+    /// this machine and its pid is gone or now belongs to a younger process.
+    pub fn is_gone(&self) -> bool {
+        // The host name is compared too: containers share the kernel's boot id but not its pids.
+        if self.boot_id.is_empty() || self.boot_id != boot_id() || self.host != host_name() {
+            return false;
+        }
+        start_time(self.pid) != Some(self.start_time)
+    }
+}
+
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may contain spaces and parentheses: skip past its last ')'.
+    let after_comm = &stat[stat.rfind(')')? + 1..];
+    after_comm.split_whitespace().nth(19)?.parse().ok()
+}
+
+fn boot_id() -> String {
+    fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|id| id.trim().to_owned())
+        .unwrap_or_default()
+}
+
+fn host_name() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// A random token unique to one acquisition (`LOCKRUN_TOKEN`).
+pub fn new_token() -> String {
+    format!("{:032x}", rand::rng().random::<u128>())
+}
+
+/// Milliseconds since the Unix epoch, the form times are stored in.
+pub fn epoch_millis(time: SystemTime) -> u64 {
+    time.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_is_alive() {
+        let me = Process::current();
+        assert!(me.start_time > 0);
+        assert!(!me.is_gone());
+    }
+
+    #[test]
+    fn a_reaped_child_is_gone() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let mut it = Process::current();
+        it.pid = child.id();
+        it.start_time = start_time(child.id()).unwrap();
+        child.wait().unwrap();
+        assert!(it.is_gone());
+    }
+
+    #[test]
+    fn a_reused_pid_is_gone_and_another_boot_is_unknown() {
+        let mut it = Process::current();
+        it.start_time += 1;
+        assert!(it.is_gone(), "same pid, different start time");
+        it.boot_id = "another-boot".into();
+        assert!(
+            !it.is_gone(),
+            "a holder from another boot or host cannot be judged"
+        );
+    }
+}

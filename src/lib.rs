@@ -1,0 +1,69 @@
+//! lockrun: run a command while holding a named lock.
+
+pub mod acquire;
+pub mod backend;
+pub mod backoff;
+pub mod cli;
+pub mod clock;
+pub mod duration;
+pub mod error;
+pub mod identity;
+pub mod lease;
+pub mod name;
+pub mod operator;
+pub mod report;
+pub mod run;
+pub mod supervisor;
+pub mod timestamp;
+
+use cli::{Action, OutputArgs, StoreArgs};
+use report::{Level, Reporter};
+
+/// Runs lockrun with the process's arguments and returns its exit status.
+pub fn run() -> u8 {
+    let cli = match cli::parse() {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
+    let (output, name) = match &cli.action {
+        Some(Action::Status(args)) => (&args.output, args.name.as_ref().map(ToString::to_string)),
+        Some(Action::Release(args)) => (&args.output, Some(args.name.to_string())),
+        None => (
+            &cli.run.output,
+            cli.run.name.as_ref().map(ToString::to_string),
+        ),
+    };
+    let reporter = reporter(output, name.unwrap_or_default());
+    let result = match cli.action {
+        Some(Action::Status(args)) => operator::status(&args),
+        Some(Action::Release(args)) => operator::release(&args),
+        None => run::run(cli.run, &reporter),
+    };
+    result.unwrap_or_else(|err| {
+        reporter.error(&err.to_string());
+        err.exit_code()
+    })
+}
+
+fn reporter(output: &OutputArgs, name: String) -> Reporter {
+    let level = if output.quiet {
+        Level::Quiet
+    } else if output.verbose {
+        Level::Verbose
+    } else {
+        Level::Normal
+    };
+    Reporter::new(level, output.log_format, name)
+}
+
+impl StoreArgs {
+    pub fn location(&self) -> backend::Location {
+        backend::Location {
+            kind: self.backend,
+            dir: self.dir.clone(),
+            db: self.db.clone(),
+            redis_url: self.redis_url.clone(),
+            prefix: self.prefix.clone(),
+        }
+    }
+}

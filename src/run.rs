@@ -1,0 +1,129 @@
+//! `lockrun --name NAME -- COMMAND`: acquire a slot, run the command under
+//! supervision, release, and exit with the command's status.
+
+use std::time::{Duration, SystemTime};
+
+use nix::sys::signal::Signal;
+
+use crate::acquire::{self, acquire};
+use crate::backend::{self, Owner, Request};
+use crate::backoff;
+use crate::cli::RunArgs;
+use crate::clock::Moment;
+use crate::error::{Error, Result};
+use crate::identity::{Process, new_token};
+use crate::lease::Lease;
+use crate::report::{Event, Reporter};
+use crate::supervisor::{self, Ending, Limits, Program, Signals};
+
+const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(10);
+
+pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
+    let name = args
+        .name
+        .ok_or_else(|| Error::Usage("--name is required".into()))?;
+    let program = match (args.shell_command, args.command) {
+        (Some(script), _) => Program::Shell(script),
+        (None, words) if !words.is_empty() => Program::Argv(words),
+        (None, _) => {
+            return Err(Error::Usage(
+                "no command given: add -- COMMAND [ARG]... or -c 'SHELL COMMAND'".into(),
+            ));
+        }
+    };
+    let kind = args.store.backend;
+    let mut kill_grace = args.kill_grace.unwrap_or(DEFAULT_KILL_GRACE);
+    if kind.uses_leases() {
+        // The command must be gone before the lease could pass to another holder.
+        kill_grace = kill_grace.min(args.ttl / 3);
+    }
+    let policy = acquire::Policy {
+        timeout: if args.no_wait {
+            Some(Duration::ZERO)
+        } else {
+            args.timeout.0
+        },
+        backoff: backoff::Policy {
+            initial_delay: args.initial_delay,
+            max_delay: args.max_delay,
+            multiplier: args.backoff_multiplier,
+        },
+        conflict_exit_code: args.conflict_exit_code,
+    };
+    let request = Request {
+        name,
+        parallelism: args.parallelism,
+        ttl: args.ttl,
+        owner: Owner {
+            token: new_token(),
+            process: Process::current(),
+            command: program.display(),
+        },
+    };
+
+    let mut backend = backend::open(&args.store.location())?;
+    let taken = acquire(backend.as_mut(), &request, &policy, reporter)?;
+    let acquired_at = (SystemTime::now(), Moment::now());
+    let slot = taken.acquired.slot;
+    let env = [
+        ("LOCKRUN_NAME", request.name.to_string()),
+        ("LOCKRUN_BACKEND", kind.as_str().to_owned()),
+        ("LOCKRUN_SLOT", slot.to_string()),
+        ("LOCKRUN_PARALLELISM", request.parallelism.to_string()),
+        ("LOCKRUN_TOKEN", request.owner.token.clone()),
+        ("LOCKRUN_FENCE", taken.acquired.fence.to_string()),
+    ];
+    let lease = kind
+        .uses_leases()
+        .then(|| Lease::new(taken.attempt_sent, request.ttl, kill_grace));
+    let limits = Limits {
+        max_runtime: args.max_runtime,
+        kill_grace,
+    };
+
+    let ending = Signals::block().and_then(|signals| {
+        let ending = supervisor::supervise(
+            &program,
+            &env,
+            &signals,
+            backend.as_mut(),
+            lease,
+            &limits,
+            reporter,
+        );
+        if !kind.uses_leases() && !args.min_hold.is_zero() {
+            // A file lock lives only as long as its holder: stay until the minimum hold is over.
+            hold_until(&signals, acquired_at.1 + args.min_hold)?;
+        }
+        ending
+    });
+    let keep_until = (!args.min_hold.is_zero()).then(|| acquired_at.0 + args.min_hold);
+    let released = backend.release(keep_until);
+    reporter.event(&Event::Released { slot });
+    let ending = ending?;
+    released?;
+    match &ending {
+        Ending::Exited(_) => {}
+        Ending::LeaseLost(reason) => {
+            reporter.error(&format!(
+                "stopped the command: the lease on {} was lost ({reason})",
+                request.name
+            ));
+        }
+        Ending::MaxRuntime(max) => reporter.error(&format!(
+            "stopped the command: --max-runtime {} passed",
+            crate::duration::display(*max)
+        )),
+    }
+    Ok(ending.exit_code())
+}
+
+/// Sleeps until `until`; a SIGTERM or SIGINT ends the wait early.
+fn hold_until(signals: &Signals, until: Moment) -> Result<()> {
+    while !until.has_passed() {
+        if let Some(Signal::SIGTERM | Signal::SIGINT) = signals.next(until.remaining())? {
+            break;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,395 @@
+//! Runs the command while the lock is held (SPEC §3): argv as given, the
+//! `LOCKRUN_*` environment, signals forwarded exactly once, the command killed
+//! if lockrun dies, the whole process group stopped (TERM, then KILL after the
+//! grace) on `--max-runtime`, a lost lease or a second SIGTERM/SIGINT.
+
+mod signals;
+mod terminal;
+
+use std::ffi::OsString;
+use std::io;
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::{Pid, getpid, getppid, setpgid};
+
+use crate::backend::{Backend, Renewal};
+use crate::clock::Moment;
+use crate::error::{Error, Result, status};
+use crate::lease::Lease;
+use crate::report::{Event, Reporter};
+
+pub use signals::Signals;
+use terminal::Terminal;
+
+/// What to run.
+pub enum Program {
+    /// COMMAND ARG..., executed directly.
+    Argv(Vec<OsString>),
+    /// `-c STRING`, through `/bin/sh -c`.
+    Shell(OsString),
+}
+
+impl Program {
+    fn command(&self) -> Command {
+        match self {
+            Self::Argv(argv) => {
+                let mut command = Command::new(&argv[0]);
+                command.args(&argv[1..]);
+                command
+            }
+            Self::Shell(script) => {
+                let mut command = Command::new("/bin/sh");
+                command.arg("-c").arg(script);
+                command
+            }
+        }
+    }
+
+    /// The command line as `status` shows it.
+    pub fn display(&self) -> String {
+        match self {
+            Self::Argv(argv) => argv
+                .iter()
+                .map(|arg| arg.to_string_lossy())
+                .collect::<Vec<_>>()
+                .join(" "),
+            Self::Shell(script) => script.to_string_lossy().into_owned(),
+        }
+    }
+
+    fn program_name(&self) -> String {
+        match self {
+            Self::Argv(argv) => argv[0].to_string_lossy().into_owned(),
+            Self::Shell(_) => "/bin/sh".into(),
+        }
+    }
+}
+
+/// How the command's run ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Ending {
+    /// It exited on its own, or after a forwarded signal: its status, or 128 + signal.
+    Exited(u8),
+    /// lockrun stopped it because the lease could not be kept.
+    LeaseLost(String),
+    /// lockrun stopped it at `--max-runtime`.
+    MaxRuntime(Duration),
+}
+
+impl Ending {
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Exited(code) => *code,
+            Self::LeaseLost(_) => status::LEASE_LOST,
+            Self::MaxRuntime(_) => status::MAX_RUNTIME,
+        }
+    }
+}
+
+pub struct Limits {
+    pub max_runtime: Option<Duration>,
+    pub kill_grace: Duration,
+}
+
+/// Runs `program` to its end, keeping `lease` (if any) renewed through `backend`.
+pub fn supervise(
+    program: &Program,
+    env: &[(&str, String)],
+    signals: &Signals,
+    backend: &mut dyn Backend,
+    lease: Option<Lease>,
+    limits: &Limits,
+    reporter: &Reporter,
+) -> Result<Ending> {
+    let terminal = Terminal::foreground();
+    let child = spawn(program, env, terminal.as_ref())?;
+    let mut run = Run {
+        child,
+        terminal,
+        backend,
+        lease,
+        reporter,
+        kill_grace: limits.kill_grace,
+        max_runtime_at: limits.max_runtime.map(|max| (Moment::now() + max, max)),
+        terminations: 0,
+        stop: Stop::No,
+        ending: None,
+    };
+    run.until_exit(signals)
+}
+
+fn spawn(program: &Program, env: &[(&str, String)], terminal: Option<&Terminal>) -> Result<Pid> {
+    let mut command = program.command();
+    command.envs(env.iter().map(|(key, value)| (key, value)));
+    let parent = getpid();
+    let tty = terminal.map(Terminal::raw_fd);
+    // SAFETY: between fork and exec only async-signal-safe calls are made (setpgid,
+    // tcsetpgrp, prctl, getppid, kill, sigprocmask); nothing allocates.
+    unsafe {
+        command.pre_exec(move || {
+            setpgid(Pid::from_raw(0), Pid::from_raw(0))?;
+            if let Some(fd) = tty {
+                terminal::claim_foreground(fd)?;
+            }
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+            // lockrun may have died before the death signal was armed.
+            if getppid() != parent {
+                kill(getpid(), Signal::SIGKILL)?;
+            }
+            signals::unblock_all()?;
+            Ok(())
+        });
+    }
+    let child = command.spawn().map_err(|err| spawn_error(program, &err))?;
+    let pid = Pid::from_raw(child.id().cast_signed());
+    // Also from this side, so the group exists before lockrun signals it (the child may not have run yet).
+    let _ = setpgid(pid, pid);
+    if let Some(terminal) = terminal {
+        terminal.give_to(pid);
+    }
+    Ok(pid)
+}
+
+fn spawn_error(program: &Program, err: &io::Error) -> Error {
+    let name = program.program_name();
+    if err.kind() == io::ErrorKind::NotFound {
+        Error::Spawn {
+            message: format!("command not found: {name}"),
+            exit_code: status::NOT_FOUND,
+        }
+    } else {
+        Error::Spawn {
+            message: format!("cannot execute {name}: {err}"),
+            exit_code: status::CANNOT_EXECUTE,
+        }
+    }
+}
+
+/// Whether lockrun is stopping the command's process group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stop {
+    No,
+    /// SIGTERM was sent; SIGKILL follows at `kill_at`.
+    Terminating {
+        kill_at: Moment,
+    },
+    Killed,
+}
+
+struct Run<'a> {
+    child: Pid,
+    terminal: Option<Terminal>,
+    backend: &'a mut dyn Backend,
+    lease: Option<Lease>,
+    reporter: &'a Reporter,
+    kill_grace: Duration,
+    max_runtime_at: Option<(Moment, Duration)>,
+    /// SIGTERM/SIGINT received so far: the first is forwarded, the second stops the tree.
+    terminations: u32,
+    stop: Stop,
+    /// Why lockrun is stopping the command, when it is.
+    ending: Option<Ending>,
+}
+
+impl Run<'_> {
+    fn until_exit(&mut self, signals: &Signals) -> Result<Ending> {
+        loop {
+            if let Some(code) = self.check_child()? {
+                self.stop_leftovers(signals)?;
+                if let Some(terminal) = &self.terminal {
+                    terminal.take_back();
+                }
+                return Ok(self.ending.take().unwrap_or(Ending::Exited(code)));
+            }
+            self.check_timers();
+            let timeout = self
+                .next_wakeup()
+                .map_or(Duration::from_secs(60), Moment::remaining);
+            if let Some(signal) = signals.next(timeout)? {
+                self.on_signal(signal);
+            }
+        }
+    }
+
+    fn next_wakeup(&self) -> Option<Moment> {
+        let lease = self.lease.as_ref().filter(|_| self.stop == Stop::No);
+        let kill_at = match self.stop {
+            Stop::Terminating { kill_at } => Some(kill_at),
+            Stop::No | Stop::Killed => None,
+        };
+        [
+            kill_at,
+            self.max_runtime_at.map(|(at, _)| at),
+            lease.map(Lease::renewal_due),
+            lease.map(Lease::stop_at),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    fn on_signal(&mut self, signal: Signal) {
+        match signal {
+            Signal::SIGCHLD => {}
+            Signal::SIGTERM | Signal::SIGINT => {
+                self.terminations += 1;
+                match self.terminations {
+                    1 => self.forward(signal),
+                    2 => self.begin_stop(self.kill_grace),
+                    _ => self.kill_group(),
+                }
+            }
+            other => self.forward(other),
+        }
+    }
+
+    fn forward(&self, signal: Signal) {
+        let _ = kill(self.child, signal);
+    }
+
+    /// The child's exit status once it has ended; handles job-control stops on the way.
+    fn check_child(&mut self) -> Result<Option<u8>> {
+        loop {
+            match waitpid(
+                self.child,
+                Some(WaitPidFlag::WNOHANG | WaitPidFlag::WUNTRACED),
+            ) {
+                Ok(WaitStatus::Exited(_, code)) => return Ok(Some(code as u8)),
+                Ok(WaitStatus::Signaled(_, signal, _)) => return Ok(Some(128 + signal as u8)),
+                Ok(WaitStatus::Stopped(_, _)) => self.follow_stop(),
+                Ok(_) => return Ok(None),
+                Err(Errno::EINTR) => {}
+                Err(err) => return Err(Error::internal("waiting for the command", err)),
+            }
+        }
+    }
+
+    /// The command was stopped (Ctrl-Z): stop lockrun too, so the shell sees the
+    /// job stopped; when continued, give the terminal back and continue the command.
+    fn follow_stop(&self) {
+        let Some(terminal) = &self.terminal else {
+            return;
+        };
+        terminal.take_back();
+        let _ = kill(getpid(), Signal::SIGSTOP);
+        if terminal.is_ours() {
+            terminal.give_to(self.child);
+        }
+        let _ = killpg(self.child, Signal::SIGCONT);
+    }
+
+    fn check_timers(&mut self) {
+        match self.stop {
+            Stop::No => {}
+            Stop::Terminating { kill_at } if kill_at.has_passed() => return self.kill_group(),
+            Stop::Terminating { .. } | Stop::Killed => return,
+        }
+        if let Some((at, max)) = self.max_runtime_at
+            && at.has_passed()
+        {
+            self.ending = Some(Ending::MaxRuntime(max));
+            self.begin_stop(self.kill_grace);
+            return;
+        }
+        self.keep_lease();
+    }
+
+    fn keep_lease(&mut self) {
+        let Some(lease) = &mut self.lease else { return };
+        if lease.deadline().has_passed() {
+            // Paused (SIGSTOP, a frozen VM) past the deadline: another holder may run already.
+            return self.lose_lease(
+                "its deadline passed while lockrun was paused",
+                Duration::ZERO,
+            );
+        }
+        if !lease.renewal_due().has_passed() {
+            return;
+        }
+        let sent = Moment::now();
+        match self.backend.renew() {
+            Ok(Renewal::Renewed) => {
+                lease.renewed(sent);
+                self.reporter.event(&Event::Renewed { ttl: lease.ttl() });
+            }
+            Ok(Renewal::Lost) => {
+                return self.lose_lease("it was broken or expired", self.kill_grace);
+            }
+            Err(err) => {
+                lease.renewal_failed(Moment::now());
+                self.reporter.event(&Event::Notice {
+                    message: &format!("could not renew the lease: {err}"),
+                });
+            }
+        }
+        let lease = self.lease.as_ref().expect("checked above");
+        if lease.deadline().has_passed() {
+            self.lose_lease(
+                "its deadline passed before a renewal was confirmed",
+                Duration::ZERO,
+            );
+        } else if lease.stop_at().has_passed() {
+            let left = lease.deadline().remaining();
+            self.lose_lease("no renewal was confirmed in time", left);
+        }
+    }
+
+    fn lose_lease(&mut self, reason: &str, grace: Duration) {
+        self.reporter.event(&Event::Lost { reason });
+        self.ending = Some(Ending::LeaseLost(reason.to_owned()));
+        self.begin_stop(grace);
+    }
+
+    /// SIGTERM to the command's process group now, SIGKILL after `grace`.
+    fn begin_stop(&mut self, grace: Duration) {
+        if self.stop != Stop::No {
+            return;
+        }
+        if grace.is_zero() {
+            self.kill_group();
+            return;
+        }
+        let _ = killpg(self.child, Signal::SIGTERM);
+        // A stopped process cannot act on SIGTERM until continued.
+        let _ = killpg(self.child, Signal::SIGCONT);
+        self.stop = Stop::Terminating {
+            kill_at: Moment::now() + grace,
+        };
+    }
+
+    fn kill_group(&mut self) {
+        let _ = killpg(self.child, Signal::SIGKILL);
+        self.stop = Stop::Killed;
+    }
+
+    /// Processes the command left behind in its group (`cmd &`) would run on
+    /// without the lock: stop them before it is released.
+    fn stop_leftovers(&mut self, signals: &Signals) -> Result<()> {
+        let group_alive = || killpg(self.child, None).is_ok();
+        if !group_alive() {
+            return Ok(());
+        }
+        let kill_at = match self.stop {
+            Stop::Terminating { kill_at } => kill_at,
+            Stop::No => Moment::now() + self.kill_grace,
+            Stop::Killed => Moment::now(),
+        };
+        let _ = killpg(self.child, Signal::SIGTERM);
+        let _ = killpg(self.child, Signal::SIGCONT);
+        // A process stuck in the kernel may outlive SIGKILL for a while; do not wait forever.
+        let give_up_at = kill_at + Duration::from_secs(5);
+        while group_alive() && !give_up_at.has_passed() {
+            if kill_at.has_passed() {
+                let _ = killpg(self.child, Signal::SIGKILL);
+            }
+            // They are not our children: no SIGCHLD tells when they are gone, so look again shortly.
+            signals.next(Duration::from_millis(10))?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,73 @@
+//! Signals while the command runs: blocked in lockrun and read from a signalfd,
+//! so one loop sees signals, the child's state changes and its own timers.
+
+use std::os::fd::AsFd;
+use std::time::Duration;
+
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::signal::{SigSet, SigmaskHow, Signal, sigprocmask};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+
+use crate::error::{Error, Result};
+
+/// Signals that reach the command (SPEC §3).
+pub const FORWARDED: [Signal; 6] = [
+    Signal::SIGINT,
+    Signal::SIGTERM,
+    Signal::SIGHUP,
+    Signal::SIGQUIT,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+];
+
+pub struct Signals {
+    fd: SignalFd,
+}
+
+impl Signals {
+    /// Blocks the forwarded signals and SIGCHLD in this (the only) thread and
+    /// opens a signalfd for them. SIGTTOU is blocked too, so lockrun can hand
+    /// the terminal to the command and take it back from the background.
+    pub fn block() -> Result<Self> {
+        let mut read = SigSet::empty();
+        for signal in FORWARDED {
+            read.add(signal);
+        }
+        read.add(Signal::SIGCHLD);
+        let mut blocked = read;
+        blocked.add(Signal::SIGTTOU);
+        sigprocmask(SigmaskHow::SIG_BLOCK, Some(&blocked), None)
+            .map_err(|err| Error::internal("blocking signals", err))?;
+        let fd = SignalFd::with_flags(&read, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
+            .map_err(|err| Error::internal("opening a signalfd", err))?;
+        Ok(Self { fd })
+    }
+
+    /// Waits up to `timeout` for a signal; `None` when none came.
+    pub fn next(&self, timeout: Duration) -> Result<Option<Signal>> {
+        if let Some(signal) = self.pending()? {
+            return Ok(Some(signal));
+        }
+        // Poll in slices of at most a minute: long timeouts do not fit poll(2)'s milliseconds.
+        let timeout = PollTimeout::try_from(timeout.min(Duration::from_secs(60)))
+            .unwrap_or(PollTimeout::NONE);
+        let mut fds = [PollFd::new(self.fd.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, timeout) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => self.pending(),
+            Err(err) => Err(Error::internal("waiting for signals", err)),
+        }
+    }
+
+    fn pending(&self) -> Result<Option<Signal>> {
+        match self.fd.read_signal() {
+            Ok(Some(info)) => Ok(Signal::try_from(info.ssi_signo.cast_signed()).ok()),
+            Ok(None) => Ok(None),
+            Err(err) => Err(Error::internal("reading a signal", err)),
+        }
+    }
+}
+
+/// Unblocks every signal: for the command, between fork and exec (async-signal-safe).
+pub fn unblock_all() -> nix::Result<()> {
+    sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
+}
