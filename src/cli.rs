@@ -241,19 +241,30 @@ pub fn parse() -> Result<Cli, u8> {
 }
 
 pub fn parse_from(args: impl IntoIterator<Item = OsString>) -> Result<Cli, u8> {
-    Cli::try_parse_from(args).map_err(|err| match err.kind() {
+    let args: Vec<OsString> = args.into_iter().collect();
+    let cli = Cli::try_parse_from(&args).map_err(|err| match err.kind() {
         ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
             let _ = err.print();
             0
         }
-        _ => {
-            eprintln!(
-                "lockrun: {} (see lockrun --help)",
-                one_line(&err.render().to_string())
-            );
-            crate::error::status::USAGE
-        }
-    })
+        _ => usage_error(&one_line(&err.render().to_string())),
+    })?;
+    // clap lets the command start with a dash; without `--` that is a mistyped option.
+    if let Some(first) = cli.run.command.first()
+        && first.to_string_lossy().starts_with('-')
+        && !args.iter().any(|arg| arg == "--")
+    {
+        return Err(usage_error(&format!(
+            "unexpected argument '{}' found; put -- before a command that starts with a dash",
+            first.to_string_lossy()
+        )));
+    }
+    Ok(cli)
+}
+
+fn usage_error(message: &str) -> u8 {
+    eprintln!("lockrun: {message} (see lockrun --help)");
+    crate::error::status::USAGE
 }
 
 /// clap's message without its "error: " lead, usage block and tips, on one line.

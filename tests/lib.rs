@@ -1,1 +1,8 @@
+//! All integration tests in one binary, so a 2-core machine links once.
 
+mod support;
+
+mod cli;
+mod core;
+mod file;
+mod supervision;

@@ -1,0 +1,426 @@
+//! Behaviour every backend must show (SPEC §2-§4), written once and run
+//! against each backend through `backend_tests!`.
+
+use std::collections::HashSet;
+use std::fs;
+use std::os::unix::process::CommandExt;
+use std::process::Stdio;
+use std::thread;
+
+use nix::sys::signal::Signal;
+
+use crate::support::*;
+
+/// Instantiates every shared test for one backend: `backend_tests!(file, Store::file);`.
+#[macro_export]
+macro_rules! backend_tests {
+    ($module:ident, $store:expr) => {
+        mod $module {
+            use super::*;
+
+            #[test]
+            fn exit_statuses() {
+                $crate::core::exit_statuses(&$store);
+            }
+            #[test]
+            fn environment_and_fence() {
+                $crate::core::environment_and_fence(&$store);
+            }
+            #[test]
+            fn busy_with_no_wait_and_timeout() {
+                $crate::core::busy_with_no_wait_and_timeout(&$store);
+            }
+            #[test]
+            fn exclusion_one_slot() {
+                $crate::core::exclusion(&$store, 1);
+            }
+            #[test]
+            fn exclusion_three_slots() {
+                $crate::core::exclusion(&$store, 3);
+            }
+            #[test]
+            fn signal_reaches_command_once() {
+                $crate::core::signal_reaches_command_once(&$store);
+            }
+            #[test]
+            fn sigkill_of_lockrun_kills_command_and_frees_slot() {
+                $crate::core::sigkill_of_lockrun_kills_command_and_frees_slot(&$store);
+            }
+            #[test]
+            fn max_runtime_stops_the_tree() {
+                $crate::core::max_runtime_stops_the_tree(&$store);
+            }
+            #[test]
+            fn min_hold_keeps_the_slot() {
+                $crate::core::min_hold_keeps_the_slot(&$store);
+            }
+            #[test]
+            fn status_shows_the_holder() {
+                $crate::core::status_shows_the_holder(&$store);
+            }
+        }
+    };
+}
+
+backend_tests!(file_backend, Store::file());
+
+/// A command that holds the lock until `release` appears, after writing `ready`.
+pub fn hold(store: &Store, scratch: &Scratch, name: &str, extra: &[&str]) -> std::process::Child {
+    let script = format!(
+        "echo $$ > '{ready}.tmp' && mv '{ready}.tmp' '{ready}'; while [ ! -e '{release}' ]; do sleep 0.02; done",
+        ready = scratch.path("ready").display(),
+        release = scratch.path("release").display()
+    );
+    let child = store
+        .lockrun()
+        .args(["--name", name])
+        .args(extra)
+        .args(["-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn holder");
+    wait_for_file(&scratch.path("ready"));
+    child
+}
+
+pub fn exit_statuses(store: &Store) {
+    let code = |args: &[&str]| run(store.lockrun().args(args)).status.code();
+    assert_eq!(
+        code(&["--name", "st", "--", "sh", "-c", "exit 3"]),
+        Some(3),
+        "the command's own"
+    );
+    assert_eq!(
+        code(&["--name", "st", "-c", "kill -TERM $$"]),
+        Some(128 + 15),
+        "128 + signal"
+    );
+    assert_eq!(
+        code(&["--name", "st", "--", "/nonexistent/command"]),
+        Some(127),
+        "not found"
+    );
+    assert_eq!(
+        code(&["--name", "st", "--", "/dev/null"]),
+        Some(126),
+        "cannot execute"
+    );
+    assert_eq!(code(&["--name", "st", "-c", "exit 0"]), Some(0));
+    assert_eq!(
+        code(&["--name", "st", "--max-runtime", "0.2", "--", "sleep", "30"]),
+        Some(124)
+    );
+    for bad in [
+        &["true"][..],
+        &["--name", "", "true"],
+        &["--name", "st", "--timeout", "soon", "true"],
+        &["--name", "st", "-p", "0", "true"],
+        &["--name", "st", "-p", "1025", "true"],
+        &["--name", "st", "--backoff-multiplier", "0.5", "true"],
+        &["--name", "st"],
+        &["--name", "st", "-E", "256", "true"],
+        &["--name", "st", "--bogus", "true"],
+    ] {
+        let output = run(store.lockrun().args(bad));
+        assert_status(&output, 64);
+        let err = stderr(&output);
+        assert_eq!(err.lines().count(), 1, "one line for {bad:?}: {err}");
+    }
+}
+
+pub fn environment_and_fence(store: &Store) {
+    let scratch = Scratch::new();
+    let log = scratch.path("env");
+    let script = format!(
+        "echo \"$LOCKRUN_NAME $LOCKRUN_BACKEND $LOCKRUN_SLOT $LOCKRUN_PARALLELISM $LOCKRUN_FENCE $LOCKRUN_TOKEN\" >> '{}'",
+        log.display()
+    );
+    for _ in 0..3 {
+        assert_status(
+            &run(store
+                .lockrun()
+                .args(["--name", "env test", "-p", "2", "-c", &script])),
+            0,
+        );
+    }
+    let lines = scratch.lines("env");
+    assert_eq!(lines.len(), 3);
+    let mut fences = Vec::new();
+    let mut tokens = HashSet::new();
+    for line in &lines {
+        let fields: Vec<&str> = line.split(' ').collect();
+        assert_eq!(fields[..2], ["env", "test"], "{line}");
+        assert_eq!(fields[2], store.kind);
+        assert!(
+            fields[3] == "0" || fields[3] == "1",
+            "slot in range: {line}"
+        );
+        assert_eq!(fields[4], "2");
+        fences.push(fields[5].parse::<u64>().expect("numeric fence"));
+        assert!(
+            fields[6].len() >= 16 && tokens.insert(fields[6].to_owned()),
+            "unique token: {line}"
+        );
+    }
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "fences increase: {fences:?}"
+    );
+    // argv reaches the command exactly as given, and stdout is the command's alone.
+    let output = run(store.lockrun().args([
+        "--name", "argv", "--", "printf", "[%s]", "a b", "*", "$HOME", "",
+    ]));
+    assert_eq!(stdout(&output), "[a b][*][$HOME][]");
+}
+
+pub fn busy_with_no_wait_and_timeout(store: &Store) {
+    let scratch = Scratch::new();
+    let mut holder = hold(store, &scratch, "busy", &[]);
+    let output = run(store.lockrun().args(["--name", "busy", "-n", "true"]));
+    assert_status(&output, 75);
+    let err = stderr(&output);
+    assert!(err.contains("busy") && err.lines().count() == 1, "{err}");
+    assert_status(
+        &run(store
+            .lockrun()
+            .args(["--name", "busy", "-n", "-E", "9", "true"])),
+        9,
+    );
+    let output = run(store.lockrun().args([
+        "--name",
+        "busy",
+        "-w",
+        "0.3",
+        "--initial-delay",
+        "0.05",
+        "true",
+    ]));
+    assert_status(&output, 75);
+    assert!(
+        stderr(&output).contains("gave up after"),
+        "{}",
+        stderr(&output)
+    );
+    assert_status(
+        &run(store.lockrun().args(["--name", "busy", "-n", "-q", "true"])),
+        75,
+    );
+    assert!(
+        run(store.lockrun().args(["--name", "busy", "-n", "-q", "true"]))
+            .stderr
+            .is_empty(),
+        "-q is silent"
+    );
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(wait(&mut holder).code(), Some(0));
+    assert_status(
+        &run(store.lockrun().args(["--name", "busy", "-n", "true"])),
+        0,
+    );
+}
+
+/// 8 processes x 12 runs: never more than N holders at once, never two in one slot.
+pub fn exclusion(store: &Store, slots: u32) {
+    let scratch = Scratch::new();
+    fs::create_dir(scratch.path("holders")).unwrap();
+    let script = r#"d=$1
+mkdir "$d/slot-$LOCKRUN_SLOT" 2>/dev/null || echo "slot $LOCKRUN_SLOT held twice" >> "$d/violations"
+touch "$d/holders/$$"
+n=$(ls "$d/holders" | wc -l)
+[ "$n" -le "$LOCKRUN_PARALLELISM" ] || echo "$n holders at once" >> "$d/violations"
+echo "$LOCKRUN_FENCE" >> "$d/fences"
+sleep 0.01
+rm "$d/holders/$$"
+rmdir "$d/slot-$LOCKRUN_SLOT""#;
+    let workers: Vec<_> = (0..8)
+        .map(|_| {
+            let mut command = store.lockrun();
+            command.args([
+                "--name",
+                "contended",
+                "-p",
+                &slots.to_string(),
+                "-w",
+                "60",
+                "--initial-delay",
+                "0.01",
+            ]);
+            command
+                .args(["--max-delay", "0.05", "--", "sh", "-c", script, "sh"])
+                .arg(scratch.dir());
+            thread::spawn(move || {
+                (0..12)
+                    .map(|_| run(&mut command).status.code())
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    for worker in workers {
+        assert!(
+            worker.join().unwrap().iter().all(|code| *code == Some(0)),
+            "every run exits 0"
+        );
+    }
+    assert_eq!(scratch.lines("violations"), Vec::<String>::new());
+    let fences: HashSet<String> = scratch.lines("fences").into_iter().collect();
+    assert_eq!(fences.len(), 96, "96 runs, each with its own fence");
+}
+
+pub fn signal_reaches_command_once(store: &Store) {
+    for (signal, to_group) in [
+        (Signal::SIGTERM, false),
+        (Signal::SIGINT, true),
+        (Signal::SIGHUP, false),
+        (Signal::SIGUSR1, false),
+    ] {
+        let scratch = Scratch::new();
+        let name = format!("{signal}");
+        let script = format!(
+            "trap 'echo got >> {log}; exit 7' {sig}; touch {ready}; while :; do sleep 0.02; done",
+            log = scratch.path("log").display(),
+            ready = scratch.path("ready").display(),
+            sig = &name[3..],
+        );
+        let mut command = store.lockrun();
+        command
+            .args(["--name", &name, "-c", &script])
+            .process_group(0);
+        let mut lockrun = command.spawn().unwrap();
+        wait_for_file(&scratch.path("ready"));
+        let pid = nix::unistd::Pid::from_raw(lockrun.id().cast_signed());
+        if to_group {
+            nix::sys::signal::killpg(pid, signal).unwrap();
+        } else {
+            nix::sys::signal::kill(pid, signal).unwrap();
+        }
+        assert_eq!(
+            wait(&mut lockrun).code(),
+            Some(7),
+            "{name}: the command's status"
+        );
+        assert_eq!(
+            scratch.lines("log"),
+            ["got"],
+            "{name} reached the command exactly once"
+        );
+    }
+}
+
+pub fn sigkill_of_lockrun_kills_command_and_frees_slot(store: &Store) {
+    let scratch = Scratch::new();
+    let mut holder = hold(store, &scratch, "killed", &[]);
+    let command_pid = read_pid(&scratch.path("ready"));
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    wait_until("the command to die with lockrun", || {
+        !process_exists(command_pid)
+    });
+    let output = run(store.lockrun().args([
+        "--name",
+        "killed",
+        "-w",
+        "10",
+        "--initial-delay",
+        "0.05",
+        "true",
+    ]));
+    assert_status(&output, 0);
+}
+
+pub fn max_runtime_stops_the_tree(store: &Store) {
+    let scratch = Scratch::new();
+    let script = format!(
+        "trap '' TERM; sleep 300 & echo $! > {gc}; sleep 300",
+        gc = scratch.path("grandchild").display()
+    );
+    let output = run(store.lockrun().args([
+        "--name",
+        "runtime",
+        "--max-runtime",
+        "0.3",
+        "--kill-grace",
+        "0.3",
+        "-c",
+        &script,
+    ]));
+    assert_status(&output, 124);
+    assert!(
+        stderr(&output).contains("--max-runtime"),
+        "{}",
+        stderr(&output)
+    );
+    let grandchild = read_pid(&scratch.path("grandchild"));
+    wait_until("the background grandchild to be stopped", || {
+        !process_exists(grandchild)
+    });
+
+    // A background process left behind by a command that exited is stopped too: it would run without the lock.
+    let script = format!(
+        "sleep 300 & echo $! > {gc}",
+        gc = scratch.path("left").display()
+    );
+    assert_status(
+        &run(store.lockrun().args(["--name", "runtime", "-c", &script])),
+        0,
+    );
+    let left = read_pid(&scratch.path("left"));
+    assert!(
+        !process_exists(left),
+        "a leftover is gone by the time lockrun exits"
+    );
+}
+
+pub fn min_hold_keeps_the_slot(store: &Store) {
+    let scratch = Scratch::new();
+    let marker = scratch.path("ran");
+    let mut first = store
+        .lockrun()
+        .args(["--name", "minhold", "--min-hold", "1.5", "--", "touch"])
+        .arg(&marker)
+        .spawn()
+        .unwrap();
+    wait_for_file(&marker);
+    let started = std::time::Instant::now();
+    assert_status(
+        &run(store.lockrun().args(["--name", "minhold", "-n", "true"])),
+        75,
+    );
+    assert_eq!(wait(&mut first).code(), Some(0));
+    let output = run(store.lockrun().args([
+        "--name",
+        "minhold",
+        "-w",
+        "10",
+        "--initial-delay",
+        "0.05",
+        "true",
+    ]));
+    assert_status(&output, 0);
+    assert!(
+        started.elapsed() >= std::time::Duration::from_millis(1000),
+        "the slot stayed taken"
+    );
+}
+
+pub fn status_shows_the_holder(store: &Store) {
+    let scratch = Scratch::new();
+    let mut holder = hold(store, &scratch, "shown", &[]);
+    let output = run(store.status().args(["shown", "--json"]));
+    assert_status(&output, 0);
+    let holders: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("status --json is JSON");
+    let holders = holders.as_array().expect("an array");
+    assert_eq!(holders.len(), 1, "{holders:?}");
+    assert_eq!(holders[0]["name"], "shown");
+    assert_eq!(holders[0]["backend"], store.kind);
+    assert_eq!(holders[0]["pid"], holder.id());
+    fs::write(scratch.path("release"), "").unwrap();
+    wait(&mut holder);
+    let output = run(store.status().args(["shown", "--json"]));
+    assert_eq!(
+        stdout(&output).trim(),
+        "[]",
+        "a released lock has no holder"
+    );
+}

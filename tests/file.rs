@@ -1,0 +1,232 @@
+//! The file backend's own guarantees (SPEC §4): the directory, names, symlinks, kernel waits.
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
+use std::time::{Duration, Instant};
+
+use crate::core::hold;
+use crate::support::*;
+
+#[test]
+fn names_never_leave_the_directory() {
+    let scratch = Scratch::new();
+    let dir = scratch.path("locks");
+    for name in [
+        "../escape",
+        "a/b",
+        "/etc/passwd",
+        "..",
+        ".",
+        ".hidden",
+        "x/../../y",
+    ] {
+        let output = run(lockrun()
+            .arg("--dir")
+            .arg(&dir)
+            .args(["--name", name, "true"]));
+        assert_status(&output, 0);
+    }
+    let outside: Vec<_> = fs::read_dir(scratch.dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        outside,
+        ["locks"],
+        "nothing was created beside the lock directory"
+    );
+    for entry in fs::read_dir(&dir).unwrap() {
+        let entry = entry.unwrap();
+        assert!(entry.file_type().unwrap().is_file(), "{:?}", entry.path());
+        assert!(
+            !entry.file_name().to_string_lossy().starts_with('.'),
+            "{:?}",
+            entry.path()
+        );
+    }
+}
+
+#[test]
+fn a_planted_symlink_is_refused_not_followed() {
+    let scratch = Scratch::new();
+    let dir = scratch.path("locks");
+    fs::create_dir(&dir).unwrap();
+    let target = scratch.path("precious");
+    fs::write(&target, "keep me").unwrap();
+    symlink(&target, dir.join("x.0.lock")).unwrap();
+    let output = run(lockrun()
+        .arg("--dir")
+        .arg(&dir)
+        .args(["--name", "x", "true"]));
+    assert_status(&output, 69);
+    assert!(
+        stderr(&output).contains("symbolic link"),
+        "{}",
+        stderr(&output)
+    );
+    assert_eq!(fs::read_to_string(&target).unwrap(), "keep me");
+    // A dangling link would be created through: refused too.
+    symlink(scratch.path("created-through-link"), dir.join("y.0.lock")).unwrap();
+    assert_status(
+        &run(lockrun()
+            .arg("--dir")
+            .arg(&dir)
+            .args(["--name", "y", "true"])),
+        69,
+    );
+    assert!(!scratch.path("created-through-link").exists());
+}
+
+#[test]
+fn a_hard_link_is_refused() {
+    let scratch = Scratch::new();
+    let dir = scratch.path("locks");
+    fs::create_dir(&dir).unwrap();
+    let target = scratch.path("precious");
+    fs::write(&target, "keep me").unwrap();
+    fs::hard_link(&target, dir.join("x.0.lock")).unwrap();
+    assert_status(
+        &run(lockrun()
+            .arg("--dir")
+            .arg(&dir)
+            .args(["--name", "x", "true"])),
+        69,
+    );
+    assert_eq!(fs::read_to_string(&target).unwrap(), "keep me");
+}
+
+#[test]
+fn an_unusable_directory_exits_69() {
+    let scratch = Scratch::new();
+    let file = scratch.path("not-a-dir");
+    fs::write(&file, "").unwrap();
+    let output = run(lockrun()
+        .arg("--dir")
+        .arg(&file)
+        .args(["--name", "x", "true"]));
+    assert_status(&output, 69);
+    assert_eq!(stderr(&output).lines().count(), 1, "{}", stderr(&output));
+}
+
+#[test]
+fn the_default_directory_is_private_and_must_be_ours() {
+    let scratch = Scratch::new();
+    let runtime = scratch.path("runtime");
+    fs::create_dir(&runtime).unwrap();
+    let output = run(lockrun()
+        .env("XDG_RUNTIME_DIR", &runtime)
+        .args(["--name", "x", "true"]));
+    assert_status(&output, 0);
+    let meta = fs::symlink_metadata(runtime.join("lockrun")).unwrap();
+    assert!(meta.is_dir());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o700);
+    assert!(runtime.join("lockrun/x.0.lock").exists());
+
+    // A symlink where the directory should be is not used: lockrun moves on to the next default.
+    let planted = scratch.path("planted-runtime");
+    fs::create_dir(&planted).unwrap();
+    let elsewhere = scratch.path("elsewhere");
+    fs::create_dir(&elsewhere).unwrap();
+    symlink(&elsewhere, planted.join("lockrun")).unwrap();
+    let tmp = scratch.path("tmp");
+    fs::create_dir(&tmp).unwrap();
+    let output = run(lockrun()
+        .env("XDG_RUNTIME_DIR", &planted)
+        .env("TMPDIR", &tmp)
+        .args(["--name", "y", "true"]));
+    assert_status(&output, 0);
+    assert_eq!(
+        fs::read_dir(&elsewhere).unwrap().count(),
+        0,
+        "nothing written through the link"
+    );
+}
+
+#[test]
+fn a_single_slot_waiter_wakes_when_the_holder_exits() {
+    let store = Store::file();
+    let scratch = Scratch::new();
+    let mut holder = hold(&store, &scratch, "handoff", &[]);
+    let marker = scratch.path("second");
+    // With a 30 s first retry delay, only a kernel wait can start the waiter promptly.
+    let mut waiter = store
+        .lockrun()
+        .args([
+            "--name",
+            "handoff",
+            "-w",
+            "60",
+            "--initial-delay",
+            "30",
+            "--",
+            "touch",
+        ])
+        .arg(&marker)
+        .spawn()
+        .unwrap();
+    wait_until("the waiter to block", || {
+        fs::read_to_string("/proc/locks").is_ok_and(|locks| locks.contains("->"))
+    });
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(wait(&mut holder).code(), Some(0));
+    let released = Instant::now();
+    assert_eq!(wait(&mut waiter).code(), Some(0));
+    assert!(marker.exists());
+    assert!(
+        released.elapsed() < Duration::from_secs(10),
+        "woke without waiting for a retry"
+    );
+}
+
+#[test]
+fn leftover_metadata_without_a_live_lock_is_not_a_holder() {
+    let store = Store::file();
+    assert_status(&run(store.lockrun().args(["--name", "gone", "true"])), 0);
+    let output = run(store.status().args(["gone", "--json"]));
+    assert_eq!(stdout(&output).trim(), "[]");
+}
+
+#[test]
+fn release_refuses_on_the_file_backend_and_names_the_holder() {
+    let store = Store::file();
+    let scratch = Scratch::new();
+    let mut holder = hold(&store, &scratch, "held", &[]);
+    let output = run(lockrun()
+        .arg("release")
+        .args(store.args())
+        .args(["held", "--force"]));
+    assert_status(&output, 64);
+    assert!(
+        stderr(&output).contains(&format!("pid {}", holder.id())),
+        "{}",
+        stderr(&output)
+    );
+    fs::write(scratch.path("release"), "").unwrap();
+    wait(&mut holder);
+}
+
+#[test]
+fn lock_files_are_kept_after_release() {
+    let scratch = Scratch::new();
+    let dir = scratch.path("locks");
+    assert_status(
+        &run(lockrun()
+            .arg("--dir")
+            .arg(&dir)
+            .args(["--name", "kept", "true"])),
+        0,
+    );
+    let inode = fs::metadata(dir.join("kept.0.lock")).unwrap().ino();
+    assert_status(
+        &run(lockrun()
+            .arg("--dir")
+            .arg(&dir)
+            .args(["--name", "kept", "true"])),
+        0,
+    );
+    assert_eq!(
+        fs::metadata(dir.join("kept.0.lock")).unwrap().ino(),
+        inode,
+        "the same inode serves every holder"
+    );
+}
