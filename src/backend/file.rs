@@ -12,6 +12,7 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::SystemTime;
 use std::{env, thread};
 
+use nix::sys::signal::{SigSet, SigmaskHow, pthread_sigmask};
 use rand::RngExt;
 
 use super::{Acquired, Backend, Holder, Kind, Renewal, Request, Wait};
@@ -139,7 +140,7 @@ impl FileBackend {
             let file = open_lock_file(&path)?;
             let (sender, receiver) = mpsc::channel();
             // The thread stays blocked if the deadline passes; lockrun then exits, which ends it.
-            thread::spawn(move || {
+            spawn_without_signals(move || {
                 let _ = sender.send(file.lock().map(|()| file));
             });
             self.kernel_wait = Some(receiver);
@@ -258,6 +259,26 @@ impl Backend for FileBackend {
         Err(Error::Usage(format!(
             "file locks cannot be broken: the kernel releases {name} when its holder exits ({held_by})"
         )))
+    }
+}
+
+/// Spawns a thread that never takes a process-directed signal. The supervisor
+/// reads SIGCHLD and the forwarded signals from a signalfd with them blocked
+/// in the main thread only; a thread with them unblocked (even one that is just
+/// exiting) would take such a signal instead and lose it: a SIGCHLD then went
+/// unnoticed until the supervisor's next timeout (60 s), a SIGTERM killed
+/// lockrun without forwarding it. The thread starts with every signal blocked,
+/// so there is no window; one arriving meanwhile stays pending for the main thread.
+fn spawn_without_signals(work: impl FnOnce() + Send + 'static) {
+    let mut previous = SigSet::empty();
+    let blocked = pthread_sigmask(
+        SigmaskHow::SIG_BLOCK,
+        Some(&SigSet::all()),
+        Some(&mut previous),
+    );
+    thread::spawn(work);
+    if blocked.is_ok() {
+        let _ = pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&previous), None);
     }
 }
 
