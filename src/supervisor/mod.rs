@@ -4,18 +4,17 @@
 //! grace) on `--max-runtime`, a lost lease or a second SIGTERM/SIGINT.
 
 mod signals;
+mod spawn;
 mod terminal;
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::io;
-use std::os::unix::process::CommandExt;
-use std::process::Command;
 use std::time::Duration;
 
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
-use nix::unistd::{Pid, getpid, getppid, setpgid};
+use nix::unistd::{Pid, getpid};
 
 use crate::backend::{Backend, Renewal};
 use crate::clock::Moment;
@@ -35,18 +34,11 @@ pub enum Program {
 }
 
 impl Program {
-    fn command(&self) -> Command {
+    /// The program and its arguments.
+    fn argv(&self) -> Vec<&OsStr> {
         match self {
-            Self::Argv(argv) => {
-                let mut command = Command::new(&argv[0]);
-                command.args(&argv[1..]);
-                command
-            }
-            Self::Shell(script) => {
-                let mut command = Command::new("/bin/sh");
-                command.arg("-c").arg(script);
-                command
-            }
+            Self::Argv(argv) => argv.iter().map(OsString::as_os_str).collect(),
+            Self::Shell(script) => vec![OsStr::new("/bin/sh"), OsStr::new("-c"), script],
         }
     }
 
@@ -124,31 +116,10 @@ pub fn supervise(
 }
 
 fn spawn(program: &Program, env: &[(&str, String)], terminal: Option<&Terminal>) -> Result<Pid> {
-    let mut command = program.command();
-    command.envs(env.iter().map(|(key, value)| (key, value)));
-    let parent = getpid();
-    let tty = terminal.map(Terminal::raw_fd);
-    // SAFETY: between fork and exec only async-signal-safe calls are made (setpgid,
-    // tcsetpgrp, prctl, getppid, kill, sigprocmask); nothing allocates.
-    unsafe {
-        command.pre_exec(move || {
-            setpgid(Pid::from_raw(0), Pid::from_raw(0))?;
-            if let Some(fd) = tty {
-                terminal::claim_foreground(fd)?;
-            }
-            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
-            // lockrun may have died before the death signal was armed.
-            if getppid() != parent {
-                kill(getpid(), Signal::SIGKILL)?;
-            }
-            signals::unblock_all()?;
-            Ok(())
-        });
-    }
-    let child = command.spawn().map_err(|err| spawn_error(program, &err))?;
-    let pid = Pid::from_raw(child.id().cast_signed());
-    // Also from this side, so the group exists before lockrun signals it (the child may not have run yet).
-    let _ = setpgid(pid, pid);
+    let pid = spawn::Exec::new(&program.argv(), env)
+        .and_then(|exec| spawn::spawn(&exec, terminal.map(Terminal::raw_fd)))
+        .map_err(|err| spawn_error(program, &err))?;
+    // The child has exec'd by now, so it is already in its own group and holds the terminal.
     if let Some(terminal) = terminal {
         terminal.give_to(pid);
     }
