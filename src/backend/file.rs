@@ -8,14 +8,18 @@ use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::{self, Read};
 use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 use std::{env, thread};
 
-use nix::sys::signal::{SigSet, SigmaskHow, pthread_sigmask};
+use nix::sys::signal::{
+    SaFlags, SigAction, SigEvent, SigHandler, SigSet, SigevNotify, Signal, sigaction,
+};
+use nix::sys::timer::{Expiration, Timer, TimerSetTimeFlags};
+use nix::time::ClockId;
 use rand::RngExt;
 
 use super::{Acquired, Backend, Holder, Kind, Renewal, Request, Wait};
+use crate::clock::Moment;
 use crate::error::{Error, Result};
 use crate::identity::epoch_millis;
 use crate::name::Name;
@@ -27,8 +31,6 @@ pub struct FileBackend {
     dir: PathBuf,
     /// The slot file whose lock we hold.
     held: Option<File>,
-    /// A thread blocked in flock(2) on slot 0, when a single-slot wait has a deadline.
-    kernel_wait: Option<Receiver<io::Result<File>>>,
 }
 
 impl FileBackend {
@@ -50,11 +52,7 @@ impl FileBackend {
             }
             None => default_dir()?,
         };
-        Ok(Self {
-            dir,
-            held: None,
-            kernel_wait: None,
-        })
+        Ok(Self { dir, held: None })
     }
 
     fn slot_path(&self, name: &Name, slot: u32) -> PathBuf {
@@ -123,38 +121,34 @@ impl FileBackend {
         }
     }
 
-    /// Waits in the kernel for slot 0; the waiter wakes the moment the holder exits.
+    /// Waits in the kernel for slot 0, as flock(1) does: the waiter wakes the
+    /// moment the holder exits. A deadline interrupts the wait with SIGALRM.
     fn wait_in_kernel(
         &mut self,
         request: &Request,
-        deadline: Option<crate::clock::Moment>,
+        deadline: Option<Moment>,
     ) -> Result<Option<Acquired>> {
         let path = self.slot_path(&request.name, 0);
-        let lock_failed = |err| Error::unavailable(format!("cannot lock {}", path.display()), err);
-        let Some(deadline) = deadline else {
-            let file = open_lock_file(&path)?;
-            file.lock().map_err(lock_failed)?;
-            return self.take(file, request, 0).map(Some);
+        let file = open_lock_file(&path)?;
+        let _alarm = match deadline {
+            Some(deadline) if deadline.has_passed() => return Ok(None),
+            Some(deadline) => Some(Alarm::after(deadline.remaining())?),
+            None => None,
         };
-        if self.kernel_wait.is_none() {
-            let file = open_lock_file(&path)?;
-            let (sender, receiver) = mpsc::channel();
-            // The thread stays blocked if the deadline passes; lockrun then exits, which ends it.
-            spawn_without_signals(move || {
-                let _ = sender.send(file.lock().map(|()| file));
-            });
-            self.kernel_wait = Some(receiver);
-        }
-        let receiver = self.kernel_wait.as_ref().expect("set above");
-        match receiver.recv_timeout(deadline.remaining()) {
-            Ok(locked) => {
-                self.kernel_wait = None;
-                let file = locked.map_err(lock_failed)?;
-                self.take(file, request, 0).map(Some)
-            }
-            Err(RecvTimeoutError::Timeout) => Ok(None),
-            Err(RecvTimeoutError::Disconnected) => {
-                Err(Error::Internal("the lock waiter thread vanished".into()))
+        loop {
+            match file.lock() {
+                Ok(()) => return self.take(file, request, 0).map(Some),
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => {
+                    if deadline.is_some_and(Moment::has_passed) {
+                        return Ok(None);
+                    }
+                }
+                Err(err) => {
+                    return Err(Error::unavailable(
+                        format!("cannot lock {}", path.display()),
+                        err,
+                    ));
+                }
             }
         }
     }
@@ -167,10 +161,6 @@ impl Backend for FileBackend {
 
     fn try_acquire(&mut self, request: &Request) -> Result<Option<Acquired>> {
         if request.parallelism == 1 {
-            if self.kernel_wait.is_some() {
-                // A kernel wait is under way on slot 0: ask it rather than race it.
-                return self.wait_in_kernel(request, Some(crate::clock::Moment::now()));
-            }
             return self.try_slot(request, 0);
         }
         let start = rand::rng().random_range(0..request.parallelism);
@@ -262,23 +252,64 @@ impl Backend for FileBackend {
     }
 }
 
-/// Spawns a thread that never takes a process-directed signal. The supervisor
-/// reads SIGCHLD and the forwarded signals from a signalfd with them blocked
-/// in the main thread only; a thread with them unblocked (even one that is just
-/// exiting) would take such a signal instead and lose it: a SIGCHLD then went
-/// unnoticed until the supervisor's next timeout (60 s), a SIGTERM killed
-/// lockrun without forwarding it. The thread starts with every signal blocked,
-/// so there is no window; one arriving meanwhile stays pending for the main thread.
-fn spawn_without_signals(work: impl FnOnce() + Send + 'static) {
-    let mut previous = SigSet::empty();
-    let blocked = pthread_sigmask(
-        SigmaskHow::SIG_BLOCK,
-        Some(&SigSet::all()),
-        Some(&mut previous),
-    );
-    thread::spawn(work);
-    if blocked.is_ok() {
-        let _ = pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&previous), None);
+/// SIGALRM at a deadline, to interrupt a blocking flock(2) there: the same
+/// way flock(1) times out, without a thread. While it exists, SIGALRM has a
+/// handler that does nothing (without `SA_RESTART`, so the wait returns EINTR)
+/// and repeats every few milliseconds after the deadline, in case the first one
+/// landed just before the wait began.
+struct Alarm {
+    timer: Timer,
+    previous: SigAction,
+}
+
+const ALARM_REPEAT: Duration = Duration::from_millis(5);
+
+impl Alarm {
+    fn after(delay: Duration) -> Result<Self> {
+        extern "C" fn interrupt(_: i32) {}
+        let failed = |err| Error::internal("arming the --timeout alarm", err);
+        let action = SigAction::new(
+            SigHandler::Handler(interrupt),
+            SaFlags::empty(),
+            SigSet::empty(),
+        );
+        // SAFETY: the handler does nothing, so it is async-signal-safe.
+        let previous = unsafe { sigaction(Signal::SIGALRM, &action) }.map_err(failed)?;
+        let armed = Timer::new(
+            ClockId::CLOCK_BOOTTIME,
+            SigEvent::new(SigevNotify::SigevSignal {
+                signal: Signal::SIGALRM,
+                si_value: 0,
+            }),
+        )
+        .and_then(|mut timer| {
+            timer
+                .set(
+                    Expiration::IntervalDelayed(delay.into(), ALARM_REPEAT.into()),
+                    TimerSetTimeFlags::empty(),
+                )
+                .map(|()| timer)
+        });
+        match armed {
+            Ok(timer) => Ok(Self { timer, previous }),
+            Err(err) => {
+                // SAFETY: restores the disposition that was there before.
+                let _ = unsafe { sigaction(Signal::SIGALRM, &previous) };
+                Err(failed(err))
+            }
+        }
+    }
+}
+
+impl Drop for Alarm {
+    fn drop(&mut self) {
+        // Disarm before restoring: a SIGALRM generated until then has already been delivered here.
+        let _ = self.timer.set(
+            Expiration::OneShot(Duration::ZERO.into()),
+            TimerSetTimeFlags::empty(),
+        );
+        // SAFETY: restores the disposition that was there before.
+        let _ = unsafe { sigaction(Signal::SIGALRM, &self.previous) };
     }
 }
 
