@@ -26,6 +26,18 @@ impl Process {
         }
     }
 
+    /// This process for a backend that never asks whether a holder is gone
+    /// (file: the kernel frees a dead holder's lock): pid and host only,
+    /// without the `/proc` reads for start time and boot id.
+    pub fn current_without_liveness() -> Self {
+        Self {
+            pid: std::process::id(),
+            start_time: 0,
+            boot_id: String::new(),
+            host: host_name(),
+        }
+    }
+
     /// True when this process certainly no longer exists: it ran on this boot of
     /// this machine and its pid is gone or now belongs to a younger process.
     pub fn is_gone(&self) -> bool {

@@ -56,7 +56,12 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
         ttl: args.ttl,
         owner: Owner {
             token: new_token(),
-            process: Process::current(),
+            // Only lease backends reclaim a dead holder by its process identity.
+            process: if kind.uses_leases() {
+                Process::current()
+            } else {
+                Process::current_without_liveness()
+            },
             command: program.display(),
         },
     };
