@@ -23,14 +23,14 @@ use nix::time::{ClockId, clock_gettime};
 const LOCKRUN: &str = env!("CARGO_BIN_EXE_lockrun");
 
 /// Runs of `COMMAND true` per contender for (a) and (d).
-const SINGLE_RUNS: usize = 400;
+const SINGLE_RUNS: usize = 1000;
 /// (b): processes, runs each, and how often the whole contention is repeated.
 const CONTENDERS: usize = 8;
 const CONTENDED_RUNS: usize = 25;
-const CONTENTION_ROUNDS: usize = 5;
+const CONTENTION_ROUNDS: usize = 9;
 /// (c): waiters queued behind one holder, each holding this long, per round.
 const QUEUE: usize = 12;
-const QUEUE_ROUNDS: usize = 2;
+const QUEUE_ROUNDS: usize = 3;
 const QUEUE_HOLD: Duration = Duration::from_millis(20);
 /// Time the waiters get to line up behind the first holder.
 const QUEUE_SETTLE: Duration = Duration::from_millis(300);
@@ -284,49 +284,67 @@ impl Bench {
     }
 
     /// (c) handoff gap in a queue of 12 waiters, per backend, against flock(1).
+    /// Rounds are interleaved across contenders, so load from elsewhere falls on all alike.
     fn handoff(&mut self) {
-        let Some(flock) = self.queue(&self.flock.clone()) else {
-            return;
-        };
-        println!(
-            "(c) handoff gap, flock(1): median {}, max {}",
-            ms(flock.median),
-            ms(flock.max)
-        );
-        let file = self.file.clone();
-        let sqlite = self.sqlite.clone();
         let redis = self
             .redis
             .as_ref()
             .map(|(locker, _)| locker.clone())
             .map_err(Clone::clone);
-        for (backend, locker, target) in [
-            ("file", Ok(file), Target::Ratio(1.3)),
+        let contenders: Vec<(&str, Result<Locker, String>, Option<Target>)> = vec![
+            ("flock(1)", Ok(self.flock.clone()), None),
+            ("file", Ok(self.file.clone()), Some(Target::Ratio(1.3))),
             (
                 "sqlite",
-                sqlite,
-                Target::Absolute(Duration::from_millis(50)),
+                self.sqlite.clone(),
+                Some(Target::Absolute(Duration::from_millis(50))),
             ),
-            ("redis", redis, Target::Ratio(2.0)),
-        ] {
+            ("redis", redis, Some(Target::Ratio(2.0))),
+        ];
+        // Gaps per contender; an error once a round did not finish or the backend is missing.
+        let mut gaps: Vec<Result<Vec<Duration>, String>> = contenders
+            .iter()
+            .map(|(_, locker, _)| locker.as_ref().map(|_| Vec::new()).map_err(Clone::clone))
+            .collect();
+        for round in 0..QUEUE_ROUNDS {
+            for ((_, locker, _), gaps) in contenders.iter().zip(&mut gaps) {
+                let (Ok(locker), Ok(collected)) = (locker, gaps.as_mut()) else {
+                    continue;
+                };
+                match self.queue_round(locker, round) {
+                    Some(round_gaps) => collected.extend(round_gaps),
+                    None => *gaps = Err("the queue did not finish".into()),
+                }
+            }
+        }
+        let summaries: Vec<Result<Gaps, String>> =
+            gaps.into_iter().map(|g| g.map(Gaps::of)).collect();
+        let flock = match &summaries[0] {
+            Ok(flock) => {
+                println!(
+                    "(c) handoff gap, flock(1): median {}, max {}",
+                    ms(flock.median),
+                    ms(flock.max)
+                );
+                *flock
+            }
+            Err(why) => {
+                self.note(format!("flock(1): {why}; no handoff baseline"));
+                return;
+            }
+        };
+        for ((backend, _, target), summary) in contenders.iter().zip(&summaries).skip(1) {
+            let target = target.as_ref().expect("every backend has a target");
             let what =
                 format!("(c) handoff gap, {backend}, median of {QUEUE_ROUNDS}x{QUEUE} handoffs");
-            let locker = match locker {
-                Ok(locker) => locker,
+            let gaps = match summary {
+                Ok(gaps) => gaps,
                 Err(why) => {
                     println!("(c) {backend}: not measured: {why}");
                     self.outcomes
-                        .push(Outcome::not_measured(what, &target.text(), &why));
+                        .push(Outcome::not_measured(what, &target.text(), why));
                     continue;
                 }
-            };
-            let Some(gaps) = self.queue(&locker) else {
-                self.outcomes.push(Outcome::not_measured(
-                    what,
-                    &target.text(),
-                    "the queue did not finish",
-                ));
-                continue;
             };
             println!(
                 "(c) handoff gap, lockrun {backend}: median {}, max {}",
@@ -339,115 +357,93 @@ impl Bench {
                 ms(flock.max)
             );
             match target {
-                Target::Ratio(limit) => self.ratio(what, gaps.median, flock.median, limit),
+                Target::Ratio(limit) => self.ratio(what, gaps.median, flock.median, *limit),
                 Target::Absolute(limit) => self.outcomes.push(Outcome {
                     what,
                     measured: ms(gaps.median),
                     baseline: ms(flock.median),
                     ratio: ratio_text(gaps.median, flock.median),
                     target: target.text(),
-                    pass: Some(gaps.median <= limit),
+                    pass: Some(gaps.median <= *limit),
                 }),
             }
         }
     }
 
-    /// Runs `QUEUE_ROUNDS` queues under `locker`; `None` when one did not finish.
-    fn queue(&mut self, locker: &Locker) -> Option<Gaps> {
-        let mut gaps = Vec::new();
+    /// One holder and `QUEUE` waiters under `locker`: the gaps between one
+    /// command's end and the next one's start; `None` when it did not finish.
+    fn queue_round(&mut self, locker: &Locker, round: usize) -> Option<Vec<Duration>> {
         let stamper = std::env::current_exe().expect("the benchmark's own path");
-        for round in 0..QUEUE_ROUNDS {
-            let base = self.scratch.path().join(format!(
-                "queue-{}-{round}",
-                locker.label().replace(['(', ')', ' '], "")
-            ));
-            let log = base.with_extension("log");
-            let release = base.with_extension("release");
-            let held = base.with_extension("held");
-            let name = format!("queue-{round}");
-            let mut children = vec![
-                locker
-                    .command(
-                        &name,
-                        &[
-                            stamper.as_os_str(),
-                            "stamp".as_ref(),
-                            log.as_os_str(),
-                            "until".as_ref(),
-                            release.as_os_str(),
-                        ],
-                    )
-                    .spawn()
-                    .expect("spawn the first holder"),
+        let base = self.scratch.path().join(format!(
+            "queue-{}-{round}",
+            locker.label().replace(['(', ')', ' '], "")
+        ));
+        let log = base.with_extension("log");
+        let release = base.with_extension("release");
+        let held = base.with_extension("held");
+        let name = format!("queue-{round}");
+        let stamp = |mode: &str, value: &std::ffi::OsStr| {
+            let argv = [
+                stamper.as_os_str(),
+                "stamp".as_ref(),
+                log.as_os_str(),
+                mode.as_ref(),
+                value,
             ];
-            if !await_path(&held, QUEUE_LIMIT) {
-                self.note(format!(
-                    "{}: the first holder never got the lock",
-                    locker.label()
-                ));
-                stop_all(&mut children);
-                return None;
-            }
-            let hold_ms = QUEUE_HOLD.as_millis().to_string();
-            for _ in 0..QUEUE {
-                children.push(
-                    locker
-                        .command(
-                            &name,
-                            &[
-                                stamper.as_os_str(),
-                                "stamp".as_ref(),
-                                log.as_os_str(),
-                                "hold".as_ref(),
-                                hold_ms.as_ref(),
-                            ],
-                        )
-                        .spawn()
-                        .expect("spawn a waiter"),
-                );
-            }
-            thread::sleep(QUEUE_SETTLE);
-            fs::write(&release, "").expect("write the release marker");
-            let deadline = Instant::now() + QUEUE_LIMIT;
-            let statuses: Vec<Option<ExitStatus>> = children
-                .iter_mut()
-                .map(|child| wait_until(child, deadline))
-                .collect();
-            if statuses.iter().any(|s| !s.is_some_and(|s| s.success())) {
-                self.note(format!(
-                    "{}: a queue round did not finish within {} s ({statuses:?})",
-                    locker.label(),
-                    QUEUE_LIMIT.as_secs()
-                ));
-                stop_all(&mut children);
-                return None;
-            }
-            let mut spans: Vec<(i128, i128)> = fs::read_to_string(&log)
-                .expect("the stamp log")
-                .lines()
-                .filter_map(|line| {
-                    let (start, end) = line.split_once(' ')?;
-                    Some((start.parse().ok()?, end.parse().ok()?))
-                })
-                .collect();
-            spans.sort_unstable();
-            for pair in spans.windows(2) {
-                let gap = pair[1].0 - pair[0].1;
-                if gap < 0 {
-                    self.note(format!(
-                        "{}: two commands overlapped by {} ns",
-                        locker.label(),
-                        -gap
-                    ));
-                }
-                gaps.push(Duration::from_nanos(gap.max(0) as u64));
-            }
+            locker
+                .command(&name, &argv)
+                .spawn()
+                .expect("spawn a queued command")
+        };
+        let mut children = vec![stamp("until", release.as_os_str())];
+        if !await_path(&held, QUEUE_LIMIT) {
+            self.note(format!(
+                "{}: the first holder never got the lock",
+                locker.label()
+            ));
+            stop_all(&mut children);
+            return None;
         }
-        let max = gaps.iter().copied().max().unwrap_or_default();
-        Some(Gaps {
-            median: median(gaps),
-            max,
-        })
+        let hold_ms = QUEUE_HOLD.as_millis().to_string();
+        children.extend((0..QUEUE).map(|_| stamp("hold", hold_ms.as_ref())));
+        thread::sleep(QUEUE_SETTLE);
+        fs::write(&release, "").expect("write the release marker");
+        let deadline = Instant::now() + QUEUE_LIMIT;
+        let statuses: Vec<Option<ExitStatus>> = children
+            .iter_mut()
+            .map(|child| wait_until(child, deadline))
+            .collect();
+        if statuses.iter().any(|s| !s.is_some_and(|s| s.success())) {
+            self.note(format!(
+                "{}: a queue round did not finish within {} s ({statuses:?})",
+                locker.label(),
+                QUEUE_LIMIT.as_secs()
+            ));
+            stop_all(&mut children);
+            return None;
+        }
+        let mut spans: Vec<(i128, i128)> = fs::read_to_string(&log)
+            .expect("the stamp log")
+            .lines()
+            .filter_map(|line| {
+                let (start, end) = line.split_once(' ')?;
+                Some((start.parse().ok()?, end.parse().ok()?))
+            })
+            .collect();
+        spans.sort_unstable();
+        let mut gaps = Vec::new();
+        for pair in spans.windows(2) {
+            let gap = pair[1].0 - pair[0].1;
+            if gap < 0 {
+                self.note(format!(
+                    "{}: two commands overlapped by {} ns",
+                    locker.label(),
+                    -gap
+                ));
+            }
+            gaps.push(Duration::from_nanos(gap.max(0) as u64));
+        }
+        Some(gaps)
     }
 
     /// (d) the redis backend's wall time against the file backend's, and the Redis commands per run.
@@ -571,9 +567,20 @@ impl Target {
     }
 }
 
+#[derive(Clone, Copy)]
 struct Gaps {
     median: Duration,
     max: Duration,
+}
+
+impl Gaps {
+    fn of(gaps: Vec<Duration>) -> Self {
+        let max = gaps.iter().copied().max().unwrap_or_default();
+        Self {
+            median: median(gaps),
+            max,
+        }
+    }
 }
 
 const WARMUP: usize = 20;
