@@ -20,7 +20,13 @@ use std::time::{Duration, Instant};
 use nix::sys::resource::{UsageWho, getrusage};
 use nix::time::{ClockId, clock_gettime};
 
-const LOCKRUN: &str = env!("CARGO_BIN_EXE_lockrun");
+/// The lockrun under test: this build's, or `LOCKRUN_BENCH_BIN` (another build of it, e.g. a static one).
+fn lockrun_bin() -> PathBuf {
+    std::env::var_os("LOCKRUN_BENCH_BIN").map_or_else(
+        || PathBuf::from(env!("CARGO_BIN_EXE_lockrun")),
+        PathBuf::from,
+    )
+}
 
 /// Runs of `COMMAND true` per contender for (a) and (d).
 const SINGLE_RUNS: usize = 1000;
@@ -82,7 +88,7 @@ impl Locker {
                 command
             }
             Self::Lockrun { flags, .. } => {
-                let mut command = Command::new(LOCKRUN);
+                let mut command = Command::new(lockrun_bin());
                 command
                     .args(flags)
                     .args(["--name", name, "--"])
@@ -849,11 +855,19 @@ fn machine() -> String {
     let _ = writeln!(text, "- CPU: {cpu}, {cores} logical cores; memory {memory}");
     let _ = writeln!(text, "- OS: {os}, Linux {}", kernel.trim());
     let _ = writeln!(text, "- Load average at start: {}", load.join(" "));
+    let binary = lockrun_bin();
+    let linking = first_line("file", &["-b".as_ref(), binary.as_os_str()]);
     let _ = writeln!(
         text,
-        "- lockrun: {} ({})",
-        first_line(LOCKRUN, &["--version"]),
-        first_line("git", &["describe", "--always", "--dirty"])
+        "- lockrun: {} ({}), `{}`: {}",
+        first_line(&binary, &["--version"]),
+        first_line("git", &["describe", "--always", "--dirty"]),
+        binary.display(),
+        linking
+            .split(", ")
+            .filter(|part| part.contains("link"))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     let _ = writeln!(text, "- flock(1): {}", first_line("flock", &["--version"]));
     let _ = writeln!(
@@ -865,7 +879,10 @@ fn machine() -> String {
     text
 }
 
-fn first_line(program: &str, args: &[&str]) -> String {
+fn first_line<P: AsRef<std::ffi::OsStr>, A: AsRef<std::ffi::OsStr>>(
+    program: P,
+    args: &[A],
+) -> String {
     Command::new(program)
         .args(args)
         .stderr(Stdio::null())
