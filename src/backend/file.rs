@@ -4,13 +4,14 @@
 //! `NAME.fence` holds the name's fence counter. Files are never deleted: a
 //! waiter blocked on a deleted file's inode would never see the next holder.
 
+use std::env;
 use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::{self, Read};
 use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::thread::{self, JoinHandle};
 use std::time::SystemTime;
-use std::{env, thread};
 
 use rand::RngExt;
 
@@ -22,12 +23,17 @@ use crate::name::Name;
 const LOCK_SUFFIX: &str = ".lock";
 const FENCE_SUFFIX: &str = ".fence";
 
+struct KernelWait {
+    locked: Receiver<io::Result<File>>,
+    thread: JoinHandle<()>,
+}
+
 pub struct FileBackend {
     dir: PathBuf,
     /// The slot file whose lock we hold.
     held: Option<File>,
     /// A thread blocked in flock(2) on slot 0, when a single-slot wait has a deadline.
-    kernel_wait: Option<Receiver<io::Result<File>>>,
+    kernel_wait: Option<KernelWait>,
 }
 
 impl FileBackend {
@@ -137,17 +143,21 @@ impl FileBackend {
         };
         if self.kernel_wait.is_none() {
             let file = open_lock_file(&path)?;
-            let (sender, receiver) = mpsc::channel();
+            let (sender, locked) = mpsc::channel();
             // The thread stays blocked if the deadline passes; lockrun then exits, which ends it.
-            thread::spawn(move || {
+            let thread = thread::spawn(move || {
                 let _ = sender.send(file.lock().map(|()| file));
             });
-            self.kernel_wait = Some(receiver);
+            self.kernel_wait = Some(KernelWait { locked, thread });
         }
-        let receiver = self.kernel_wait.as_ref().expect("set above");
-        match receiver.recv_timeout(deadline.remaining()) {
+        let waiting = self.kernel_wait.as_ref().expect("set above");
+        match waiting.locked.recv_timeout(deadline.remaining()) {
             Ok(locked) => {
-                self.kernel_wait = None;
+                // Joined so that no thread with signals unblocked outlives the wait: the
+                // supervisor relies on being the only thread to read signals from its signalfd.
+                if let Some(waiting) = self.kernel_wait.take() {
+                    let _ = waiting.thread.join();
+                }
                 let file = locked.map_err(lock_failed)?;
                 self.take(file, request, 0).map(Some)
             }

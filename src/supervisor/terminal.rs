@@ -6,6 +6,7 @@ use std::fs::{File, OpenOptions};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::fs::OpenOptionsExt;
 
+use nix::sys::signal::{Signal, killpg};
 use nix::unistd::{Pid, getpgrp, tcgetpgrp, tcsetpgrp};
 
 pub struct Terminal {
@@ -39,8 +40,11 @@ impl Terminal {
         let _ = tcsetpgrp(self.tty.as_fd(), pgrp);
     }
 
+    /// Takes the terminal back for lockrun's group, and continues any process of
+    /// that group (a pager in the same pipeline) that a terminal read stopped meanwhile.
     pub fn take_back(&self) {
         self.give_to(getpgrp());
+        let _ = killpg(getpgrp(), Signal::SIGCONT);
     }
 }
 

@@ -106,12 +106,11 @@ pub fn run(command: &mut Command) -> Output {
     thread::spawn(move || {
         let _ = sender.send(child.wait_with_output());
     });
-    match receiver.recv_timeout(PATIENCE) {
-        Ok(output) => output.expect("wait for lockrun"),
-        Err(_) => {
-            signal(pid, nix::sys::signal::Signal::SIGKILL);
-            panic!("lockrun (pid {pid}) did not finish within {PATIENCE:?}");
-        }
+    if let Ok(output) = receiver.recv_timeout(PATIENCE) {
+        output.expect("wait for lockrun")
+    } else {
+        signal(pid, nix::sys::signal::Signal::SIGKILL);
+        panic!("lockrun (pid {pid}) did not finish within {PATIENCE:?}");
     }
 }
 
