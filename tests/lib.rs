@@ -6,3 +6,4 @@ mod cli;
 mod core;
 mod file;
 mod supervision;
+mod terminal;

@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod pty;
+
 use std::ffi::OsString;
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,54 @@
+//! lockrun in the foreground of an interactive terminal (SPEC §3): the command
+//! can read the terminal, a Ctrl-C reaches it exactly once, Ctrl-Z and `fg` work.
+
+use crate::support::pty::Shell;
+use crate::support::*;
+
+#[test]
+fn ctrl_c_reaches_the_command_once() {
+    let scratch = Scratch::new();
+    let mut shell = Shell::bash();
+    let script = format!(
+        "trap \"echo INT >> {log}; exit 5\" INT; touch {ready}; while :; do sleep 0.02; done",
+        log = scratch.path("log").display(),
+        ready = scratch.path("ready").display(),
+    );
+    shell.send(&format!(
+        "lockrun --dir {dir} --name tty -c '{script}'; echo \"exit=$?\"\n",
+        dir = scratch.path("locks").display()
+    ));
+    wait_for_file(&scratch.path("ready"));
+    shell.send("\x03");
+    shell.wait_for("exit=5");
+    assert_eq!(
+        scratch.lines("log"),
+        ["INT"],
+        "one SIGINT, from the kernel, none forwarded"
+    );
+}
+
+#[test]
+fn the_command_reads_the_terminal_and_survives_ctrl_z_and_fg() {
+    let scratch = Scratch::new();
+    let mut shell = Shell::bash();
+    let script = format!(
+        "touch {ready}; read line; echo \"got:$line\" > {out}",
+        ready = scratch.path("ready").display(),
+        out = scratch.path("out").display(),
+    );
+    // No `; echo` after it: a stopped job ends a command list in bash.
+    shell.send(&format!(
+        "lockrun --dir {dir} --name tty -c '{script}'\n",
+        dir = scratch.path("locks").display()
+    ));
+    wait_for_file(&scratch.path("ready"));
+    shell.send("\x1a");
+    shell.wait_for("Stopped");
+    shell.send("fg\n");
+    shell.send("typed after fg\n");
+    wait_until("the command to read the line", || {
+        std::fs::read_to_string(scratch.path("out")).is_ok_and(|out| out == "got:typed after fg\n")
+    });
+    shell.send("echo \"exit=$?\"\n");
+    shell.wait_for("exit=0");
+}
