@@ -50,12 +50,12 @@ impl Program {
         }
     }
 
-    /// The command line as `status` shows it.
+    /// The command line as `status` shows it, quoted so it could be pasted into a shell.
     pub fn display(&self) -> String {
         match self {
             Self::Argv(argv) => argv
                 .iter()
-                .map(|arg| arg.to_string_lossy())
+                .map(|arg| shell_quote(&arg.to_string_lossy()))
                 .collect::<Vec<_>>()
                 .join(" "),
             Self::Shell(script) => script.to_string_lossy().into_owned(),
@@ -67,6 +67,15 @@ impl Program {
             Self::Argv(argv) => argv[0].to_string_lossy().into_owned(),
             Self::Shell(_) => "/bin/sh".into(),
         }
+    }
+}
+
+fn shell_quote(word: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_-./,:=@%+".contains(c);
+    if !word.is_empty() && word.chars().all(plain) {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
     }
 }
 
@@ -391,5 +400,21 @@ impl Run<'_> {
             signals.next(Duration::from_millis(10))?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn command_lines_are_shown_quoted() {
+        let argv = ["sh", "-c", "echo 'hi' $X", ""]
+            .map(OsString::from)
+            .to_vec();
+        assert_eq!(
+            Program::Argv(argv).display(),
+            r"sh -c 'echo '\''hi'\'' $X' ''"
+        );
     }
 }
