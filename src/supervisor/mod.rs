@@ -226,7 +226,7 @@ impl Run<'_> {
     }
 
     fn next_wakeup(&self) -> Option<Moment> {
-        let lease = self.lease.as_ref().filter(|_| self.stop == Stop::No);
+        let lease = self.lease.as_ref().filter(|_| !self.lease_lost());
         let kill_at = match self.stop {
             Stop::Terminating { kill_at } => Some(kill_at),
             Stop::No | Stop::Killed => None,
@@ -293,19 +293,26 @@ impl Run<'_> {
     }
 
     fn check_timers(&mut self) {
-        match self.stop {
-            Stop::No => {}
-            Stop::Terminating { kill_at } if kill_at.has_passed() => return self.kill_group(),
-            Stop::Terminating { .. } | Stop::Killed => return,
+        if let Stop::Terminating { kill_at } = self.stop
+            && kill_at.has_passed()
+        {
+            self.kill_group();
         }
         if let Some((at, max)) = self.max_runtime_at
             && at.has_passed()
+            && self.ending.is_none()
         {
             self.ending = Some(Ending::MaxRuntime(max));
             self.begin_stop(self.kill_grace);
-            return;
         }
-        self.keep_lease();
+        // Renewals go on while the command is being stopped: it holds the slot until it is gone.
+        if !self.lease_lost() {
+            self.keep_lease();
+        }
+    }
+
+    fn lease_lost(&self) -> bool {
+        matches!(self.ending, Some(Ending::LeaseLost(_)))
     }
 
     fn keep_lease(&mut self) {
@@ -354,21 +361,24 @@ impl Run<'_> {
         self.begin_stop(grace);
     }
 
-    /// SIGTERM to the command's process group now, SIGKILL after `grace`.
+    /// SIGTERM to the command's process group now, SIGKILL after `grace`; a stop
+    /// already under way keeps its SIGTERM but gets the earlier of the two SIGKILLs.
     fn begin_stop(&mut self, grace: Duration) {
-        if self.stop != Stop::No {
-            return;
+        let kill_at = Moment::now() + grace;
+        match self.stop {
+            Stop::Killed => return,
+            Stop::Terminating { kill_at: earlier } if earlier <= kill_at => return,
+            Stop::Terminating { .. } => {}
+            Stop::No => {
+                let _ = killpg(self.child, Signal::SIGTERM);
+                // A stopped process cannot act on SIGTERM until continued.
+                let _ = killpg(self.child, Signal::SIGCONT);
+            }
         }
+        self.stop = Stop::Terminating { kill_at };
         if grace.is_zero() {
             self.kill_group();
-            return;
         }
-        let _ = killpg(self.child, Signal::SIGTERM);
-        // A stopped process cannot act on SIGTERM until continued.
-        let _ = killpg(self.child, Signal::SIGCONT);
-        self.stop = Stop::Terminating {
-            kill_at: Moment::now() + grace,
-        };
     }
 
     fn kill_group(&mut self) {
