@@ -145,6 +145,26 @@ pub fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
     }
 }
 
+/// Reads the child's piped stderr until a line contains `needle`; the rest is drained in the background.
+pub fn wait_for_stderr(child: &mut Child, needle: &str) {
+    let stderr = child.stderr.take().expect("stderr piped");
+    let (sender, receiver) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stderr)).map_while(Result::ok) {
+            let _ = sender.send(line);
+        }
+    });
+    let started = Instant::now();
+    loop {
+        let left = PATIENCE.saturating_sub(started.elapsed());
+        match receiver.recv_timeout(left) {
+            Ok(line) if line.contains(needle) => return,
+            Ok(_) => {}
+            Err(err) => panic!("no {needle:?} on stderr within {PATIENCE:?}: {err}"),
+        }
+    }
+}
+
 pub fn wait_for_file(path: &Path) {
     wait_until(&format!("{} to appear", path.display()), || path.exists());
 }
