@@ -13,11 +13,7 @@ fn ctrl_c_reaches_the_command_once() {
         log = scratch.path("log").display(),
         ready = scratch.path("ready").display(),
     );
-    shell.send(&format!(
-        "lockrun --dir {dir} --name tty -c '{script}'; echo \"exit=$?\"\n",
-        dir = scratch.path("locks").display()
-    ));
-    wait_for_file(&scratch.path("ready"));
+    start(&mut shell, &scratch, &script, "; echo \"exit=$?\"");
     shell.send("\x03");
     shell.wait_for("exit=5");
     assert_eq!(
@@ -37,11 +33,7 @@ fn the_command_reads_the_terminal_and_survives_ctrl_z_and_fg() {
         out = scratch.path("out").display(),
     );
     // No `; echo` after it: a stopped job ends a command list in bash.
-    shell.send(&format!(
-        "lockrun --dir {dir} --name tty -c '{script}'\n",
-        dir = scratch.path("locks").display()
-    ));
-    wait_for_file(&scratch.path("ready"));
+    start(&mut shell, &scratch, &script, "");
     shell.send("\x1a");
     shell.wait_for("Stopped");
     shell.send("fg\n");
@@ -51,4 +43,14 @@ fn the_command_reads_the_terminal_and_survives_ctrl_z_and_fg() {
     });
     shell.send("echo \"exit=$?\"\n");
     shell.wait_for("exit=0");
+}
+
+/// Types a lockrun command line running `script` (which touches `ready`), then waits for `ready`.
+fn start(shell: &mut Shell, scratch: &Scratch, script: &str, rest_of_line: &str) {
+    let dir = scratch.path("locks");
+    shell.send(&format!(
+        "lockrun --dir {} --name tty -c '{script}'{rest_of_line}\n",
+        dir.display()
+    ));
+    wait_for_file(&scratch.path("ready"));
 }
