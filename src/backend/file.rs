@@ -15,6 +15,7 @@ use std::{env, thread};
 use rand::RngExt;
 
 use super::{Acquired, Backend, Holder, Kind, Renewal, Request, Wait};
+use crate::clock::Moment;
 use crate::error::{Error, Result};
 use crate::identity::epoch_millis;
 use crate::name::Name;
@@ -26,7 +27,7 @@ pub struct FileBackend {
     dir: PathBuf,
     /// The slot file whose lock we hold.
     held: Option<File>,
-    /// A thread blocked in flock(2) on slot 0, when a single-slot wait has a deadline.
+    /// A thread blocked in flock(2) on slot 0 while a single-slot wait is under way.
     kernel_wait: Option<Receiver<io::Result<File>>>,
 }
 
@@ -122,33 +123,28 @@ impl FileBackend {
         }
     }
 
-    /// Waits in the kernel for slot 0; the waiter wakes the moment the holder exits.
-    fn wait_in_kernel(
-        &mut self,
-        request: &Request,
-        deadline: Option<crate::clock::Moment>,
-    ) -> Result<Option<Acquired>> {
+    /// Waits in the kernel for slot 0 until `until` at the latest. A thread blocks
+    /// in flock(2) and stays blocked across calls, so the waiter wakes the moment
+    /// the holder exits, yet the acquire loop gets control back to redraw its
+    /// waiting line or give up at `--timeout`.
+    fn wait_in_kernel(&mut self, request: &Request, until: Moment) -> Result<Option<Acquired>> {
         let path = self.slot_path(&request.name, 0);
-        let lock_failed = |err| Error::unavailable(format!("cannot lock {}", path.display()), err);
-        let Some(deadline) = deadline else {
-            let file = open_lock_file(&path)?;
-            file.lock().map_err(lock_failed)?;
-            return self.take(file, request, 0).map(Some);
-        };
         if self.kernel_wait.is_none() {
             let file = open_lock_file(&path)?;
             let (sender, receiver) = mpsc::channel();
-            // The thread stays blocked if the deadline passes; lockrun then exits, which ends it.
+            // If the wait is given up the thread stays blocked; lockrun then exits, which ends it.
             thread::spawn(move || {
                 let _ = sender.send(file.lock().map(|()| file));
             });
             self.kernel_wait = Some(receiver);
         }
         let receiver = self.kernel_wait.as_ref().expect("set above");
-        match receiver.recv_timeout(deadline.remaining()) {
+        match receiver.recv_timeout(until.remaining()) {
             Ok(locked) => {
                 self.kernel_wait = None;
-                let file = locked.map_err(lock_failed)?;
+                let file = locked.map_err(|err| {
+                    Error::unavailable(format!("cannot lock {}", path.display()), err)
+                })?;
                 self.take(file, request, 0).map(Some)
             }
             Err(RecvTimeoutError::Timeout) => Ok(None),
@@ -168,7 +164,7 @@ impl Backend for FileBackend {
         if request.parallelism == 1 {
             if self.kernel_wait.is_some() {
                 // A kernel wait is under way on slot 0: ask it rather than race it.
-                return self.wait_in_kernel(request, Some(crate::clock::Moment::now()));
+                return self.wait_in_kernel(request, Moment::now());
             }
             return self.try_slot(request, 0);
         }
@@ -183,7 +179,7 @@ impl Backend for FileBackend {
 
     fn wait(&mut self, request: &Request, wait: Wait) -> Result<Option<Acquired>> {
         if request.parallelism == 1 {
-            return self.wait_in_kernel(request, wait.deadline);
+            return self.wait_in_kernel(request, wait.step_until);
         }
         thread::sleep(wait.step_until.remaining());
         Ok(None)
@@ -244,19 +240,29 @@ impl Backend for FileBackend {
     }
 
     fn break_leases(&mut self, name: &Name, slot: Option<u32>) -> Result<Vec<Holder>> {
-        let holders = self.holders(Some(name))?;
-        let pids: Vec<String> = holders
+        let holders: Vec<String> = self
+            .holders(Some(name))?
             .iter()
             .filter(|h| slot.is_none_or(|s| s == h.slot))
-            .map(|h| format!("pid {} (slot {})", h.pid, h.slot))
+            .map(|h| {
+                let host = if h.host.is_empty() {
+                    String::new()
+                } else {
+                    format!(" on {}", h.host)
+                };
+                format!("pid {}{host} (slot {})", h.pid, h.slot)
+            })
             .collect();
-        let held_by = if pids.is_empty() {
+        let held_by = if holders.is_empty() {
             "nobody holds it now".to_owned()
         } else {
-            format!("held by {}", pids.join(", "))
+            format!(
+                "held by {}; end that process to free it",
+                holders.join(", ")
+            )
         };
         Err(Error::Usage(format!(
-            "file locks cannot be broken: the kernel releases {name} when its holder exits ({held_by})"
+            "cannot release {name}: a file lock has no lease to break, the kernel frees it when its holder exits; {held_by}"
         )))
     }
 }
