@@ -52,7 +52,7 @@ impl Progress {
     pub fn draw(&mut self, holders: &[Holder]) {
         let Some(live) = &mut self.live else { return };
         live.next_draw = Moment::now() + EVERY;
-        // "waiting for backup: held by pid 4242 on web-1 (./backup.sh) for 3m12s"
+        // "waiting for backup: held by pid 4242 on web-1 for 3m12s (./backup.sh)"
         let text = fit(&format!("waiting for {}{}", live.name, held_by(holders)));
         put(&format!("{ERASE}{text}"));
         live.shown = Some(text);

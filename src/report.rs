@@ -156,7 +156,7 @@ impl Reporter {
     }
 }
 
-/// ": held by pid 4242 on web-1 (./backup.sh) for 3m12s" for the first holder, when known.
+/// ": held by pid 4242 on web-1 for 3m12s (./backup.sh)" for the first holder, when known.
 pub fn held_by(holders: &[Holder]) -> String {
     held_by_at(holders, epoch_millis(SystemTime::now()))
 }
@@ -169,12 +169,13 @@ fn held_by_at(holders: &[Holder], now_millis: u64) -> String {
     if !first.host.is_empty() {
         let _ = write!(text, " on {}", first.host);
     }
-    if !first.command.is_empty() {
-        let _ = write!(text, " ({})", printable(&first.command));
-    }
     if first.acquired_at > 0 {
         let held = Duration::from_secs(now_millis.saturating_sub(first.acquired_at) / 1000);
         let _ = write!(text, " for {}", display(held));
+    }
+    // The command last: on a narrow terminal a long one is what gets cut.
+    if !first.command.is_empty() {
+        let _ = write!(text, " ({})", printable(&first.command));
     }
     if holders.len() > 1 {
         let _ = write!(text, " and {} more", holders.len() - 1);
@@ -215,11 +216,11 @@ mod tests {
         let now = 1_000_000_000;
         assert_eq!(
             held_by_at(&[holder(4242, now - 192_400)], now),
-            ": held by pid 4242 on web-1 (./backup.sh --all) for 3m12s"
+            ": held by pid 4242 on web-1 for 3m12s (./backup.sh --all)"
         );
         assert_eq!(
             held_by_at(&[holder(1, now - 2000), holder(2, now)], now),
-            ": held by pid 1 on web-1 (./backup.sh --all) for 2s and 1 more"
+            ": held by pid 1 on web-1 for 2s (./backup.sh --all) and 1 more"
         );
         assert_eq!(held_by_at(&[], now), "");
     }

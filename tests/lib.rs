@@ -5,4 +5,5 @@ mod support;
 mod cli;
 mod core;
 mod file;
+mod operator;
 mod supervision;
