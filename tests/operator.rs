@@ -198,8 +198,8 @@ fn a_wait_on_a_terminal_shows_one_self_updating_line() {
 
     let mut screen = String::new();
     let mut first_draw = None;
-    let draws = |screen: &str| screen.matches("\r\x1b[Kwaiting for backup").count();
-    while draws(&screen) < 3 {
+    let count_draws = |screen: &str| screen.matches("\r\x1b[Kwaiting for backup").count();
+    while count_draws(&screen) < 3 {
         let (bytes, at) = receiver.recv_timeout(PATIENCE).expect("the waiting line");
         screen.push_str(&String::from_utf8_lossy(&bytes));
         first_draw.get_or_insert(at);
