@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use crate::backend::Holder;
 use crate::duration::display;
 use crate::identity::epoch_millis;
-use crate::timestamp::now_rfc3339;
+use crate::timestamp::{now_rfc3339, rfc3339};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
@@ -170,7 +170,7 @@ fn held_by_at(holders: &[Holder], now_millis: u64) -> String {
         let _ = write!(text, " on {}", first.host);
     }
     if first.acquired_at > 0 {
-        let held = Duration::from_secs(now_millis.saturating_sub(first.acquired_at) / 1000);
+        let held = Duration::from_millis(now_millis.saturating_sub(first.acquired_at));
         let _ = write!(text, " for {}", display(held));
     }
     // The command last: on a narrow terminal a long one is what gets cut.
@@ -191,7 +191,14 @@ fn printable(text: &str) -> String {
 }
 
 fn holder_json(holder: &Holder) -> Value {
-    json!({ "slot": holder.slot, "pid": holder.pid, "host": holder.host, "command": holder.command, "fence": holder.fence })
+    json!({
+        "slot": holder.slot,
+        "pid": holder.pid,
+        "host": holder.host,
+        "command": holder.command,
+        "acquired_at": (holder.acquired_at > 0).then(|| rfc3339(holder.acquired_at)),
+        "fence": holder.fence,
+    })
 }
 
 #[cfg(test)]
@@ -219,8 +226,8 @@ mod tests {
             ": held by pid 4242 on web-1 for 3m12s (./backup.sh --all)"
         );
         assert_eq!(
-            held_by_at(&[holder(1, now - 2000), holder(2, now)], now),
-            ": held by pid 1 on web-1 for 2s (./backup.sh --all) and 1 more"
+            held_by_at(&[holder(1, now - 2300), holder(2, now)], now),
+            ": held by pid 1 on web-1 for 2.3s (./backup.sh --all) and 1 more"
         );
         assert_eq!(held_by_at(&[], now), "");
     }

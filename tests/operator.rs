@@ -329,6 +329,11 @@ fn json_events_for_waiting_retry_error_acquired_and_released() {
     assert_eq!(kinds.last(), Some(&"error"), "{kinds:?}");
     assert_eq!(busy[0]["holders"][0]["pid"], holder.id());
     assert_eq!(busy[0]["holders"][0]["slot"], 0);
+    assert!(
+        busy[0]["holders"][0]["acquired_at"]
+            .as_str()
+            .is_some_and(is_rfc3339)
+    );
     let delay = busy[1]["delay_ms"].as_u64().expect("delay_ms");
     assert!(
         (50..=150).contains(&delay),
