@@ -97,7 +97,9 @@ fn wait_for_slot(
             if progress.redraw_due().is_some_and(Moment::has_passed) {
                 progress.draw(&holders(backend, request));
             }
-            if step_until.has_passed() {
+            // Back to trying when the step is over, or when the backend returned before
+            // it was told to (a wake-up: a slot may have been freed).
+            if until == step_until || !until.has_passed() {
                 break;
             }
         }
