@@ -5,5 +5,7 @@ mod support;
 mod cli;
 mod core;
 mod file;
+mod generated;
+mod operator;
 mod supervision;
 mod terminal;

@@ -16,6 +16,7 @@ use std::time::SystemTime;
 use rand::RngExt;
 
 use super::{Acquired, Backend, Holder, Kind, Renewal, Request, Wait};
+use crate::clock::Moment;
 use crate::error::{Error, Result};
 use crate::identity::epoch_millis;
 use crate::name::Name;
@@ -32,7 +33,7 @@ pub struct FileBackend {
     dir: PathBuf,
     /// The slot file whose lock we hold.
     held: Option<File>,
-    /// A thread blocked in flock(2) on slot 0, when a single-slot wait has a deadline.
+    /// A thread blocked in flock(2) on slot 0 while a single-slot wait is under way.
     kernel_wait: Option<KernelWait>,
 }
 
@@ -128,37 +129,32 @@ impl FileBackend {
         }
     }
 
-    /// Waits in the kernel for slot 0; the waiter wakes the moment the holder exits.
-    fn wait_in_kernel(
-        &mut self,
-        request: &Request,
-        deadline: Option<crate::clock::Moment>,
-    ) -> Result<Option<Acquired>> {
+    /// Waits in the kernel for slot 0 until `until` at the latest. A thread blocks
+    /// in flock(2) and stays blocked across calls, so the waiter wakes the moment
+    /// the holder exits, yet the acquire loop gets control back to redraw its
+    /// waiting line or give up at `--timeout`.
+    fn wait_in_kernel(&mut self, request: &Request, until: Moment) -> Result<Option<Acquired>> {
         let path = self.slot_path(&request.name, 0);
-        let lock_failed = |err| Error::unavailable(format!("cannot lock {}", path.display()), err);
-        let Some(deadline) = deadline else {
-            let file = open_lock_file(&path)?;
-            file.lock().map_err(lock_failed)?;
-            return self.take(file, request, 0).map(Some);
-        };
         if self.kernel_wait.is_none() {
             let file = open_lock_file(&path)?;
             let (sender, locked) = mpsc::channel();
-            // The thread stays blocked if the deadline passes; lockrun then exits, which ends it.
+            // If the wait is given up the thread stays blocked; lockrun then exits, which ends it.
             let thread = thread::spawn(move || {
                 let _ = sender.send(file.lock().map(|()| file));
             });
             self.kernel_wait = Some(KernelWait { locked, thread });
         }
         let waiting = self.kernel_wait.as_ref().expect("set above");
-        match waiting.locked.recv_timeout(deadline.remaining()) {
+        match waiting.locked.recv_timeout(until.remaining()) {
             Ok(locked) => {
                 // Joined so that no thread with signals unblocked outlives the wait: the
                 // supervisor relies on being the only thread to read signals from its signalfd.
                 if let Some(waiting) = self.kernel_wait.take() {
                     let _ = waiting.thread.join();
                 }
-                let file = locked.map_err(lock_failed)?;
+                let file = locked.map_err(|err| {
+                    Error::unavailable(format!("cannot lock {}", path.display()), err)
+                })?;
                 self.take(file, request, 0).map(Some)
             }
             Err(RecvTimeoutError::Timeout) => Ok(None),
@@ -178,7 +174,7 @@ impl Backend for FileBackend {
         if request.parallelism == 1 {
             if self.kernel_wait.is_some() {
                 // A kernel wait is under way on slot 0: ask it rather than race it.
-                return self.wait_in_kernel(request, Some(crate::clock::Moment::now()));
+                return self.wait_in_kernel(request, Moment::now());
             }
             return self.try_slot(request, 0);
         }
@@ -193,7 +189,7 @@ impl Backend for FileBackend {
 
     fn wait(&mut self, request: &Request, wait: Wait) -> Result<Option<Acquired>> {
         if request.parallelism == 1 {
-            return self.wait_in_kernel(request, wait.deadline);
+            return self.wait_in_kernel(request, wait.step_until);
         }
         thread::sleep(wait.step_until.remaining());
         Ok(None)
@@ -254,19 +250,29 @@ impl Backend for FileBackend {
     }
 
     fn break_leases(&mut self, name: &Name, slot: Option<u32>) -> Result<Vec<Holder>> {
-        let holders = self.holders(Some(name))?;
-        let pids: Vec<String> = holders
+        let holders: Vec<String> = self
+            .holders(Some(name))?
             .iter()
             .filter(|h| slot.is_none_or(|s| s == h.slot))
-            .map(|h| format!("pid {} (slot {})", h.pid, h.slot))
+            .map(|h| {
+                let host = if h.host.is_empty() {
+                    String::new()
+                } else {
+                    format!(" on {}", h.host)
+                };
+                format!("pid {}{host} (slot {})", h.pid, h.slot)
+            })
             .collect();
-        let held_by = if pids.is_empty() {
+        let held_by = if holders.is_empty() {
             "nobody holds it now".to_owned()
         } else {
-            format!("held by {}", pids.join(", "))
+            format!(
+                "held by {}; end that process to free it",
+                holders.join(", ")
+            )
         };
         Err(Error::Usage(format!(
-            "file locks cannot be broken: the kernel releases {name} when its holder exits ({held_by})"
+            "cannot release {name}: a file lock has no lease to break, the kernel frees it when its holder exits; {held_by}"
         )))
     }
 }

@@ -75,7 +75,10 @@ pub struct Acquired {
 /// How long one wait may last.
 #[derive(Clone, Copy, Debug)]
 pub struct Wait {
-    /// End of this backoff step: a polling backend tries again by then.
+    /// Return (`Ok(None)`) by then at the latest: the end of a backoff step, after
+    /// which a polling backend tries again, or sooner when the live waiting line
+    /// needs redrawing. A backend blocked in the kernel or on a wake-up may keep
+    /// that wait going for its next call.
     pub step_until: Moment,
     /// The `--timeout` deadline; `None` waits forever.
     pub deadline: Option<Moment>,
