@@ -5,4 +5,5 @@ mod support;
 mod cli;
 mod core;
 mod file;
+mod redis;
 mod supervision;
