@@ -8,7 +8,6 @@ mod scripts;
 use std::time::{Duration, SystemTime};
 
 use rand::RngExt;
-use redis::Value;
 use serde::{Deserialize, Serialize};
 
 use super::{Acquired, Backend, Holder, Kind, Renewal, Request, Wait};
@@ -230,30 +229,17 @@ impl RedisBackend {
         for key in keys {
             pipe.cmd("GET").arg(key).cmd("PTTL").arg(key);
         }
-        let replies: Vec<Value> =
+        let replies: Vec<(Option<String>, i64)> =
             self.link
                 .call_idempotent("reading holders", MAX_CALL_TIMEOUT, |c| pipe.query(c))?;
-        let mut holders = Vec::new();
-        for (key, pair) in keys.iter().zip(replies.chunks(2)) {
-            let (Some(value), Some(pttl)) = (
-                pair.first()
-                    .and_then(|v| redis::from_redis_value_ref::<Option<String>>(v).ok())
-                    .flatten(),
-                pair.get(1)
-                    .and_then(|v| redis::from_redis_value_ref::<i64>(v).ok()),
-            ) else {
-                continue;
-            };
-            let Some((name, slot)) = scripts::parse_slot_key(&self.prefix, key) else {
-                continue;
-            };
-            if let Ok(record) = serde_json::from_str::<Record>(&value) {
-                holders.push((record, name.to_owned(), slot, pttl));
-            }
-        }
-        let mut holders: Vec<Holder> = holders
-            .into_iter()
-            .map(|(record, name, slot, pttl)| record.holder(&name, slot, pttl))
+        let mut holders: Vec<Holder> = keys
+            .iter()
+            .zip(replies)
+            .filter_map(|(key, (value, pttl))| {
+                let (name, slot) = scripts::parse_slot_key(&self.prefix, key)?;
+                let record: Record = serde_json::from_str(&value?).ok()?;
+                Some(record.holder(name, slot, pttl))
+            })
             .collect();
         holders.sort_by(|a, b| (&a.name, a.slot).cmp(&(&b.name, b.slot)));
         Ok(holders)
