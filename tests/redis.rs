@@ -500,3 +500,36 @@ fn rediss_connects_with_tls_and_refuses_an_unknown_certificate() {
         stderr(&output)
     );
 }
+
+#[test]
+fn release_force_breaks_the_lease_and_its_holder_stops() {
+    let Some((store, _server)) = redis(&[]) else {
+        return;
+    };
+    let scratch = Scratch::new();
+    let mut holder = holder(&store, &scratch, "broken", &["--ttl", "0.6"]);
+    let output = run(lockrun()
+        .arg("release")
+        .args(store.args())
+        .args(["broken", "--force"]));
+    assert_status(&output, 0);
+    assert!(
+        stdout(&output).contains(&format!("released broken slot 0 (pid {}", holder.id())),
+        "{}",
+        stdout(&output)
+    );
+    assert_status(
+        &run(store.lockrun().args(["--name", "broken", "-n", "true"])),
+        0,
+    );
+    assert_eq!(
+        wait(&mut holder).code(),
+        Some(76),
+        "the next renewal finds the lease gone"
+    );
+    let output = run(lockrun()
+        .arg("release")
+        .args(store.args())
+        .args(["broken", "--force"]));
+    assert!(stdout(&output).contains("nothing to release"));
+}
