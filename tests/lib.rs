@@ -7,5 +7,6 @@ mod core;
 mod file;
 mod generated;
 mod operator;
+mod redis;
 mod supervision;
 mod terminal;

@@ -2,6 +2,7 @@
 //! the supervisor and the operator commands only talk to this trait.
 
 mod file;
+mod redis;
 
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
@@ -14,6 +15,7 @@ use crate::identity::Process;
 use crate::name::Name;
 
 pub use file::FileBackend;
+pub use redis::RedisBackend;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Kind {
@@ -131,13 +133,22 @@ pub trait Backend {
 
     /// Breaks the leases of `name` (one slot or all) and returns what it broke.
     fn break_leases(&mut self, name: &Name, slot: Option<u32>) -> Result<Vec<Holder>>;
+
+    /// Problems with the store's setup worth a warning (shown with `-v`); may ask the server.
+    fn warnings(&mut self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// Opens the backend at `location`.
 pub fn open(location: &Location) -> Result<Box<dyn Backend>> {
     match location.kind {
         Kind::File => Ok(Box::new(FileBackend::open(location.dir.clone())?)),
-        Kind::Sqlite | Kind::Redis => Err(crate::error::Error::Unavailable(format!(
+        Kind::Redis => Ok(Box::new(RedisBackend::open(
+            &location.redis_url,
+            &location.prefix,
+        )?)),
+        Kind::Sqlite => Err(crate::error::Error::Unavailable(format!(
             "the {} backend is not built yet",
             location.kind.as_str()
         ))),
