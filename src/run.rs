@@ -61,6 +61,7 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
         },
     };
 
+    supervisor::reset_inherited()?;
     let mut backend = open_backend(&args.store.location(), reporter)?;
     let taken = acquire(backend.as_mut(), &request, &policy, reporter)?;
     let acquired_at = (SystemTime::now(), Moment::now());

@@ -108,7 +108,14 @@ impl FileBackend {
         file.lock().map_err(failed)?;
         let mut text = String::new();
         (&file).read_to_string(&mut text).map_err(failed)?;
-        let fence = text.trim().parse::<u64>().unwrap_or(0) + 1;
+        // A fence must never go back: a file that does not hold a number is an error, not a zero.
+        let last = match text.trim() {
+            "" => 0,
+            number => number.parse::<u64>().map_err(|_| {
+                Error::Unavailable(format!("{} does not hold a fence number", path.display()))
+            })?,
+        };
+        let fence = last + 1;
         let text = fence.to_string();
         file.write_all_at(text.as_bytes(), 0)
             .and_then(|()| file.set_len(text.len() as u64))
@@ -201,8 +208,11 @@ impl Backend for FileBackend {
     }
 
     fn release(&mut self, _keep_until: Option<SystemTime>) -> Result<()> {
-        // Closing the file releases the lock; the file stays for the next holder.
-        self.held = None;
+        // Unlocked explicitly rather than by closing: the watchdog shares this open
+        // file until it exits. The file itself stays for the next holder.
+        if let Some(file) = self.held.take() {
+            let _ = file.unlock();
+        }
         Ok(())
     }
 
@@ -225,11 +235,7 @@ impl Backend for FileBackend {
                 continue;
             }
             let Ok(meta) = entry.metadata() else { continue };
-            let Some(lock_pid) = locked
-                .iter()
-                .find(|l| l.dev == meta.dev() && l.ino == meta.ino())
-                .map(|l| l.pid)
-            else {
+            let Some(lock_pid) = locked.iter().find(|l| l.is_on(&meta)).map(|l| l.pid) else {
                 continue;
             };
             let mut holder = read_holder(&entry.path()).unwrap_or_else(|| Holder {
@@ -324,6 +330,15 @@ fn read_holder(path: &Path) -> Option<Holder> {
 fn parse_slot_file_name(file_name: &str) -> Option<(&str, u32)> {
     let (stem, slot) = file_name.strip_suffix(LOCK_SUFFIX)?.rsplit_once('.')?;
     Some((stem, slot.parse().ok()?))
+}
+
+impl LiveFlock {
+    /// True when this lock is on the file of `meta`. Filesystems with anonymous
+    /// devices (btrfs subvolumes, overlayfs) may report another device in stat(2)
+    /// than in `/proc/locks`; there the inode number alone decides.
+    fn is_on(&self, meta: &fs::Metadata) -> bool {
+        self.ino == meta.ino() && (self.dev == meta.dev() || nix::sys::stat::major(self.dev) == 0)
+    }
 }
 
 struct LiveFlock {

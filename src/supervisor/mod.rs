@@ -5,6 +5,7 @@
 
 mod signals;
 mod terminal;
+mod watchdog;
 
 use std::ffi::OsString;
 use std::io;
@@ -23,8 +24,9 @@ use crate::error::{Error, Result, status};
 use crate::lease::Lease;
 use crate::report::{Event, Reporter};
 
-pub use signals::Signals;
+pub use signals::{Signals, reset_inherited};
 use terminal::Terminal;
+use watchdog::Watchdog;
 
 /// What to run.
 pub enum Program {
@@ -115,8 +117,9 @@ pub fn supervise(
     limits: &Limits,
     reporter: &Reporter,
 ) -> Result<Ending> {
-    let terminal = Terminal::foreground();
-    let child = spawn(program, env, terminal.as_ref())?;
+    let terminal = Terminal::open();
+    let foreground = terminal.as_ref().filter(|terminal| terminal.is_ours());
+    let child = spawn(program, env, foreground)?;
     let mut run = Run {
         child,
         terminal,
@@ -129,7 +132,20 @@ pub fn supervise(
         stop: Stop::No,
         ending: None,
     };
-    run.until_exit(signals)
+    match Watchdog::start(child) {
+        Ok(watchdog) => {
+            let ending = run.until_exit(signals);
+            if ending.is_err() {
+                run.abandon();
+            }
+            watchdog.dismiss();
+            ending
+        }
+        Err(err) => {
+            run.abandon();
+            Err(err)
+        }
+    }
 }
 
 fn spawn(program: &Program, env: &[(&str, String)], terminal: Option<&Terminal>) -> Result<Pid> {
@@ -211,7 +227,7 @@ impl Run<'_> {
             if let Some(code) = self.check_child()? {
                 self.stop_leftovers(signals)?;
                 if let Some(terminal) = &self.terminal {
-                    terminal.take_back();
+                    terminal.take_back_from(self.child);
                 }
                 return Ok(self.ending.take().unwrap_or(Ending::Exited(code)));
             }
@@ -259,6 +275,13 @@ impl Run<'_> {
 
     fn forward(&self, signal: Signal) {
         let _ = kill(self.child, signal);
+        if matches!(
+            signal,
+            Signal::SIGTERM | Signal::SIGINT | Signal::SIGHUP | Signal::SIGQUIT
+        ) {
+            // A stopped command would keep it pending forever; continue it, as a shell's kill does.
+            let _ = kill(self.child, Signal::SIGCONT);
+        }
     }
 
     /// The child's exit status once it has ended; handles job-control stops on the way.
@@ -270,7 +293,7 @@ impl Run<'_> {
             ) {
                 Ok(WaitStatus::Exited(_, code)) => return Ok(Some(code as u8)),
                 Ok(WaitStatus::Signaled(_, signal, _)) => return Ok(Some(128 + signal as u8)),
-                Ok(WaitStatus::Stopped(_, _)) => self.follow_stop(),
+                Ok(WaitStatus::Stopped(_, signal)) => self.follow_stop(signal),
                 Ok(_) => return Ok(None),
                 Err(Errno::EINTR) => {}
                 Err(err) => return Err(Error::internal("waiting for the command", err)),
@@ -278,15 +301,30 @@ impl Run<'_> {
         }
     }
 
-    /// The command was stopped (Ctrl-Z): stop lockrun too, so the shell sees the
-    /// job stopped; when continued, give the terminal back and continue the command.
-    fn follow_stop(&self) {
-        let Some(terminal) = &self.terminal else {
+    /// The command was stopped by job control (Ctrl-Z, or a terminal read from the
+    /// background): stop lockrun too, so its shell sees the job stopped; once
+    /// continued, hand the terminal back if lockrun has it and continue the command.
+    /// A plain SIGSTOP is someone else's to undo.
+    fn follow_stop(&mut self, signal: Signal) {
+        if !matches!(signal, Signal::SIGTSTP | Signal::SIGTTIN | Signal::SIGTTOU) {
             return;
-        };
-        terminal.take_back();
+        }
+        if let Some(terminal) = &self.terminal {
+            terminal.take_back_from(self.child);
+        }
         let _ = kill(getpid(), Signal::SIGSTOP);
-        if terminal.is_ours() {
+        if self
+            .lease
+            .as_ref()
+            .is_some_and(|lease| lease.deadline().has_passed())
+        {
+            // Stopped past the lease: the command must not run another moment.
+            return self.lose_lease(
+                "its deadline passed while the job was stopped",
+                Duration::ZERO,
+            );
+        }
+        if let Some(terminal) = self.terminal.as_ref().filter(|terminal| terminal.is_ours()) {
             terminal.give_to(self.child);
         }
         let _ = killpg(self.child, Signal::SIGCONT);
@@ -300,9 +338,9 @@ impl Run<'_> {
         }
         if let Some((at, max)) = self.max_runtime_at
             && at.has_passed()
-            && self.ending.is_none()
         {
-            self.ending = Some(Ending::MaxRuntime(max));
+            self.max_runtime_at = None;
+            self.ending.get_or_insert(Ending::MaxRuntime(max));
             self.begin_stop(self.kill_grace);
         }
         // Renewals go on while the command is being stopped: it holds the slot until it is gone.
@@ -334,7 +372,9 @@ impl Run<'_> {
                 self.reporter.event(&Event::Renewed { ttl: lease.ttl() });
             }
             Ok(Renewal::Lost) => {
-                return self.lose_lease("it was broken or expired", self.kill_grace);
+                // Another holder may have the slot already: never past the old deadline.
+                let grace = self.kill_grace.min(lease.deadline().remaining());
+                return self.lose_lease("it was broken or expired", grace);
             }
             Err(err) => {
                 lease.renewal_failed(Moment::now());
@@ -370,9 +410,9 @@ impl Run<'_> {
             Stop::Terminating { kill_at: earlier } if earlier <= kill_at => return,
             Stop::Terminating { .. } => {}
             Stop::No => {
-                let _ = killpg(self.child, Signal::SIGTERM);
+                self.signal_all(Signal::SIGTERM);
                 // A stopped process cannot act on SIGTERM until continued.
-                let _ = killpg(self.child, Signal::SIGCONT);
+                self.signal_all(Signal::SIGCONT);
             }
         }
         self.stop = Stop::Terminating { kill_at };
@@ -381,9 +421,21 @@ impl Run<'_> {
         }
     }
 
+    /// Kills the command and waits for it: the lock is never released with it running.
+    fn abandon(&mut self) {
+        self.kill_group();
+        let _ = waitpid(self.child, None);
+    }
+
     fn kill_group(&mut self) {
-        let _ = killpg(self.child, Signal::SIGKILL);
+        self.signal_all(Signal::SIGKILL);
         self.stop = Stop::Killed;
+    }
+
+    /// The command's process group, and the command itself in case it left the group.
+    fn signal_all(&self, signal: Signal) {
+        let _ = killpg(self.child, signal);
+        let _ = kill(self.child, signal);
     }
 
     /// Processes the command left behind in its group (`cmd &`) would run on
@@ -405,6 +457,13 @@ impl Run<'_> {
         while group_alive() && !give_up_at.has_passed() {
             if kill_at.has_passed() {
                 let _ = killpg(self.child, Signal::SIGKILL);
+            }
+            // As PID 1 or a subreaper lockrun inherits the leftovers: reap them, or
+            // their zombies would keep the group alive.
+            while let Ok(status) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+                if status == WaitStatus::StillAlive {
+                    break;
+                }
             }
             // They are not our children: no SIGCHLD tells when they are gone, so look again shortly.
             signals.next(Duration::from_millis(10))?;
