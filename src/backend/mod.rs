@@ -3,6 +3,7 @@
 
 mod file;
 mod redis;
+mod sqlite;
 
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
@@ -16,6 +17,7 @@ use crate::name::Name;
 
 pub use file::FileBackend;
 pub use redis::RedisBackend;
+pub use sqlite::SqliteBackend;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Kind {
@@ -148,9 +150,6 @@ pub fn open(location: &Location) -> Result<Box<dyn Backend>> {
             &location.redis_url,
             &location.prefix,
         )?)),
-        Kind::Sqlite => Err(crate::error::Error::Unavailable(format!(
-            "the {} backend is not built yet",
-            location.kind.as_str()
-        ))),
+        Kind::Sqlite => Ok(Box::new(SqliteBackend::open(location.db.clone())?)),
     }
 }

@@ -63,6 +63,22 @@ impl Store {
         }
     }
 
+    /// The SQLite backend on a fresh database file.
+    pub fn sqlite() -> Self {
+        let dir = TempDir::new().expect("temp dir");
+        let args = vec![
+            "--backend".into(),
+            "sqlite".into(),
+            "--db".into(),
+            dir.path().join("locks.sqlite3").into(),
+        ];
+        Self {
+            kind: "sqlite",
+            args,
+            _keep: Box::new(dir),
+        }
+    }
+
     /// The backend flags, for commands built by hand.
     pub fn args(&self) -> &[OsString] {
         &self.args
