@@ -37,11 +37,16 @@ impl Process {
     }
 }
 
+/// The start time of a running process; `None` when it is gone or a zombie
+/// (dead, holding nothing, only waiting for its parent to reap it).
 fn start_time(pid: u32) -> Option<u64> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) may contain spaces and parentheses: skip past its last ')'.
-    let after_comm = &stat[stat.rfind(')')? + 1..];
-    after_comm.split_whitespace().nth(19)?.parse().ok()
+    let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace();
+    if matches!(fields.next()?, "Z" | "X") {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
 }
 
 fn boot_id() -> String {
@@ -87,6 +92,27 @@ mod tests {
         it.start_time = start_time(child.id()).unwrap();
         child.wait().unwrap();
         assert!(it.is_gone());
+    }
+
+    #[test]
+    fn an_unreaped_child_is_gone() {
+        // `cat` runs until its stdin closes, so its start time is read while it lives.
+        let mut child = std::process::Command::new("cat")
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut it = Process::current();
+        it.pid = child.id();
+        it.start_time = start_time(child.id()).unwrap();
+        assert!(!it.is_gone());
+        drop(child.stdin.take());
+        // Exited but not reaped: a zombie, which holds nothing.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !it.is_gone() {
+            assert!(std::time::Instant::now() < deadline, "still not gone");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        child.wait().unwrap();
     }
 
     #[test]

@@ -342,6 +342,23 @@ pub fn wait(child: &mut Child) -> ExitStatus {
     wait_within(child, PATIENCE)
 }
 
+/// Waits for a spawned child within `PATIENCE` and collects what it wrote to its piped stdout/stderr.
+pub fn finish(mut child: Child) -> Output {
+    let status = wait(&mut child);
+    let mut output = Output {
+        status,
+        stdout: Vec::new(),
+        stderr: Vec::new(),
+    };
+    if let Some(mut pipe) = child.stdout.take() {
+        pipe.read_to_end(&mut output.stdout).expect("read stdout");
+    }
+    if let Some(mut pipe) = child.stderr.take() {
+        pipe.read_to_end(&mut output.stderr).expect("read stderr");
+    }
+    output
+}
+
 /// Waits until `condition` holds, failing the test after `PATIENCE`.
 pub fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
     let started = Instant::now();
