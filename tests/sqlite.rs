@@ -2,6 +2,7 @@
 //! lost, same-host reclaim, quick handoff, and files that are not lockrun's.
 
 use std::fs;
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -101,7 +102,7 @@ fn a_killed_holder_frees_its_slot_long_before_its_ttl() {
     let command = read_pid(&scratch.path("ready"));
     let mut waiter = store
         .lockrun()
-        .args(["--name", "crashed", "-v", "--"])
+        .args(["--name", "crashed", "-v", "--initial-delay", "5", "--"])
         .arg("touch")
         .arg(scratch.path("got"))
         .stderr(Stdio::piped())
@@ -114,8 +115,8 @@ fn a_killed_holder_frees_its_slot_long_before_its_ttl() {
     // lockrun stays a zombie until reaped: it is dead all the same.
     assert_eq!(wait(&mut waiter).code(), Some(0));
     assert!(
-        killed.elapsed() < Duration::from_secs(10),
-        "the slot was reclaimed at once, not after the 60 s TTL ({:?})",
+        killed.elapsed() < Duration::from_secs(2),
+        "the slot was reclaimed at once, not after the 60 s TTL nor the 5 s backoff step ({:?})",
         killed.elapsed()
     );
     holder.wait().unwrap();
@@ -152,27 +153,45 @@ fn a_freed_slot_is_taken_at_once_not_after_the_backoff_step() {
 fn release_force_breaks_a_live_lease_and_its_command_is_stopped() {
     let store = Store::sqlite();
     let scratch = Scratch::new();
-    let holder = hold(&store, &scratch, "broken", &["--ttl", "3"]);
+    // Renewed every 3 s: that is when the holder learns its lease is gone.
+    let mut holder = hold(&store, &scratch, "broken", &["--ttl", "9"]);
     let command = read_pid(&scratch.path("ready"));
+    let mut waiter = store
+        .lockrun()
+        .args(["--name", "broken", "-v", "--initial-delay", "5", "--"])
+        .arg("touch")
+        .arg(scratch.path("got"))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_stderr(&mut waiter, "waiting");
+
     let mut release = lockrun();
     release
-        .args(["release"])
+        .arg("release")
         .args(store.args())
         .args(["broken", "--force"]);
     let output = run(&mut release);
+    let broken = Instant::now();
     assert_status(&output, 0);
     assert!(
         stdout(&output).contains(&format!("released broken slot 0 (pid {}", holder.id())),
         "{}",
         stdout(&output)
     );
+    // The holder is alive, so only the database's change can have woken the waiter this soon.
+    wait_for_file(&scratch.path("got"));
+    assert!(
+        broken.elapsed() < Duration::from_secs(2) && holder.try_wait().unwrap().is_none(),
+        "the waiter took the broken slot at once ({:?})",
+        broken.elapsed()
+    );
+    assert_eq!(wait(&mut waiter).code(), Some(0));
+
     let output = finish(holder);
     assert_status(&output, 76);
+    assert!(stderr(&output).contains("lease"), "{}", stderr(&output));
     assert!(!process_exists(command), "the command was stopped");
-    assert_status(
-        &run(store.lockrun().args(["--name", "broken", "-n", "true"])),
-        0,
-    );
 }
 
 #[test]
@@ -234,4 +253,95 @@ fn files_that_are_not_lockrun_databases_are_refused_untouched() {
         ["damaged", "foreign", "random", "text"],
         "no journal or WAL file appeared beside a foreign file"
     );
+}
+
+#[test]
+fn a_locked_database_gives_69_within_a_bounded_time() {
+    let scratch = Scratch::new();
+    let db = scratch.path("locks.sqlite3");
+    assert_status(&run(&mut on_db(&[], &db, &["--name", "x", "true"])), 0);
+    let locker = rusqlite::Connection::open(&db).unwrap();
+    locker.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    for mut command in [
+        on_db(&[], &db, &["--name", "x", "-w", "1", "true"]),
+        on_db(&["status"], &db, &[]),
+        on_db(&["release"], &db, &["x", "--force"]),
+    ] {
+        let started = Instant::now();
+        let output = run(&mut command);
+        assert_status(&output, 69);
+        assert!(stderr(&output).contains("locked"), "{}", stderr(&output));
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "gave up after the busy timeout ({:?})",
+            started.elapsed()
+        );
+    }
+    drop(locker);
+    assert_status(
+        &run(&mut on_db(&[], &db, &["--name", "x", "-n", "true"])),
+        0,
+    );
+}
+
+#[test]
+fn a_read_only_database_gives_69() {
+    let scratch = Scratch::new();
+    let db = scratch.path("locks.sqlite3");
+    assert_status(&run(&mut on_db(&[], &db, &["--name", "x", "true"])), 0);
+    let Some(_read_only) = ReadOnly::make(&db) else {
+        eprintln!("skipped: cannot make a file read-only for root here (no chattr +i)");
+        return;
+    };
+    for mut command in [
+        on_db(&[], &db, &["--name", "x", "true"]),
+        on_db(&["release"], &db, &["x", "--force"]),
+    ] {
+        let output = run(&mut command);
+        assert_status(&output, 69);
+        assert!(stderr(&output).contains("read-only"), "{}", stderr(&output));
+    }
+}
+
+/// A file made read-only for this process: by its mode, or for root (whom modes do
+/// not stop) with the immutable attribute, removed again on drop.
+struct ReadOnly<'a>(&'a Path);
+
+impl<'a> ReadOnly<'a> {
+    fn make(path: &'a Path) -> Option<Self> {
+        if !nix::unistd::geteuid().is_root() {
+            fs::set_permissions(path, fs::Permissions::from_mode(0o444)).unwrap();
+            return Some(Self(path));
+        }
+        let status = Command::new("chattr").arg("+i").arg(path).status();
+        status.is_ok_and(|s| s.success()).then_some(Self(path))
+    }
+}
+
+impl Drop for ReadOnly<'_> {
+    fn drop(&mut self) {
+        if nix::unistd::geteuid().is_root() {
+            let _ = Command::new("chattr").arg("-i").arg(self.0).status();
+        }
+    }
+}
+
+#[test]
+fn the_default_database_is_created_in_the_state_directory() {
+    let scratch = Scratch::new();
+    let state = scratch.path("state");
+    let output = run(lockrun().env("XDG_STATE_HOME", &state).args([
+        "--backend",
+        "sqlite",
+        "--name",
+        "x",
+        "true",
+    ]));
+    assert_status(&output, 0);
+    assert!(state.join("lockrun/locks.sqlite3").is_file());
+    let mode = fs::metadata(state.join("lockrun"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o700, "the directory is private");
 }

@@ -352,3 +352,67 @@ fn now_millis() -> u64 {
 fn millis(duration: Duration) -> u64 {
     duration.as_millis() as u64
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Owner;
+    use crate::identity::new_token;
+
+    fn request(name: &str, ttl: Duration) -> Request {
+        Request {
+            name: Name::parse(name).unwrap(),
+            parallelism: 1,
+            ttl,
+            owner: Owner {
+                token: new_token(),
+                process: Process::current(),
+                command: "test".into(),
+            },
+        }
+    }
+
+    fn backend(dir: &tempfile::TempDir) -> SqliteBackend {
+        SqliteBackend::open(Some(dir.path().join("locks.sqlite3"))).unwrap()
+    }
+
+    #[test]
+    fn a_lapsed_lease_is_never_renewed() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut holder = backend(&dir);
+        let short = request("lapse", Duration::from_millis(50));
+        assert!(holder.try_acquire(&short).unwrap().is_some());
+        assert_eq!(holder.renew().unwrap(), Renewal::Renewed);
+        thread::sleep(Duration::from_millis(120));
+        // Nobody purged the expired row, yet the renewal must not revive it.
+        assert_eq!(holder.renew().unwrap(), Renewal::Lost);
+        let mut other = backend(&dir);
+        let next = other.try_acquire(&request("lapse", Duration::from_secs(30)));
+        assert_eq!(next.unwrap().map(|a| a.fence), Some(2));
+    }
+
+    #[test]
+    fn release_touches_only_our_own_row() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut first = backend(&dir);
+        let short = request("mine", Duration::from_millis(50));
+        assert!(first.try_acquire(&short).unwrap().is_some());
+        thread::sleep(Duration::from_millis(120));
+        let mut second = backend(&dir);
+        assert!(
+            second
+                .try_acquire(&request("mine", Duration::from_secs(30)))
+                .unwrap()
+                .is_some()
+        );
+        // The first holder's lease lapsed and the slot moved on: its release (even with
+        // --min-hold) leaves the new holder alone.
+        first
+            .release(Some(SystemTime::now() + Duration::from_secs(60)))
+            .unwrap();
+        let holders = second.holders(None).unwrap();
+        assert_eq!(holders.len(), 1);
+        assert_eq!(holders[0].fence, 2);
+        assert_eq!(second.renew().unwrap(), Renewal::Renewed);
+    }
+}
