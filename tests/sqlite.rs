@@ -345,3 +345,37 @@ fn the_default_database_is_created_in_the_state_directory() {
         .mode();
     assert_eq!(mode & 0o777, 0o700, "the directory is private");
 }
+
+#[test]
+fn a_holder_that_cannot_renew_gets_sigterm_before_its_lease_ends() {
+    let store = Store::sqlite();
+    let scratch = Scratch::new();
+    let script = format!(
+        "trap 'echo term >> {log}' TERM; touch {ready}; while :; do sleep 0.02; done",
+        log = scratch.path("log").display(),
+        ready = scratch.path("ready").display(),
+    );
+    let holder = store
+        .lockrun()
+        .args(["--name", "stuck", "--ttl", "1.2", "--kill-grace", "0.05"])
+        .args(["-c", &script])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_file(&scratch.path("ready"));
+    let db = store.args().last().unwrap();
+    let locker = rusqlite::Connection::open(db).unwrap();
+    locker.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    let output = finish(holder);
+    assert_status(&output, 76);
+    assert!(
+        stderr(&output).contains("no renewal was confirmed in time"),
+        "{}",
+        stderr(&output)
+    );
+    assert_eq!(
+        scratch.lines("log"),
+        ["term"],
+        "SIGTERM came --kill-grace before the lease ended, SIGKILL after"
+    );
+}

@@ -123,7 +123,9 @@ pub trait Backend {
     fn wait(&mut self, request: &Request, wait: Wait) -> Result<Option<Acquired>>;
 
     /// Extends the held lease by the request's TTL; never re-creates a lapsed one.
-    fn renew(&mut self) -> Result<Renewal>;
+    /// Gives up with an error when the renewal cannot be confirmed `within` this
+    /// long: the supervisor must stop the command then, so it may not be kept waiting.
+    fn renew(&mut self, within: Duration) -> Result<Renewal>;
 
     /// Gives the held slot up. With `keep_until` in the future, the slot stays
     /// taken until then (`--min-hold`); only lease backends can do that without

@@ -23,6 +23,8 @@ use database::BUSY_TIMEOUT;
 /// How often a waiter asks whether the database changed: `PRAGMA data_version`
 /// reads shared memory only, so this costs no disk access and takes no lock.
 const CHANGE_POLL: Duration = Duration::from_millis(5);
+/// The longest one renewal waits for the write lock (less when the supervisor needs an answer sooner).
+const RENEWAL_BUSY_TIMEOUT: Duration = Duration::from_millis(250);
 /// How often a waiter looks whether a holder on this host has died.
 const LIVENESS_POLL: Duration = Duration::from_millis(50);
 
@@ -201,12 +203,12 @@ impl Backend for SqliteBackend {
         Ok(None)
     }
 
-    fn renew(&mut self) -> Result<Renewal> {
+    fn renew(&mut self, within: Duration) -> Result<Renewal> {
         let Some(held) = self.held.clone() else {
             return Ok(Renewal::Lost);
         };
-        // Bounded well inside the lease, so the supervisor can still act on a failure.
-        let busy = (held.ttl / 4).min(BUSY_TIMEOUT);
+        // Short waits for the lock: the supervisor retries soon, and forwards signals in between.
+        let busy = within.min(RENEWAL_BUSY_TIMEOUT);
         let renewed = self.transaction("renew the lease", busy, |tx| {
             let now = now_millis();
             // Only a lease that has not lapsed: a renewal never brings one back.
@@ -382,10 +384,13 @@ mod tests {
         let mut holder = backend(&dir);
         let short = request("lapse", Duration::from_millis(50));
         assert!(holder.try_acquire(&short).unwrap().is_some());
-        assert_eq!(holder.renew().unwrap(), Renewal::Renewed);
+        assert_eq!(
+            holder.renew(Duration::from_secs(1)).unwrap(),
+            Renewal::Renewed
+        );
         thread::sleep(Duration::from_millis(120));
         // Nobody purged the expired row, yet the renewal must not revive it.
-        assert_eq!(holder.renew().unwrap(), Renewal::Lost);
+        assert_eq!(holder.renew(Duration::from_secs(1)).unwrap(), Renewal::Lost);
         let mut other = backend(&dir);
         let next = other.try_acquire(&request("lapse", Duration::from_secs(30)));
         assert_eq!(next.unwrap().map(|a| a.fence), Some(2));
@@ -413,6 +418,9 @@ mod tests {
         let holders = second.holders(None).unwrap();
         assert_eq!(holders.len(), 1);
         assert_eq!(holders[0].fence, 2);
-        assert_eq!(second.renew().unwrap(), Renewal::Renewed);
+        assert_eq!(
+            second.renew(Duration::from_secs(1)).unwrap(),
+            Renewal::Renewed
+        );
     }
 }
