@@ -28,18 +28,35 @@ fn on_db(subcommand: &[&str], path: &Path, args: &[&str]) -> Command {
     command
 }
 
+/// The `expires_at` that `status --json` shows for the one holder of `name` (fixed-width
+/// RFC 3339, so later times compare greater as text).
+fn expires_at(store: &Store, name: &str) -> String {
+    let output = run(store.status().args([name, "--json"]));
+    let holders: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    holders[0]["expires_at"]
+        .as_str()
+        .unwrap_or_else(|| panic!("an RFC 3339 expiry: {holders}"))
+        .to_owned()
+}
+
 #[test]
 fn renewal_keeps_a_short_lease_through_a_longer_command() {
     let store = Store::sqlite();
     let scratch = Scratch::new();
     let mut holder = hold(&store, &scratch, "renewed", &["--ttl", "1"]);
     let started = Instant::now();
+    let first_expiry = expires_at(&store, "renewed");
     // Three TTLs: without renewals the lease would have lapsed twice over.
     while started.elapsed() < Duration::from_secs(3) {
         let output = run(store.lockrun().args(["--name", "renewed", "-n", "true"]));
         assert_status(&output, 75);
         thread::sleep(Duration::from_millis(100));
     }
+    let last_expiry = expires_at(&store, "renewed");
+    assert!(
+        last_expiry > first_expiry,
+        "status shows the lease moving on: {first_expiry} then {last_expiry}"
+    );
     fs::write(scratch.path("release"), "").unwrap();
     assert_eq!(
         wait(&mut holder).code(),

@@ -21,7 +21,8 @@ use crate::name::Name;
 use database::BUSY_TIMEOUT;
 
 /// How often a waiter asks whether the database changed: `PRAGMA data_version`
-/// reads shared memory only, so this costs no disk access and takes no lock.
+/// is answered from the WAL index in shared memory, with no disk access and no
+/// wait for writers.
 const CHANGE_POLL: Duration = Duration::from_millis(5);
 /// The longest one renewal waits for the write lock (less when the supervisor needs an answer sooner).
 const RENEWAL_BUSY_TIMEOUT: Duration = Duration::from_millis(250);

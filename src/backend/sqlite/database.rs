@@ -56,11 +56,10 @@ pub fn open(path: Option<PathBuf>) -> Result<(PathBuf, Connection)> {
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_CREATE
         | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let conn =
+    let mut conn =
         Connection::open_with_flags(&path, flags).map_err(|err| failure(&path, "open", &err))?;
     conn.busy_timeout(BUSY_TIMEOUT)
         .map_err(|err| failure(&path, "configure", &err))?;
-    let mut conn = conn;
     if !existing {
         initialize(&mut conn, &path)?;
     }
@@ -208,5 +207,25 @@ pub fn failure(path: &Path, what: &str, err: &rusqlite::Error) -> Error {
         _ => Error::Unavailable(format!(
             "cannot {what} in the SQLite database {path}: {err}"
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_database_from_a_newer_lockrun_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("locks.sqlite3");
+        let (_, conn) = open(Some(path.clone())).unwrap();
+        conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+            .unwrap();
+        // Closing the last connection checkpoints the WAL into the file's header.
+        drop(conn);
+        let before = std::fs::read(&path).unwrap();
+        let err = open(Some(path.clone())).expect_err("refused");
+        assert!(err.to_string().contains("schema version 2"), "{err}");
+        assert_eq!(std::fs::read(&path).unwrap(), before);
     }
 }
