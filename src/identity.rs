@@ -121,20 +121,9 @@ mod tests {
         assert!(!me.is_gone());
     }
 
-    #[test]
-    fn a_reaped_child_is_gone() {
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let mut it = Process::current();
-        it.pid = child.id();
-        it.start_time = start_time(child.id()).unwrap();
-        child.wait().unwrap();
-        assert!(it.is_gone());
-    }
-
-    #[test]
-    fn an_unreaped_child_is_gone() {
-        // `cat` runs until its stdin closes, so its start time is read while it lives.
-        let mut child = std::process::Command::new("cat")
+    /// A child that runs until its stdin closes, and its identity read while it lives.
+    fn living_child() -> (std::process::Child, Process) {
+        let child = std::process::Command::new("cat")
             .stdin(std::process::Stdio::piped())
             .spawn()
             .unwrap();
@@ -142,6 +131,20 @@ mod tests {
         it.pid = child.id();
         it.start_time = start_time(child.id()).unwrap();
         assert!(!it.is_gone());
+        (child, it)
+    }
+
+    #[test]
+    fn a_reaped_child_is_gone() {
+        let (mut child, it) = living_child();
+        drop(child.stdin.take());
+        child.wait().unwrap();
+        assert!(it.is_gone());
+    }
+
+    #[test]
+    fn an_unreaped_child_is_gone() {
+        let (mut child, it) = living_child();
         drop(child.stdin.take());
         // Exited but not reaped: a zombie, which holds nothing.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
