@@ -8,5 +8,6 @@ mod file;
 mod generated;
 mod operator;
 mod redis;
+mod sqlite;
 mod supervision;
 mod terminal;

@@ -11,7 +11,7 @@ use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::thread::{self, JoinHandle};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use rand::RngExt;
 
@@ -202,7 +202,7 @@ impl Backend for FileBackend {
         Ok(None)
     }
 
-    fn renew(&mut self) -> Result<Renewal> {
+    fn renew(&mut self, _within: Duration) -> Result<Renewal> {
         // File locks are not leases: the kernel holds them for as long as we live.
         Ok(Renewal::Renewed)
     }

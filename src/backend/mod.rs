@@ -3,6 +3,7 @@
 
 mod file;
 mod redis;
+mod sqlite;
 
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
@@ -16,6 +17,7 @@ use crate::name::Name;
 
 pub use file::FileBackend;
 pub use redis::RedisBackend;
+pub use sqlite::SqliteBackend;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Kind {
@@ -121,7 +123,9 @@ pub trait Backend {
     fn wait(&mut self, request: &Request, wait: Wait) -> Result<Option<Acquired>>;
 
     /// Extends the held lease by the request's TTL; never re-creates a lapsed one.
-    fn renew(&mut self) -> Result<Renewal>;
+    /// Gives up with an error when the renewal cannot be confirmed `within` this
+    /// long: the supervisor must stop the command then, so it may not be kept waiting.
+    fn renew(&mut self, within: Duration) -> Result<Renewal>;
 
     /// Gives the held slot up. With `keep_until` in the future, the slot stays
     /// taken until then (`--min-hold`); only lease backends can do that without
@@ -148,9 +152,6 @@ pub fn open(location: &Location) -> Result<Box<dyn Backend>> {
             &location.redis_url,
             &location.prefix,
         )?)),
-        Kind::Sqlite => Err(crate::error::Error::Unavailable(format!(
-            "the {} backend is not built yet",
-            location.kind.as_str()
-        ))),
+        Kind::Sqlite => Ok(Box::new(SqliteBackend::open(location.db.clone())?)),
     }
 }

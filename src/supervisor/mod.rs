@@ -362,27 +362,28 @@ impl Run<'_> {
                 Duration::ZERO,
             );
         }
-        if !lease.renewal_due().has_passed() {
-            return;
+        if lease.renewal_due().has_passed() {
+            let sent = Moment::now();
+            // An answer after the stop is due would come too late to spare the command.
+            match self.backend.renew(lease.stop_at().remaining()) {
+                Ok(Renewal::Renewed) => {
+                    lease.renewed(sent);
+                    self.reporter.event(&Event::Renewed { ttl: lease.ttl() });
+                }
+                Ok(Renewal::Lost) => {
+                    // Another holder may have the slot already: never past the old deadline.
+                    let grace = self.kill_grace.min(lease.deadline().remaining());
+                    return self.lose_lease("it was broken or expired", grace);
+                }
+                Err(err) => {
+                    lease.renewal_failed(Moment::now());
+                    self.reporter.event(&Event::Notice {
+                        message: &format!("could not renew the lease: {err}"),
+                    });
+                }
+            }
         }
-        let sent = Moment::now();
-        match self.backend.renew() {
-            Ok(Renewal::Renewed) => {
-                lease.renewed(sent);
-                self.reporter.event(&Event::Renewed { ttl: lease.ttl() });
-            }
-            Ok(Renewal::Lost) => {
-                // Another holder may have the slot already: never past the old deadline.
-                let grace = self.kill_grace.min(lease.deadline().remaining());
-                return self.lose_lease("it was broken or expired", grace);
-            }
-            Err(err) => {
-                lease.renewal_failed(Moment::now());
-                self.reporter.event(&Event::Notice {
-                    message: &format!("could not renew the lease: {err}"),
-                });
-            }
-        }
+        // Checked even when no renewal was due: a failed one is retried later than the stop may be.
         let lease = self.lease.as_ref().expect("checked above");
         if lease.deadline().has_passed() {
             self.lose_lease(

@@ -63,6 +63,22 @@ impl Store {
         }
     }
 
+    /// The SQLite backend on a fresh database file.
+    pub fn sqlite() -> Self {
+        let dir = TempDir::new().expect("temp dir");
+        let args = vec![
+            "--backend".into(),
+            "sqlite".into(),
+            "--db".into(),
+            dir.path().join("locks.sqlite3").into(),
+        ];
+        Self {
+            kind: "sqlite",
+            args,
+            _keep: Box::new(dir),
+        }
+    }
+
     /// The backend flags, for commands built by hand.
     pub fn args(&self) -> &[OsString] {
         &self.args
@@ -324,6 +340,23 @@ pub fn wait_within(child: &mut Child, limit: Duration) -> ExitStatus {
 
 pub fn wait(child: &mut Child) -> ExitStatus {
     wait_within(child, PATIENCE)
+}
+
+/// Waits for a spawned child within `PATIENCE` and collects what it wrote to its piped stdout/stderr.
+pub fn finish(mut child: Child) -> Output {
+    let status = wait(&mut child);
+    let mut output = Output {
+        status,
+        stdout: Vec::new(),
+        stderr: Vec::new(),
+    };
+    if let Some(mut pipe) = child.stdout.take() {
+        pipe.read_to_end(&mut output.stdout).expect("read stdout");
+    }
+    if let Some(mut pipe) = child.stderr.take() {
+        pipe.read_to_end(&mut output.stderr).expect("read stderr");
+    }
+    output
 }
 
 /// Waits until `condition` holds, failing the test after `PATIENCE`.

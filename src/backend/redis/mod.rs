@@ -368,13 +368,13 @@ impl Backend for RedisBackend {
         Ok(None)
     }
 
-    fn renew(&mut self) -> Result<Renewal> {
+    fn renew(&mut self, within: Duration) -> Result<Renewal> {
         let Some(held) = &self.held else {
             return Ok(Renewal::Lost);
         };
         let mut invocation = self.scripts.renew.key(held.keys.slot(held.slot));
         invocation.arg(&held.token).arg(held.ttl.as_millis() as u64);
-        let timeout = Self::call_timeout(held.ttl);
+        let timeout = Self::call_timeout(held.ttl).min(within);
         let renewed: i64 = self
             .link
             .call_idempotent("renewing the lease", timeout, |c| invocation.invoke(c))?;
