@@ -49,8 +49,19 @@ backend_tests!(redis_backend, Store::redis());
 
 /// A command that holds the lock until `release` appears, after writing `ready`.
 pub fn hold(store: &Store, scratch: &Scratch, name: &str, extra: &[&str]) -> std::process::Child {
+    hold_after(store, scratch, name, extra, "")
+}
+
+/// Like `hold`, running the shell code `first` (ending in `;` and a space) before it says it is ready.
+pub fn hold_after(
+    store: &Store,
+    scratch: &Scratch,
+    name: &str,
+    extra: &[&str],
+    first: &str,
+) -> std::process::Child {
     let script = format!(
-        "echo $$ > '{ready}.tmp' && mv '{ready}.tmp' '{ready}'; while [ ! -e '{release}' ]; do sleep 0.02; done",
+        "{first}echo $$ > '{ready}.tmp' && mv '{ready}.tmp' '{ready}'; while [ ! -e '{release}' ]; do sleep 0.02; done",
         ready = scratch.path("ready").display(),
         release = scratch.path("release").display()
     );
@@ -314,13 +325,16 @@ pub fn signal_reaches_command_once(store: &Store) {
 
 pub fn sigkill_of_lockrun_kills_command_and_frees_slot(store: &Store) {
     let scratch = Scratch::new();
-    let mut holder = hold(store, &scratch, "killed", &[]);
+    let background = format!("sleep 300 & echo $! > '{}'; ", scratch.path("bg").display());
+    let mut holder = hold_after(store, &scratch, "killed", &[], &background);
     let command_pid = read_pid(&scratch.path("ready"));
+    let background_pid = read_pid(&scratch.path("bg"));
     holder.kill().unwrap();
     holder.wait().unwrap();
-    wait_until("the command to die with lockrun", || {
-        !process_exists(command_pid)
-    });
+    wait_until(
+        "the command and its background child to die with lockrun",
+        || !process_exists(command_pid) && !process_exists(background_pid),
+    );
     assert_status(&take_soon(store, "killed"), 0);
 }
 

@@ -231,3 +231,23 @@ fn lock_files_are_kept_after_release() {
         "the same inode serves every holder"
     );
 }
+
+#[test]
+fn a_corrupt_fence_file_is_an_error_not_a_reset() {
+    let scratch = Scratch::new();
+    let dir = scratch.path("locks");
+    assert_status(
+        &run(lockrun()
+            .arg("--dir")
+            .arg(&dir)
+            .args(["--name", "f", "true"])),
+        0,
+    );
+    fs::write(dir.join("f.fence"), "not a number").unwrap();
+    let output = run(lockrun()
+        .arg("--dir")
+        .arg(&dir)
+        .args(["--name", "f", "true"]));
+    assert_status(&output, 69);
+    assert!(stderr(&output).contains("fence"), "{}", stderr(&output));
+}

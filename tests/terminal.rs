@@ -54,3 +54,23 @@ fn start(shell: &mut Shell, scratch: &Scratch, script: &str, rest_of_line: &str)
     ));
     wait_for_file(&scratch.path("ready"));
 }
+
+#[test]
+fn a_background_command_that_reads_the_terminal_waits_for_fg() {
+    let scratch = Scratch::new();
+    let mut shell = Shell::bash();
+    let script = format!(
+        "touch {ready}; read line; echo \"got:$line\" > {out}",
+        ready = scratch.path("ready").display(),
+        out = scratch.path("out").display(),
+    );
+    start(&mut shell, &scratch, &script, " &");
+    // The command's terminal read stops it, and lockrun with it: the shell reports the job stopped.
+    shell.send("\n");
+    shell.wait_for("Stopped");
+    shell.send("fg\n");
+    shell.send("typed after fg\n");
+    wait_until("the command to read the line", || {
+        std::fs::read_to_string(scratch.path("out")).is_ok_and(|out| out == "got:typed after fg\n")
+    });
+}

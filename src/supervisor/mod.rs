@@ -16,7 +16,7 @@ use std::time::Duration;
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
-use nix::unistd::{Pid, getpid, getppid, setpgid};
+use nix::unistd::{Pid, getpgid, getpid, getppid, setpgid};
 
 use crate::backend::{Backend, Renewal};
 use crate::clock::Moment;
@@ -433,10 +433,12 @@ impl Run<'_> {
         self.stop = Stop::Killed;
     }
 
-    /// The command's process group, and the command itself in case it left the group.
+    /// The command's process group, and the command itself if it left the group.
     fn signal_all(&self, signal: Signal) {
         let _ = killpg(self.child, signal);
-        let _ = kill(self.child, signal);
+        if getpgid(Some(self.child)).is_ok_and(|group| group != self.child) {
+            let _ = kill(self.child, signal);
+        }
     }
 
     /// Processes the command left behind in its group (`cmd &`) would run on

@@ -433,3 +433,9 @@ pub fn assert_status(output: &Output, code: i32) {
         stderr(output)
     );
 }
+
+/// A process's state letter from `/proc/PID/stat` (`R`, `S`, `T` for stopped, `Z`...).
+pub fn process_state(pid: i32) -> Option<char> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.chars().next()
+}
