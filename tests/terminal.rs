@@ -27,20 +27,12 @@ fn ctrl_c_reaches_the_command_once() {
 fn the_command_reads_the_terminal_and_survives_ctrl_z_and_fg() {
     let scratch = Scratch::new();
     let mut shell = Shell::bash();
-    let script = format!(
-        "touch {ready}; read line; echo \"got:$line\" > {out}",
-        ready = scratch.path("ready").display(),
-        out = scratch.path("out").display(),
-    );
+    let script = reads_a_line(&scratch);
     // No `; echo` after it: a stopped job ends a command list in bash.
     start(&mut shell, &scratch, &script, "");
     shell.send("\x1a");
     shell.wait_for("Stopped");
-    shell.send("fg\n");
-    shell.send("typed after fg\n");
-    wait_until("the command to read the line", || {
-        std::fs::read_to_string(scratch.path("out")).is_ok_and(|out| out == "got:typed after fg\n")
-    });
+    bring_to_foreground_and_type(&mut shell, &scratch);
     shell.send("echo \"exit=$?\"\n");
     shell.wait_for("exit=0");
 }
@@ -59,15 +51,25 @@ fn start(shell: &mut Shell, scratch: &Scratch, script: &str, rest_of_line: &str)
 fn a_background_command_that_reads_the_terminal_waits_for_fg() {
     let scratch = Scratch::new();
     let mut shell = Shell::bash();
-    let script = format!(
-        "touch {ready}; read line; echo \"got:$line\" > {out}",
-        ready = scratch.path("ready").display(),
-        out = scratch.path("out").display(),
-    );
+    let script = reads_a_line(&scratch);
     start(&mut shell, &scratch, &script, " &");
     // The command's terminal read stops it, and lockrun with it: the shell reports the job stopped.
     shell.send("\n");
     shell.wait_for("Stopped");
+    bring_to_foreground_and_type(&mut shell, &scratch);
+}
+
+/// A command that says it is ready, then reads a line from the terminal into `out`.
+fn reads_a_line(scratch: &Scratch) -> String {
+    format!(
+        "touch {ready}; read line; echo \"got:$line\" > {out}",
+        ready = scratch.path("ready").display(),
+        out = scratch.path("out").display(),
+    )
+}
+
+/// `fg`, then a line for the command, which must read it.
+fn bring_to_foreground_and_type(shell: &mut Shell, scratch: &Scratch) {
     shell.send("fg\n");
     shell.send("typed after fg\n");
     wait_until("the command to read the line", || {
