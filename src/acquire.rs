@@ -3,11 +3,12 @@
 
 use std::time::Duration;
 
-use crate::backend::{Acquired, Backend, Request, Wait};
+use crate::backend::{Acquired, Backend, Holder, Request, Wait};
 use crate::backoff::{self, Backoff};
 use crate::clock::Moment;
 use crate::duration::display;
 use crate::error::{Error, Result};
+use crate::progress::Progress;
 use crate::report::{Event, Reporter, held_by};
 
 pub struct Policy {
@@ -31,6 +32,33 @@ pub fn acquire(
     reporter: &Reporter,
 ) -> Result<Taken> {
     let started = Moment::now();
+    let mut progress = Progress::new(reporter.speaks_to_people(), request.name.as_str(), started);
+    let outcome = wait_for_slot(backend, request, policy, reporter, &mut progress, started);
+    // The live line goes before anything else is said about the outcome.
+    progress.finish();
+    let (acquired, attempt_sent) = outcome?;
+    let waited = Moment::now() - started;
+    reporter.event(&Event::Acquired {
+        slot: acquired.slot,
+        fence: acquired.fence,
+        waited,
+    });
+    Ok(Taken {
+        acquired,
+        attempt_sent,
+        waited,
+    })
+}
+
+/// The slot and when the attempt that took it was sent.
+fn wait_for_slot(
+    backend: &mut dyn Backend,
+    request: &Request,
+    policy: &Policy,
+    reporter: &Reporter,
+    progress: &mut Progress,
+    started: Moment,
+) -> Result<(Acquired, Moment)> {
     let deadline = policy.timeout.map(|timeout| started + timeout);
     let mut backoff = Backoff::new(policy.backoff);
     let mut rng = rand::rng();
@@ -38,7 +66,7 @@ pub fn acquire(
     loop {
         let attempt_sent = Moment::now();
         if let Some(acquired) = backend.try_acquire(request)? {
-            return Ok(taken(acquired, attempt_sent, started, reporter));
+            return Ok((acquired, attempt_sent));
         }
         if deadline.is_some_and(Moment::has_passed) {
             return Err(busy(backend, request, policy, started));
@@ -46,39 +74,45 @@ pub fn acquire(
         if !announced {
             announced = true;
             if reporter.wants_details() {
-                let holders = backend.holders(Some(&request.name)).unwrap_or_default();
-                reporter.event(&Event::Waiting { holders: &holders });
+                let holders = holders(backend, request);
+                progress.around(|| reporter.event(&Event::Waiting { holders: &holders }));
             }
         }
         let delay = backoff.next_wait(&mut rng, deadline.map(Moment::remaining));
-        reporter.event(&Event::Retry { delay });
-        let attempt_sent = Moment::now();
-        let wait = Wait {
-            step_until: attempt_sent + delay,
-            deadline,
-        };
-        if let Some(acquired) = backend.wait(request, wait)? {
-            return Ok(taken(acquired, attempt_sent, started, reporter));
+        progress.around(|| reporter.event(&Event::Retry { delay }));
+        let step_until = Moment::now() + delay;
+        // One backoff step, cut into shorter waits while a live line needs redrawing.
+        loop {
+            let until = progress
+                .redraw_due()
+                .map_or(step_until, |due| due.min(step_until));
+            let attempt_sent = Moment::now();
+            let wait = Wait {
+                step_until: until,
+                deadline,
+            };
+            if let Some(acquired) = backend.wait(request, wait)? {
+                return Ok((acquired, attempt_sent));
+            }
+            if progress.redraw_due().is_some_and(Moment::has_passed) {
+                progress.draw(&holders(backend, request));
+            }
+            // Back to trying when the step is over, or when the backend returned before
+            // it was told to (a wake-up: a slot may have been freed).
+            if until == step_until || !until.has_passed() {
+                break;
+            }
         }
     }
 }
 
-fn taken(acquired: Acquired, attempt_sent: Moment, started: Moment, reporter: &Reporter) -> Taken {
-    let waited = Moment::now() - started;
-    reporter.event(&Event::Acquired {
-        slot: acquired.slot,
-        fence: acquired.fence,
-        waited,
-    });
-    Taken {
-        acquired,
-        attempt_sent,
-        waited,
-    }
+/// Who holds the name, for diagnostics only: a failure to look just shows nobody.
+fn holders(backend: &mut dyn Backend, request: &Request) -> Vec<Holder> {
+    backend.holders(Some(&request.name)).unwrap_or_default()
 }
 
 fn busy(backend: &mut dyn Backend, request: &Request, policy: &Policy, started: Moment) -> Error {
-    let holders = backend.holders(Some(&request.name)).unwrap_or_default();
+    let holders = holders(backend, request);
     let slots = match request.parallelism {
         1 => "its slot is taken".to_owned(),
         n => format!("all {n} slots are taken"),

@@ -12,6 +12,9 @@ pub struct Policy {
     pub multiplier: f64,
 }
 
+/// The shortest wait: an `--initial-delay` of 0 retries often, but does not spin.
+const MIN_WAIT: Duration = Duration::from_millis(10);
+
 /// The delays of one wait, in order.
 #[derive(Debug)]
 pub struct Backoff {
@@ -27,14 +30,19 @@ impl Backoff {
         }
     }
 
+    /// `delay × factor`, capped at the maximum delay (also when it overflows).
+    fn scaled(&self, factor: f64) -> Duration {
+        Duration::try_from_secs_f64(self.delay.as_secs_f64() * factor)
+            .map_or(self.policy.max_delay, |scaled| {
+                scaled.min(self.policy.max_delay)
+            })
+    }
+
     /// The next wait, never longer than `left` (the time to the `--timeout` deadline).
     pub fn next_wait(&mut self, rng: &mut impl Rng, left: Option<Duration>) -> Duration {
         let jitter = rng.random_range(0.5..1.5);
-        let wait = self.delay.mul_f64(jitter).min(self.policy.max_delay);
-        self.delay = self
-            .delay
-            .mul_f64(self.policy.multiplier)
-            .min(self.policy.max_delay);
+        let wait = self.scaled(jitter).max(MIN_WAIT);
+        self.delay = self.scaled(self.policy.multiplier);
         left.map_or(wait, |left| wait.min(left))
     }
 }
@@ -93,6 +101,32 @@ mod tests {
         let mut rng = StdRng::seed_from_u64(5);
         let left = Duration::from_millis(120);
         assert_eq!(backoff.next_wait(&mut rng, Some(left)), left);
+    }
+
+    #[test]
+    fn huge_values_cap_instead_of_overflowing() {
+        let policy = Policy {
+            initial_delay: Duration::from_secs(1),
+            max_delay: Duration::from_secs(u64::MAX / 2),
+            multiplier: 1e300,
+        };
+        let mut backoff = Backoff::new(policy);
+        let mut rng = StdRng::seed_from_u64(2);
+        backoff.next_wait(&mut rng, None);
+        // The delay is capped at the maximum; the jittered wait is half to all of it.
+        let wait = backoff.next_wait(&mut rng, None);
+        assert!(wait <= policy.max_delay);
+        assert!(wait.as_secs_f64() >= policy.max_delay.as_secs_f64() * 0.49);
+    }
+
+    #[test]
+    fn a_zero_delay_still_waits_a_little() {
+        let policy = Policy {
+            initial_delay: Duration::ZERO,
+            ..DEFAULTS
+        };
+        let mut rng = StdRng::seed_from_u64(4);
+        assert_eq!(Backoff::new(policy).next_wait(&mut rng, None), MIN_WAIT);
     }
 
     #[test]

@@ -38,6 +38,9 @@ pub fn parse(text: &str) -> Result<Duration, String> {
         total = total.saturating_add(seconds_to_duration(number * scale, text)?);
         rest = &rest[number_len + unit_len..];
     }
+    if total > LONGEST {
+        return Err(format!("'{text}' is longer than 100 years"));
+    }
     Ok(total)
 }
 
@@ -49,7 +52,13 @@ pub fn parse_limit(text: &str) -> Result<Option<Duration>, String> {
     }
 }
 
+/// Longer than anything lockrun waits for; keeps every deadline computation far from overflow.
+const LONGEST: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 fn seconds_to_duration(seconds: f64, text: &str) -> Result<Duration, String> {
+    if seconds > LONGEST.as_secs_f64() {
+        return Err(format!("'{text}' is longer than 100 years"));
+    }
     Duration::try_from_secs_f64(seconds)
         .map_err(|_| format!("'{text}' is not a duration of zero or more"))
 }
@@ -94,7 +103,18 @@ mod tests {
 
     #[test]
     fn rejects_nonsense() {
-        for bad in ["", "-1", "abc", "10x", "1h30", "nan", "s", "1..2s"] {
+        for bad in [
+            "",
+            "-1",
+            "abc",
+            "10x",
+            "1h30",
+            "nan",
+            "s",
+            "1..2s",
+            "1e19",
+            "99999999999h",
+        ] {
             assert!(parse(bad).is_err(), "{bad} should be rejected");
         }
     }

@@ -45,15 +45,57 @@ impl Process {
         if self.boot_id.is_empty() || self.boot_id != boot_id() || self.host != host_name() {
             return false;
         }
-        start_time(self.pid) != Some(self.start_time)
+        match look_up(self.pid) {
+            // A start time of 0 means the holder could not read its own: it cannot be told apart.
+            Seen::Running { start_time } => self.start_time != 0 && start_time != self.start_time,
+            Seen::Dead => true,
+            Seen::Unknown => false,
+        }
+    }
+}
+
+/// What this host knows about a pid.
+enum Seen {
+    Running {
+        start_time: u64,
+    },
+    /// No such process, or a zombie (dead, holding nothing, only waiting to be reaped).
+    Dead,
+    /// Hidden from us (`/proc` mounted with `hidepid`) or unreadable: maybe alive.
+    Unknown,
+}
+
+fn look_up(pid: u32) -> Seen {
+    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        // Only the kernel's "no such process" proves it gone; another user's hidden process is not.
+        let exists = i32::try_from(pid)
+            .ok()
+            .filter(|&pid| pid > 0)
+            .map(|pid| nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None));
+        return match exists {
+            Some(Err(nix::errno::Errno::ESRCH)) => Seen::Dead,
+            _ => Seen::Unknown,
+        };
+    };
+    // The command name (field 2) may contain spaces and parentheses: skip past its last ')'.
+    let Some(close) = stat.rfind(')') else {
+        return Seen::Unknown;
+    };
+    let mut fields = stat[close + 1..].split_whitespace();
+    match fields.next() {
+        Some("Z" | "X") => Seen::Dead,
+        _ => fields
+            .nth(18)
+            .and_then(|field| field.parse().ok())
+            .map_or(Seen::Unknown, |start_time| Seen::Running { start_time }),
     }
 }
 
 fn start_time(pid: u32) -> Option<u64> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may contain spaces and parentheses: skip past its last ')'.
-    let after_comm = &stat[stat.rfind(')')? + 1..];
-    after_comm.split_whitespace().nth(19)?.parse().ok()
+    match look_up(pid) {
+        Seen::Running { start_time } => Some(start_time),
+        Seen::Dead | Seen::Unknown => None,
+    }
 }
 
 fn boot_id() -> String {
@@ -91,14 +133,45 @@ mod tests {
         assert!(!me.is_gone());
     }
 
-    #[test]
-    fn a_reaped_child_is_gone() {
-        let mut child = std::process::Command::new("true").spawn().unwrap();
+    /// A child that runs until its stdin closes, and its identity read while it lives.
+    fn living_child() -> (std::process::Child, Process) {
+        let child = std::process::Command::new("cat")
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
         let mut it = Process::current();
         it.pid = child.id();
         it.start_time = start_time(child.id()).unwrap();
+        assert!(!it.is_gone());
+        (child, it)
+    }
+
+    #[test]
+    fn a_reaped_child_is_gone() {
+        let (mut child, it) = living_child();
+        drop(child.stdin.take());
         child.wait().unwrap();
         assert!(it.is_gone());
+    }
+
+    #[test]
+    fn an_unreaped_child_is_gone() {
+        let (mut child, it) = living_child();
+        drop(child.stdin.take());
+        // Exited but not reaped: a zombie, which holds nothing.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !it.is_gone() {
+            assert!(std::time::Instant::now() < deadline, "still not gone");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        child.wait().unwrap();
+    }
+
+    #[test]
+    fn a_holder_without_a_start_time_is_never_judged_gone_while_its_pid_lives() {
+        let mut it = Process::current();
+        it.start_time = 0;
+        assert!(!it.is_gone());
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod identity;
 pub mod lease;
 pub mod name;
 pub mod operator;
+pub mod progress;
 pub mod report;
 pub mod run;
 pub mod supervisor;

@@ -3,13 +3,17 @@
 
 use std::fmt::Write as _;
 use std::io::Write;
+use std::time::{Duration, SystemTime};
 
 use serde_json::json;
 
 use crate::backend::{self, Holder, Kind};
 use crate::cli::{ReleaseArgs, StatusArgs};
+use crate::duration::display;
 use crate::error::{Error, Result};
-use crate::timestamp::rfc3339;
+use crate::identity::epoch_millis;
+use crate::name::Name;
+use crate::timestamp::{rfc3339, rfc3339_seconds};
 
 pub fn status(args: &StatusArgs) -> Result<u8> {
     let kind = args.store.backend;
@@ -18,14 +22,19 @@ pub fn status(args: &StatusArgs) -> Result<u8> {
     let text = if args.json {
         json_list(kind, &holders)
     } else {
-        table(&holders)
+        table(
+            &holders,
+            args.name.as_ref(),
+            epoch_millis(SystemTime::now()),
+        )
     };
     print(&text)?;
     Ok(0)
 }
 
 pub fn release(args: &ReleaseArgs) -> Result<u8> {
-    if !args.force {
+    // A file lock has no lease: the backend refuses with the holder's pid, --force or not.
+    if !args.force && args.store.backend.uses_leases() {
         return Err(Error::Usage(format!(
             "release breaks the lease on {} even if its holder is alive; add --force once you know it is dead",
             args.name
@@ -81,25 +90,67 @@ fn json_list(kind: Kind, holders: &[Holder]) -> String {
     format!("{}\n", serde_json::Value::Array(objects))
 }
 
-fn table(holders: &[Holder]) -> String {
+/// An aligned table for people; times in UTC with how long ago / how soon.
+fn table(holders: &[Holder], name: Option<&Name>, now_millis: u64) -> String {
     if holders.is_empty() {
-        return "no lock is held\n".into();
+        return match name {
+            Some(name) => format!("{name} is not held\n"),
+            None => "no lock is held\n".into(),
+        };
     }
-    let mut out = String::from("NAME\tSLOT\tPID\tHOST\tFENCE\tACQUIRED\tEXPIRES\tCOMMAND\n");
-    for h in holders {
-        let expires = h.expires_at.map_or_else(|| "-".to_owned(), rfc3339);
-        let _ = writeln!(
-            out,
-            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
-            h.name,
-            h.slot,
-            h.pid,
-            h.host,
-            h.fence,
-            rfc3339(h.acquired_at),
-            expires,
-            h.command
-        );
+    let header = [
+        "NAME", "SLOT", "PID", "HOST", "ACQUIRED", "HELD", "EXPIRES", "FENCE", "COMMAND",
+    ];
+    let rows: Vec<[String; 9]> = holders
+        .iter()
+        .map(|h| {
+            let since = |millis: u64| Duration::from_millis(now_millis.saturating_sub(millis));
+            let expires = h.expires_at.map_or_else(
+                || "-".to_owned(),
+                |at| match at.checked_sub(now_millis) {
+                    Some(left) => format!("in {}", display(Duration::from_millis(left))),
+                    None => format!("{} ago", display(since(at))),
+                },
+            );
+            [
+                h.name.clone(),
+                h.slot.to_string(),
+                h.pid.to_string(),
+                h.host.clone(),
+                rfc3339_seconds(h.acquired_at),
+                display(since(h.acquired_at)),
+                expires,
+                h.fence.to_string(),
+                h.command.escape_debug().to_string(),
+            ]
+        })
+        .collect();
+    let widths: Vec<usize> = (0..header.len())
+        .map(|column| {
+            rows.iter()
+                .map(|row| row[column].chars().count())
+                .chain([header[column].len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    let mut push_row = |cells: &[&str]| {
+        let mut line = String::new();
+        for (column, cell) in cells.iter().enumerate() {
+            if column + 1 == cells.len() {
+                line.push_str(cell);
+            } else {
+                let pad = widths[column] - cell.chars().count();
+                let _ = write!(line, "{cell}{}  ", " ".repeat(pad));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    };
+    push_row(&header);
+    for row in &rows {
+        push_row(&row.each_ref().map(String::as_str));
     }
     out
 }

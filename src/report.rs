@@ -3,13 +3,14 @@
 
 use std::fmt::Write as _;
 use std::io::Write;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use serde_json::{Value, json};
 
 use crate::backend::Holder;
 use crate::duration::display;
-use crate::timestamp::now_rfc3339;
+use crate::identity::epoch_millis;
+use crate::timestamp::{now_rfc3339, rfc3339};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
@@ -67,6 +68,12 @@ impl Reporter {
             format,
             name: name.into(),
         }
+    }
+
+    /// True when diagnostics are text for a person (not JSON, not `-q`): a terminal
+    /// then gets the live waiting line.
+    pub fn speaks_to_people(&self) -> bool {
+        self.format == Format::Text && self.level != Level::Quiet
     }
 
     /// True when events other than errors are shown, so callers can skip gathering their details.
@@ -144,12 +151,17 @@ impl Reporter {
         object.insert("ts".into(), now_rfc3339().into());
         object.insert("event".into(), kind.into());
         object.insert("name".into(), self.name.clone().into());
+        object.insert("pid".into(), std::process::id().into());
         fields
     }
 }
 
-/// ": held by pid 4242 on web-1 (./backup.sh)" for the first holder, when known.
+/// ": held by pid 4242 on web-1 for 3m12s (./backup.sh)" for the first holder, when known.
 pub fn held_by(holders: &[Holder]) -> String {
+    held_by_at(holders, epoch_millis(SystemTime::now()))
+}
+
+fn held_by_at(holders: &[Holder], now_millis: u64) -> String {
     let Some(first) = holders.first() else {
         return String::new();
     };
@@ -157,8 +169,13 @@ pub fn held_by(holders: &[Holder]) -> String {
     if !first.host.is_empty() {
         let _ = write!(text, " on {}", first.host);
     }
+    if first.acquired_at > 0 {
+        let held = Duration::from_millis(now_millis.saturating_sub(first.acquired_at));
+        let _ = write!(text, " for {}", display(held));
+    }
+    // The command last: on a narrow terminal a long one is what gets cut.
     if !first.command.is_empty() {
-        let _ = write!(text, " ({})", first.command);
+        let _ = write!(text, " ({})", printable(&first.command));
     }
     if holders.len() > 1 {
         let _ = write!(text, " and {} more", holders.len() - 1);
@@ -166,6 +183,52 @@ pub fn held_by(holders: &[Holder]) -> String {
     text
 }
 
+/// A control character (a newline in a `-c` script) would split a diagnostic line.
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
+}
+
 fn holder_json(holder: &Holder) -> Value {
-    json!({ "slot": holder.slot, "pid": holder.pid, "host": holder.host, "command": holder.command, "fence": holder.fence })
+    json!({
+        "slot": holder.slot,
+        "pid": holder.pid,
+        "host": holder.host,
+        "command": holder.command,
+        "acquired_at": (holder.acquired_at > 0).then(|| rfc3339(holder.acquired_at)),
+        "fence": holder.fence,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn holder(pid: u32, acquired_at: u64) -> Holder {
+        Holder {
+            name: "backup".into(),
+            slot: 0,
+            pid,
+            host: "web-1".into(),
+            command: "./backup.sh\n--all".into(),
+            acquired_at,
+            expires_at: None,
+            fence: 7,
+        }
+    }
+
+    #[test]
+    fn says_who_holds_the_lock_and_for_how_long() {
+        let now = 1_000_000_000;
+        assert_eq!(
+            held_by_at(&[holder(4242, now - 192_400)], now),
+            ": held by pid 4242 on web-1 for 3m12s (./backup.sh --all)"
+        );
+        assert_eq!(
+            held_by_at(&[holder(1, now - 2300), holder(2, now)], now),
+            ": held by pid 1 on web-1 for 2.3s (./backup.sh --all) and 1 more"
+        );
+        assert_eq!(held_by_at(&[], now), "");
+    }
 }

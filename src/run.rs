@@ -56,17 +56,13 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
         ttl: args.ttl,
         owner: Owner {
             token: new_token(),
-            // Only lease backends reclaim a dead holder by its process identity.
-            process: if kind.uses_leases() {
-                Process::current()
-            } else {
-                Process::current_without_liveness()
-            },
+            process: owner_process(kind),
             command: program.display(),
         },
     };
 
-    let mut backend = backend::open(&args.store.location())?;
+    supervisor::reset_inherited()?;
+    let mut backend = open_backend(&args.store.location(), reporter)?;
     let taken = acquire(backend.as_mut(), &request, &policy, reporter)?;
     let acquired_at = (SystemTime::now(), Moment::now());
     let slot = taken.acquired.slot;
@@ -106,7 +102,13 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
     let released = backend.release(keep_until);
     reporter.event(&Event::Released { slot });
     let ending = ending?;
-    released?;
+    match released {
+        // The lease is gone already; a failed release (the server is down) changes nothing.
+        Err(err) if matches!(ending, Ending::LeaseLost(_)) => reporter.event(&Event::Notice {
+            message: &format!("could not release: {err}"),
+        }),
+        released => released?,
+    }
     match &ending {
         Ending::Exited(_) => {}
         Ending::LeaseLost(reason) => {
@@ -123,6 +125,20 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
     Ok(ending.exit_code())
 }
 
+/// Opens the backend; with `-v`, warns about its setup.
+fn open_backend(
+    location: &backend::Location,
+    reporter: &Reporter,
+) -> Result<Box<dyn backend::Backend>> {
+    let mut backend = backend::open(location)?;
+    if reporter.wants_details() {
+        for warning in backend.warnings() {
+            reporter.event(&Event::Notice { message: &warning });
+        }
+    }
+    Ok(backend)
+}
+
 /// Sleeps until `until`; a SIGTERM or SIGINT ends the wait early.
 fn hold_until(signals: &Signals, until: Moment) -> Result<()> {
     while !until.has_passed() {
@@ -131,4 +147,13 @@ fn hold_until(signals: &Signals, until: Moment) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Only lease backends reclaim a dead holder by its process identity.
+fn owner_process(kind: backend::Kind) -> Process {
+    if kind.uses_leases() {
+        Process::current()
+    } else {
+        Process::current_without_liveness()
+    }
 }

@@ -6,15 +6,22 @@ use crate::identity::epoch_millis;
 
 /// `2026-11-21T12:56:05.123Z` for milliseconds since the Unix epoch.
 pub fn rfc3339(millis: u64) -> String {
-    let secs = millis / 1000;
+    format!("{}.{:03}Z", date_time(millis / 1000), millis % 1000)
+}
+
+/// `2026-11-21T12:56:05Z`: whole seconds, for people.
+pub fn rfc3339_seconds(millis: u64) -> String {
+    format!("{}Z", date_time(millis / 1000))
+}
+
+fn date_time(secs: u64) -> String {
     let (year, month, day) = civil_from_days((secs / 86_400).cast_signed());
     let of_day = secs % 86_400;
     format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}",
         of_day / 3600,
         of_day % 3600 / 60,
         of_day % 60,
-        millis % 1000
     )
 }
 
@@ -45,5 +52,6 @@ mod tests {
         assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
         assert_eq!(rfc3339(951_782_400_000), "2000-02-29T00:00:00.000Z");
         assert_eq!(rfc3339(1_795_265_765_123), "2026-11-21T12:56:05.123Z");
+        assert_eq!(rfc3339_seconds(1_795_265_765_923), "2026-11-21T12:56:05Z");
     }
 }

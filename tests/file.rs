@@ -2,6 +2,7 @@
 
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use crate::core::hold;
@@ -154,19 +155,19 @@ fn a_single_slot_waiter_wakes_when_the_holder_exits() {
         .args([
             "--name",
             "handoff",
+            "-v",
             "-w",
             "60",
             "--initial-delay",
             "30",
-            "--",
-            "touch",
         ])
+        .arg("--")
+        .arg("touch")
         .arg(&marker)
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    wait_until("the waiter to block", || {
-        fs::read_to_string("/proc/locks").is_ok_and(|locks| locks.contains("->"))
-    });
+    wait_for_stderr(&mut waiter, "waiting for handoff");
     fs::write(scratch.path("release"), "").unwrap();
     assert_eq!(wait(&mut holder).code(), Some(0));
     let released = Instant::now();
@@ -229,4 +230,24 @@ fn lock_files_are_kept_after_release() {
         inode,
         "the same inode serves every holder"
     );
+}
+
+#[test]
+fn a_corrupt_fence_file_is_an_error_not_a_reset() {
+    let scratch = Scratch::new();
+    let dir = scratch.path("locks");
+    assert_status(
+        &run(lockrun()
+            .arg("--dir")
+            .arg(&dir)
+            .args(["--name", "f", "true"])),
+        0,
+    );
+    fs::write(dir.join("f.fence"), "not a number").unwrap();
+    let output = run(lockrun()
+        .arg("--dir")
+        .arg(&dir)
+        .args(["--name", "f", "true"]));
+    assert_status(&output, 69);
+    assert!(stderr(&output).contains("fence"), "{}", stderr(&output));
 }

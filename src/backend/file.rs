@@ -4,12 +4,13 @@
 //! `NAME.fence` holds the name's fence counter. Files are never deleted: a
 //! waiter blocked on a deleted file's inode would never see the next holder.
 
+use std::env;
 use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::{self, Read};
 use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::thread;
 use std::time::{Duration, SystemTime};
-use std::{env, thread};
 
 use nix::sys::signal::{
     SaFlags, SigAction, SigEvent, SigHandler, SigSet, SigevNotify, Signal, sigaction,
@@ -100,7 +101,14 @@ impl FileBackend {
         file.lock().map_err(failed)?;
         let mut text = String::new();
         (&file).read_to_string(&mut text).map_err(failed)?;
-        let fence = text.trim().parse::<u64>().unwrap_or(0) + 1;
+        // A fence must never go back: a file that does not hold a number is an error, not a zero.
+        let last = match text.trim() {
+            "" => 0,
+            number => number.parse::<u64>().map_err(|_| {
+                Error::Unavailable(format!("{} does not hold a fence number", path.display()))
+            })?,
+        };
+        let fence = last + 1;
         let text = fence.to_string();
         file.write_all_at(text.as_bytes(), 0)
             .and_then(|()| file.set_len(text.len() as u64))
@@ -121,25 +129,22 @@ impl FileBackend {
         }
     }
 
-    /// Waits in the kernel for slot 0, as flock(1) does: the waiter wakes the
-    /// moment the holder exits. A deadline interrupts the wait with SIGALRM.
-    fn wait_in_kernel(
-        &mut self,
-        request: &Request,
-        deadline: Option<Moment>,
-    ) -> Result<Option<Acquired>> {
+    /// Waits in the kernel for slot 0 until `until` at the latest, as flock(1)
+    /// does: the waiter wakes the moment the holder exits, and a SIGALRM at
+    /// `until` gives the acquire loop control back (to redraw its waiting line
+    /// or give up at `--timeout`) without a thread.
+    fn wait_in_kernel(&mut self, request: &Request, until: Moment) -> Result<Option<Acquired>> {
+        if until.has_passed() {
+            return Ok(None);
+        }
         let path = self.slot_path(&request.name, 0);
         let file = open_lock_file(&path)?;
-        let _alarm = match deadline {
-            Some(deadline) if deadline.has_passed() => return Ok(None),
-            Some(deadline) => Some(Alarm::after(deadline.remaining())?),
-            None => None,
-        };
+        let _alarm = Alarm::after(until.remaining())?;
         loop {
             match file.lock() {
                 Ok(()) => return self.take(file, request, 0).map(Some),
                 Err(err) if err.kind() == io::ErrorKind::Interrupted => {
-                    if deadline.is_some_and(Moment::has_passed) {
+                    if until.has_passed() {
                         return Ok(None);
                     }
                 }
@@ -174,20 +179,23 @@ impl Backend for FileBackend {
 
     fn wait(&mut self, request: &Request, wait: Wait) -> Result<Option<Acquired>> {
         if request.parallelism == 1 {
-            return self.wait_in_kernel(request, wait.deadline);
+            return self.wait_in_kernel(request, wait.step_until);
         }
         thread::sleep(wait.step_until.remaining());
         Ok(None)
     }
 
-    fn renew(&mut self) -> Result<Renewal> {
+    fn renew(&mut self, _within: Duration) -> Result<Renewal> {
         // File locks are not leases: the kernel holds them for as long as we live.
         Ok(Renewal::Renewed)
     }
 
     fn release(&mut self, _keep_until: Option<SystemTime>) -> Result<()> {
-        // Closing the file releases the lock; the file stays for the next holder.
-        self.held = None;
+        // Unlocked explicitly rather than by closing: the watchdog shares this open
+        // file until it exits. The file itself stays for the next holder.
+        if let Some(file) = self.held.take() {
+            let _ = file.unlock();
+        }
         Ok(())
     }
 
@@ -210,11 +218,7 @@ impl Backend for FileBackend {
                 continue;
             }
             let Ok(meta) = entry.metadata() else { continue };
-            let Some(lock_pid) = locked
-                .iter()
-                .find(|l| l.dev == meta.dev() && l.ino == meta.ino())
-                .map(|l| l.pid)
-            else {
+            let Some(lock_pid) = locked.iter().find(|l| l.is_on(&meta)).map(|l| l.pid) else {
                 continue;
             };
             let mut holder = read_holder(&entry.path()).unwrap_or_else(|| Holder {
@@ -235,19 +239,29 @@ impl Backend for FileBackend {
     }
 
     fn break_leases(&mut self, name: &Name, slot: Option<u32>) -> Result<Vec<Holder>> {
-        let holders = self.holders(Some(name))?;
-        let pids: Vec<String> = holders
+        let holders: Vec<String> = self
+            .holders(Some(name))?
             .iter()
             .filter(|h| slot.is_none_or(|s| s == h.slot))
-            .map(|h| format!("pid {} (slot {})", h.pid, h.slot))
+            .map(|h| {
+                let host = if h.host.is_empty() {
+                    String::new()
+                } else {
+                    format!(" on {}", h.host)
+                };
+                format!("pid {}{host} (slot {})", h.pid, h.slot)
+            })
             .collect();
-        let held_by = if pids.is_empty() {
+        let held_by = if holders.is_empty() {
             "nobody holds it now".to_owned()
         } else {
-            format!("held by {}", pids.join(", "))
+            format!(
+                "held by {}; end that process to free it",
+                holders.join(", ")
+            )
         };
         Err(Error::Usage(format!(
-            "file locks cannot be broken: the kernel releases {name} when its holder exits ({held_by})"
+            "cannot release {name}: a file lock has no lease to break, the kernel frees it when its holder exits; {held_by}"
         )))
     }
 }
@@ -360,6 +374,15 @@ fn read_holder(path: &Path) -> Option<Holder> {
 fn parse_slot_file_name(file_name: &str) -> Option<(&str, u32)> {
     let (stem, slot) = file_name.strip_suffix(LOCK_SUFFIX)?.rsplit_once('.')?;
     Some((stem, slot.parse().ok()?))
+}
+
+impl LiveFlock {
+    /// True when this lock is on the file of `meta`. Filesystems with anonymous
+    /// devices (btrfs subvolumes, overlayfs) may report another device in stat(2)
+    /// than in `/proc/locks`; there the inode number alone decides.
+    fn is_on(&self, meta: &fs::Metadata) -> bool {
+        self.ino == meta.ino() && (self.dev == meta.dev() || nix::sys::stat::major(self.dev) == 0)
+    }
 }
 
 struct LiveFlock {

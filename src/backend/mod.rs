@@ -2,6 +2,8 @@
 //! the supervisor and the operator commands only talk to this trait.
 
 mod file;
+mod redis;
+mod sqlite;
 
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
@@ -14,6 +16,8 @@ use crate::identity::Process;
 use crate::name::Name;
 
 pub use file::FileBackend;
+pub use redis::RedisBackend;
+pub use sqlite::SqliteBackend;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Kind {
@@ -75,7 +79,10 @@ pub struct Acquired {
 /// How long one wait may last.
 #[derive(Clone, Copy, Debug)]
 pub struct Wait {
-    /// End of this backoff step: a polling backend tries again by then.
+    /// Return (`Ok(None)`) by then at the latest: the end of a backoff step, after
+    /// which a polling backend tries again, or sooner when the live waiting line
+    /// needs redrawing. A backend blocked in the kernel or on a wake-up may keep
+    /// that wait going for its next call.
     pub step_until: Moment,
     /// The `--timeout` deadline; `None` waits forever.
     pub deadline: Option<Moment>,
@@ -116,7 +123,9 @@ pub trait Backend {
     fn wait(&mut self, request: &Request, wait: Wait) -> Result<Option<Acquired>>;
 
     /// Extends the held lease by the request's TTL; never re-creates a lapsed one.
-    fn renew(&mut self) -> Result<Renewal>;
+    /// Gives up with an error when the renewal cannot be confirmed `within` this
+    /// long: the supervisor must stop the command then, so it may not be kept waiting.
+    fn renew(&mut self, within: Duration) -> Result<Renewal>;
 
     /// Gives the held slot up. With `keep_until` in the future, the slot stays
     /// taken until then (`--min-hold`); only lease backends can do that without
@@ -128,15 +137,21 @@ pub trait Backend {
 
     /// Breaks the leases of `name` (one slot or all) and returns what it broke.
     fn break_leases(&mut self, name: &Name, slot: Option<u32>) -> Result<Vec<Holder>>;
+
+    /// Problems with the store's setup worth a warning (shown with `-v`); may ask the server.
+    fn warnings(&mut self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// Opens the backend at `location`.
 pub fn open(location: &Location) -> Result<Box<dyn Backend>> {
     match location.kind {
         Kind::File => Ok(Box::new(FileBackend::open(location.dir.clone())?)),
-        Kind::Sqlite | Kind::Redis => Err(crate::error::Error::Unavailable(format!(
-            "the {} backend is not built yet",
-            location.kind.as_str()
-        ))),
+        Kind::Redis => Ok(Box::new(RedisBackend::open(
+            &location.redis_url,
+            &location.prefix,
+        )?)),
+        Kind::Sqlite => Ok(Box::new(SqliteBackend::open(location.db.clone())?)),
     }
 }

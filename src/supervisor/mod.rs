@@ -6,6 +6,7 @@
 mod signals;
 mod spawn;
 mod terminal;
+mod watchdog;
 
 use std::ffi::{OsStr, OsString};
 use std::io;
@@ -14,7 +15,7 @@ use std::time::Duration;
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
-use nix::unistd::{Pid, getpid};
+use nix::unistd::{Pid, getpgid, getpid};
 
 use crate::backend::{Backend, Renewal};
 use crate::clock::Moment;
@@ -22,8 +23,9 @@ use crate::error::{Error, Result, status};
 use crate::lease::Lease;
 use crate::report::{Event, Reporter};
 
-pub use signals::Signals;
+pub use signals::{Signals, reset_inherited};
 use terminal::Terminal;
+use watchdog::Watchdog;
 
 /// What to run.
 pub enum Program {
@@ -42,12 +44,12 @@ impl Program {
         }
     }
 
-    /// The command line as `status` shows it.
+    /// The command line as `status` shows it, quoted so it could be pasted into a shell.
     pub fn display(&self) -> String {
         match self {
             Self::Argv(argv) => argv
                 .iter()
-                .map(|arg| arg.to_string_lossy())
+                .map(|arg| shell_quote(&arg.to_string_lossy()))
                 .collect::<Vec<_>>()
                 .join(" "),
             Self::Shell(script) => script.to_string_lossy().into_owned(),
@@ -59,6 +61,15 @@ impl Program {
             Self::Argv(argv) => argv[0].to_string_lossy().into_owned(),
             Self::Shell(_) => "/bin/sh".into(),
         }
+    }
+}
+
+fn shell_quote(word: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_-./,:=@%+".contains(c);
+    if !word.is_empty() && word.chars().all(plain) {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
     }
 }
 
@@ -98,8 +109,9 @@ pub fn supervise(
     limits: &Limits,
     reporter: &Reporter,
 ) -> Result<Ending> {
-    let terminal = Terminal::foreground();
-    let child = spawn(program, env, terminal.as_ref())?;
+    let terminal = Terminal::open();
+    let foreground = terminal.as_ref().filter(|terminal| terminal.is_ours());
+    let child = spawn(program, env, foreground)?;
     let mut run = Run {
         child,
         terminal,
@@ -112,7 +124,20 @@ pub fn supervise(
         stop: Stop::No,
         ending: None,
     };
-    run.until_exit(signals)
+    match Watchdog::start(child) {
+        Ok(watchdog) => {
+            let ending = run.until_exit(signals);
+            if ending.is_err() {
+                run.abandon();
+            }
+            watchdog.dismiss();
+            ending
+        }
+        Err(err) => {
+            run.abandon();
+            Err(err)
+        }
+    }
 }
 
 fn spawn(program: &Program, env: &[(&str, String)], terminal: Option<&Terminal>) -> Result<Pid> {
@@ -173,7 +198,7 @@ impl Run<'_> {
             if let Some(code) = self.check_child()? {
                 self.stop_leftovers(signals)?;
                 if let Some(terminal) = &self.terminal {
-                    terminal.take_back();
+                    terminal.take_back_from(self.child);
                 }
                 return Ok(self.ending.take().unwrap_or(Ending::Exited(code)));
             }
@@ -188,7 +213,7 @@ impl Run<'_> {
     }
 
     fn next_wakeup(&self) -> Option<Moment> {
-        let lease = self.lease.as_ref().filter(|_| self.stop == Stop::No);
+        let lease = self.lease.as_ref().filter(|_| !self.lease_lost());
         let kill_at = match self.stop {
             Stop::Terminating { kill_at } => Some(kill_at),
             Stop::No | Stop::Killed => None,
@@ -221,6 +246,13 @@ impl Run<'_> {
 
     fn forward(&self, signal: Signal) {
         let _ = kill(self.child, signal);
+        if matches!(
+            signal,
+            Signal::SIGTERM | Signal::SIGINT | Signal::SIGHUP | Signal::SIGQUIT
+        ) {
+            // A stopped command would keep it pending forever; continue it, as a shell's kill does.
+            let _ = kill(self.child, Signal::SIGCONT);
+        }
     }
 
     /// The child's exit status once it has ended; handles job-control stops on the way.
@@ -232,7 +264,7 @@ impl Run<'_> {
             ) {
                 Ok(WaitStatus::Exited(_, code)) => return Ok(Some(code as u8)),
                 Ok(WaitStatus::Signaled(_, signal, _)) => return Ok(Some(128 + signal as u8)),
-                Ok(WaitStatus::Stopped(_, _)) => self.follow_stop(),
+                Ok(WaitStatus::Stopped(_, signal)) => self.follow_stop(signal),
                 Ok(_) => return Ok(None),
                 Err(Errno::EINTR) => {}
                 Err(err) => return Err(Error::internal("waiting for the command", err)),
@@ -240,34 +272,56 @@ impl Run<'_> {
         }
     }
 
-    /// The command was stopped (Ctrl-Z): stop lockrun too, so the shell sees the
-    /// job stopped; when continued, give the terminal back and continue the command.
-    fn follow_stop(&self) {
-        let Some(terminal) = &self.terminal else {
+    /// The command was stopped by job control (Ctrl-Z, or a terminal read from the
+    /// background): stop lockrun too, so its shell sees the job stopped; once
+    /// continued, hand the terminal back if lockrun has it and continue the command.
+    /// A plain SIGSTOP is someone else's to undo.
+    fn follow_stop(&mut self, signal: Signal) {
+        if !matches!(signal, Signal::SIGTSTP | Signal::SIGTTIN | Signal::SIGTTOU) {
             return;
-        };
-        terminal.take_back();
+        }
+        if let Some(terminal) = &self.terminal {
+            terminal.take_back_from(self.child);
+        }
         let _ = kill(getpid(), Signal::SIGSTOP);
-        if terminal.is_ours() {
+        if self
+            .lease
+            .as_ref()
+            .is_some_and(|lease| lease.deadline().has_passed())
+        {
+            // Stopped past the lease: the command must not run another moment.
+            return self.lose_lease(
+                "its deadline passed while the job was stopped",
+                Duration::ZERO,
+            );
+        }
+        if let Some(terminal) = self.terminal.as_ref().filter(|terminal| terminal.is_ours()) {
             terminal.give_to(self.child);
         }
         let _ = killpg(self.child, Signal::SIGCONT);
     }
 
     fn check_timers(&mut self) {
-        match self.stop {
-            Stop::No => {}
-            Stop::Terminating { kill_at } if kill_at.has_passed() => return self.kill_group(),
-            Stop::Terminating { .. } | Stop::Killed => return,
+        if let Stop::Terminating { kill_at } = self.stop
+            && kill_at.has_passed()
+        {
+            self.kill_group();
         }
         if let Some((at, max)) = self.max_runtime_at
             && at.has_passed()
         {
-            self.ending = Some(Ending::MaxRuntime(max));
+            self.max_runtime_at = None;
+            self.ending.get_or_insert(Ending::MaxRuntime(max));
             self.begin_stop(self.kill_grace);
-            return;
         }
-        self.keep_lease();
+        // Renewals go on while the command is being stopped: it holds the slot until it is gone.
+        if !self.lease_lost() {
+            self.keep_lease();
+        }
+    }
+
+    fn lease_lost(&self) -> bool {
+        matches!(self.ending, Some(Ending::LeaseLost(_)))
     }
 
     fn keep_lease(&mut self) {
@@ -279,25 +333,28 @@ impl Run<'_> {
                 Duration::ZERO,
             );
         }
-        if !lease.renewal_due().has_passed() {
-            return;
+        if lease.renewal_due().has_passed() {
+            let sent = Moment::now();
+            // An answer after the stop is due would come too late to spare the command.
+            match self.backend.renew(lease.stop_at().remaining()) {
+                Ok(Renewal::Renewed) => {
+                    lease.renewed(sent);
+                    self.reporter.event(&Event::Renewed { ttl: lease.ttl() });
+                }
+                Ok(Renewal::Lost) => {
+                    // Another holder may have the slot already: never past the old deadline.
+                    let grace = self.kill_grace.min(lease.deadline().remaining());
+                    return self.lose_lease("it was broken or expired", grace);
+                }
+                Err(err) => {
+                    lease.renewal_failed(Moment::now());
+                    self.reporter.event(&Event::Notice {
+                        message: &format!("could not renew the lease: {err}"),
+                    });
+                }
+            }
         }
-        let sent = Moment::now();
-        match self.backend.renew() {
-            Ok(Renewal::Renewed) => {
-                lease.renewed(sent);
-                self.reporter.event(&Event::Renewed { ttl: lease.ttl() });
-            }
-            Ok(Renewal::Lost) => {
-                return self.lose_lease("it was broken or expired", self.kill_grace);
-            }
-            Err(err) => {
-                lease.renewal_failed(Moment::now());
-                self.reporter.event(&Event::Notice {
-                    message: &format!("could not renew the lease: {err}"),
-                });
-            }
-        }
+        // Checked even when no renewal was due: a failed one is retried later than the stop may be.
         let lease = self.lease.as_ref().expect("checked above");
         if lease.deadline().has_passed() {
             self.lose_lease(
@@ -316,26 +373,43 @@ impl Run<'_> {
         self.begin_stop(grace);
     }
 
-    /// SIGTERM to the command's process group now, SIGKILL after `grace`.
+    /// SIGTERM to the command's process group now, SIGKILL after `grace`; a stop
+    /// already under way keeps its SIGTERM but gets the earlier of the two SIGKILLs.
     fn begin_stop(&mut self, grace: Duration) {
-        if self.stop != Stop::No {
-            return;
+        let kill_at = Moment::now() + grace;
+        match self.stop {
+            Stop::Killed => return,
+            Stop::Terminating { kill_at: earlier } if earlier <= kill_at => return,
+            Stop::Terminating { .. } => {}
+            Stop::No => {
+                self.signal_all(Signal::SIGTERM);
+                // A stopped process cannot act on SIGTERM until continued.
+                self.signal_all(Signal::SIGCONT);
+            }
         }
+        self.stop = Stop::Terminating { kill_at };
         if grace.is_zero() {
             self.kill_group();
-            return;
         }
-        let _ = killpg(self.child, Signal::SIGTERM);
-        // A stopped process cannot act on SIGTERM until continued.
-        let _ = killpg(self.child, Signal::SIGCONT);
-        self.stop = Stop::Terminating {
-            kill_at: Moment::now() + grace,
-        };
+    }
+
+    /// Kills the command and waits for it: the lock is never released with it running.
+    fn abandon(&mut self) {
+        self.kill_group();
+        let _ = waitpid(self.child, None);
     }
 
     fn kill_group(&mut self) {
-        let _ = killpg(self.child, Signal::SIGKILL);
+        self.signal_all(Signal::SIGKILL);
         self.stop = Stop::Killed;
+    }
+
+    /// The command's process group, and the command itself if it left the group.
+    fn signal_all(&self, signal: Signal) {
+        let _ = killpg(self.child, signal);
+        if getpgid(Some(self.child)).is_ok_and(|group| group != self.child) {
+            let _ = kill(self.child, signal);
+        }
     }
 
     /// Processes the command left behind in its group (`cmd &`) would run on
@@ -358,9 +432,32 @@ impl Run<'_> {
             if kill_at.has_passed() {
                 let _ = killpg(self.child, Signal::SIGKILL);
             }
+            // As PID 1 or a subreaper lockrun inherits the leftovers: reap them, or
+            // their zombies would keep the group alive.
+            while let Ok(status) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+                if status == WaitStatus::StillAlive {
+                    break;
+                }
+            }
             // They are not our children: no SIGCHLD tells when they are gone, so look again shortly.
             signals.next(Duration::from_millis(10))?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn command_lines_are_shown_quoted() {
+        let argv = ["sh", "-c", "echo 'hi' $X", ""]
+            .map(OsString::from)
+            .to_vec();
+        assert_eq!(
+            Program::Argv(argv).display(),
+            r"sh -c 'echo '\''hi'\'' $X' ''"
+        );
     }
 }

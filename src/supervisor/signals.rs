@@ -5,7 +5,7 @@ use std::os::fd::AsFd;
 use std::time::Duration;
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use nix::sys::signal::{SigSet, SigmaskHow, Signal, sigprocmask};
+use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal, sigprocmask};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
 use crate::error::{Error, Result};
@@ -20,19 +20,38 @@ pub const FORWARDED: [Signal; 6] = [
     Signal::SIGUSR2,
 ];
 
+/// Undoes what a parent may have left that would break supervision: forwarded
+/// signals blocked (lockrun could not be stopped while it waits) and SIGCHLD
+/// ignored (the kernel would reap the command and lose its status). Signals the
+/// parent ignored stay ignored, as they would for a command run directly.
+pub fn reset_inherited() -> Result<()> {
+    let mut forwarded = SigSet::empty();
+    for signal in FORWARDED {
+        forwarded.add(signal);
+    }
+    sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&forwarded), None)
+        .map_err(|err| Error::internal("unblocking signals", err))?;
+    // SAFETY: installing the default disposition runs no code of ours.
+    unsafe { nix::sys::signal::signal(Signal::SIGCHLD, SigHandler::SigDfl) }
+        .map_err(|err| Error::internal("resetting SIGCHLD", err))?;
+    Ok(())
+}
+
 pub struct Signals {
     fd: SignalFd,
 }
 
 impl Signals {
-    /// Blocks the forwarded signals and SIGCHLD in this (the only) thread and
+    /// Blocks, in this (the only) thread, the forwarded signals that are not
+    /// ignored, SIGTSTP (passed on so the command stops first) and SIGCHLD, and
     /// opens a signalfd for them. SIGTTOU is blocked too, so lockrun can hand
     /// the terminal to the command and take it back from the background.
     pub fn block() -> Result<Self> {
         let mut read = SigSet::empty();
-        for signal in FORWARDED {
+        for signal in FORWARDED.into_iter().filter(|signal| !is_ignored(*signal)) {
             read.add(signal);
         }
+        read.add(Signal::SIGTSTP);
         read.add(Signal::SIGCHLD);
         let mut blocked = read;
         blocked.add(Signal::SIGTTOU);
@@ -70,4 +89,14 @@ impl Signals {
 /// Unblocks every signal: for the command, between fork and exec (async-signal-safe).
 pub fn unblock_all() -> nix::Result<()> {
     sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
+}
+
+/// True when the signal's disposition is "ignore" (inherited from the parent).
+fn is_ignored(signal: Signal) -> bool {
+    let mut current = std::mem::MaybeUninit::<nix::libc::sigaction>::uninit();
+    // SAFETY: a null new action only reads the current one into `current`.
+    let read =
+        unsafe { nix::libc::sigaction(signal as i32, std::ptr::null(), current.as_mut_ptr()) };
+    // SAFETY: sigaction filled `current` when it returned 0.
+    read == 0 && unsafe { current.assume_init() }.sa_sigaction == nix::libc::SIG_IGN
 }

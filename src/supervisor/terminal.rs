@@ -1,11 +1,12 @@
-//! Sharing the controlling terminal with the command, as a shell does: the
-//! command's process group becomes the terminal's foreground group, so a
-//! Ctrl-C reaches it once (from the kernel) and it can read the terminal.
+//! Sharing the controlling terminal with the command, as a shell does: while
+//! lockrun has the terminal's foreground, the command's process group gets it,
+//! so a Ctrl-C reaches the command once (from the kernel) and it can read it.
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::fs::OpenOptionsExt;
 
+use nix::sys::signal::{Signal, killpg};
 use nix::unistd::{Pid, getpgrp, tcgetpgrp, tcsetpgrp};
 
 pub struct Terminal {
@@ -13,21 +14,25 @@ pub struct Terminal {
 }
 
 impl Terminal {
-    /// The controlling terminal, when lockrun runs in its foreground.
-    pub fn foreground() -> Option<Self> {
+    /// lockrun's controlling terminal, if it has one.
+    pub fn open() -> Option<Self> {
         let tty = OpenOptions::new()
             .read(true)
             .write(true)
             .custom_flags(nix::fcntl::OFlag::O_NOCTTY.bits())
             .open("/dev/tty")
             .ok()?;
-        let terminal = Self { tty };
-        terminal.is_ours().then_some(terminal)
+        Some(Self { tty })
     }
 
-    /// True when lockrun's process group is the terminal's foreground group.
+    /// True when `pgrp` is the terminal's foreground process group.
+    pub fn foreground_is(&self, pgrp: Pid) -> bool {
+        tcgetpgrp(self.tty.as_fd()).is_ok_and(|foreground| foreground == pgrp)
+    }
+
+    /// True when lockrun's own process group has the terminal's foreground.
     pub fn is_ours(&self) -> bool {
-        tcgetpgrp(self.tty.as_fd()).is_ok_and(|pgrp| pgrp == getpgrp())
+        self.foreground_is(getpgrp())
     }
 
     pub fn raw_fd(&self) -> i32 {
@@ -39,8 +44,15 @@ impl Terminal {
         let _ = tcsetpgrp(self.tty.as_fd(), pgrp);
     }
 
-    pub fn take_back(&self) {
-        self.give_to(getpgrp());
+    /// Takes the foreground back from the command's group, if it has it (never
+    /// from the shell when lockrun runs in the background), and continues any
+    /// process of lockrun's group (a pager in the same pipeline) that a terminal
+    /// read stopped meanwhile.
+    pub fn take_back_from(&self, command: Pid) {
+        if self.foreground_is(command) {
+            self.give_to(getpgrp());
+            let _ = killpg(getpgrp(), Signal::SIGCONT);
+        }
     }
 }
 

@@ -2,10 +2,15 @@
 
 #![allow(dead_code)]
 
+pub mod pty;
+
 use std::ffi::OsString;
 use std::fs;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -38,6 +43,42 @@ impl Store {
         }
     }
 
+    /// The Redis backend on a `redis-server` of its own; `None` (after a loud
+    /// notice) when redis-server is not installed, unless `CI=true`.
+    pub fn redis() -> Option<Self> {
+        RedisServer::start(&[]).map(|server| Self::on_redis(&Arc::new(server)))
+    }
+
+    /// The Redis backend on `server`, which the store keeps alive.
+    pub fn on_redis(server: &Arc<RedisServer>) -> Self {
+        Self {
+            kind: "redis",
+            args: vec![
+                "--backend".into(),
+                "redis".into(),
+                "--redis-url".into(),
+                server.url().into(),
+            ],
+            _keep: Box::new(Arc::clone(server)),
+        }
+    }
+
+    /// The SQLite backend on a fresh database file.
+    pub fn sqlite() -> Self {
+        let dir = TempDir::new().expect("temp dir");
+        let args = vec![
+            "--backend".into(),
+            "sqlite".into(),
+            "--db".into(),
+            dir.path().join("locks.sqlite3").into(),
+        ];
+        Self {
+            kind: "sqlite",
+            args,
+            _keep: Box::new(dir),
+        }
+    }
+
     /// The backend flags, for commands built by hand.
     pub fn args(&self) -> &[OsString] {
         &self.args
@@ -56,6 +97,173 @@ impl Store {
         command.arg("status").args(&self.args);
         command
     }
+}
+
+/// A store for a shared test, or `None` when its server is missing (the test then passes as skipped).
+pub trait MaybeStore {
+    fn into_store(self) -> Option<Store>;
+}
+
+impl MaybeStore for Store {
+    fn into_store(self) -> Option<Store> {
+        Some(self)
+    }
+}
+
+impl MaybeStore for Option<Store> {
+    fn into_store(self) -> Option<Store> {
+        self
+    }
+}
+
+/// A `redis-server` of the test's own on a free loopback port, without
+/// persistence; killed when dropped. It can be killed and restarted (empty)
+/// on the same port to test what lockrun does when Redis fails.
+pub struct RedisServer {
+    port: u16,
+    extra: Vec<String>,
+    dir: TempDir,
+    child: Mutex<Option<Child>>,
+}
+
+impl RedisServer {
+    /// Starts a server with `extra` arguments (`--requirepass x`). `None` after
+    /// a loud notice when redis-server is not on PATH; under `CI=true` that fails the test.
+    pub fn start(extra: &[&str]) -> Option<Self> {
+        if Command::new("redis-server")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .status()
+            .is_err()
+        {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "redis-server is not on PATH; CI must run the Redis tests"
+            );
+            eprintln!(
+                "\n*** SKIPPED: redis-server is not on PATH, so this Redis test did not run ***\n"
+            );
+            return None;
+        }
+        let extra: Vec<String> = extra.iter().map(|&arg| arg.to_owned()).collect();
+        // Another process may take the free port before redis-server binds it: try again.
+        for _ in 0..5 {
+            let port = free_port();
+            let server = Self {
+                port,
+                extra: extra.clone(),
+                dir: TempDir::new().expect("temp dir"),
+                child: Mutex::new(None),
+            };
+            if server.restart() {
+                return Some(server);
+            }
+        }
+        panic!("could not start redis-server");
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:PORT`, without a password.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// A connection for inspecting the server, with the password of `--requirepass`.
+    pub fn client(&self) -> redis::Connection {
+        let url = match self.extra.iter().position(|arg| arg == "--requirepass") {
+            Some(i) => format!("redis://:{}@127.0.0.1:{}", self.extra[i + 1], self.port),
+            None => self.url(),
+        };
+        redis::Client::open(url)
+            .and_then(|client| client.get_connection_with_timeout(PATIENCE))
+            .expect("connect to the test's redis-server")
+    }
+
+    /// Kills the server at once (SIGKILL: no chance to save anything).
+    pub fn kill(&self) {
+        if let Some(mut child) = self.child.lock().unwrap().take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// (Re)starts the server, empty, on its port; true once it answers PING.
+    pub fn restart(&self) -> bool {
+        self.kill();
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--dir"])
+            .arg(self.dir.path())
+            .args(&self.extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-server");
+        let pid = child.id();
+        *self.child.lock().unwrap() = Some(child);
+        let started = Instant::now();
+        while started.elapsed() < PATIENCE {
+            if self.answers_ping() {
+                // Another test's server may have had the port first: ours then fails to bind.
+                return self.server_pid() == Some(pid);
+            }
+            let exited = self
+                .child
+                .lock()
+                .unwrap()
+                .as_mut()
+                .is_none_or(|child| child.try_wait().ok().flatten().is_some());
+            if exited {
+                return false;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+        false
+    }
+
+    /// The pid of the server answering on our port.
+    fn server_pid(&self) -> Option<u32> {
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query(&mut self.client())
+            .ok()?;
+        info.lines()
+            .find_map(|line| line.strip_prefix("process_id:"))?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    fn answers_ping(&self) -> bool {
+        let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.port)) else {
+            return false;
+        };
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+        let mut reply = [0u8; 64];
+        // A server with a password answers -NOAUTH: it is up all the same.
+        stream.write_all(b"PING\r\n").is_ok()
+            && stream.read(&mut reply).is_ok_and(|n| {
+                reply[..n].starts_with(b"+PONG") || reply[..n].starts_with(b"-NOAUTH")
+            })
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A loopback port nothing listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("bind a free port")
+        .port()
 }
 
 /// The lockrun binary with a clean environment for its own variables.
@@ -106,12 +314,11 @@ pub fn run(command: &mut Command) -> Output {
     thread::spawn(move || {
         let _ = sender.send(child.wait_with_output());
     });
-    match receiver.recv_timeout(PATIENCE) {
-        Ok(output) => output.expect("wait for lockrun"),
-        Err(_) => {
-            signal(pid, nix::sys::signal::Signal::SIGKILL);
-            panic!("lockrun (pid {pid}) did not finish within {PATIENCE:?}");
-        }
+    if let Ok(output) = receiver.recv_timeout(PATIENCE) {
+        output.expect("wait for lockrun")
+    } else {
+        signal(pid, nix::sys::signal::Signal::SIGKILL);
+        panic!("lockrun (pid {pid}) did not finish within {PATIENCE:?}");
     }
 }
 
@@ -135,12 +342,49 @@ pub fn wait(child: &mut Child) -> ExitStatus {
     wait_within(child, PATIENCE)
 }
 
+/// Waits for a spawned child within `PATIENCE` and collects what it wrote to its piped stdout/stderr.
+pub fn finish(mut child: Child) -> Output {
+    let status = wait(&mut child);
+    let mut output = Output {
+        status,
+        stdout: Vec::new(),
+        stderr: Vec::new(),
+    };
+    if let Some(mut pipe) = child.stdout.take() {
+        pipe.read_to_end(&mut output.stdout).expect("read stdout");
+    }
+    if let Some(mut pipe) = child.stderr.take() {
+        pipe.read_to_end(&mut output.stderr).expect("read stderr");
+    }
+    output
+}
+
 /// Waits until `condition` holds, failing the test after `PATIENCE`.
 pub fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
     let started = Instant::now();
     while !condition() {
         assert!(started.elapsed() < PATIENCE, "timed out waiting for {what}");
         thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Reads the child's piped stderr until a line contains `needle`; the rest is drained in the background.
+pub fn wait_for_stderr(child: &mut Child, needle: &str) {
+    let stderr = child.stderr.take().expect("stderr piped");
+    let (sender, receiver) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stderr)).map_while(Result::ok) {
+            let _ = sender.send(line);
+        }
+    });
+    let started = Instant::now();
+    loop {
+        let left = PATIENCE.saturating_sub(started.elapsed());
+        match receiver.recv_timeout(left) {
+            Ok(line) if line.contains(needle) => return,
+            Ok(_) => {}
+            Err(err) => panic!("no {needle:?} on stderr within {PATIENCE:?}: {err}"),
+        }
     }
 }
 
@@ -188,4 +432,10 @@ pub fn assert_status(output: &Output, code: i32) {
         "stderr: {}",
         stderr(output)
     );
+}
+
+/// A process's state letter from `/proc/PID/stat` (`R`, `S`, `T` for stopped, `Z`...).
+pub fn process_state(pid: i32) -> Option<char> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.chars().next()
 }

@@ -1,0 +1,104 @@
+
+use builtin;
+use str;
+
+set edit:completion:arg-completer[lockrun] = {|@words|
+    fn spaces {|n|
+        builtin:repeat $n ' ' | str:join ''
+    }
+    fn cand {|text desc|
+        edit:complex-candidate $text &display=$text' '(spaces (- 14 (wcswidth $text)))$desc
+    }
+    var command = 'lockrun'
+    for word $words[1..-1] {
+        if (str:has-prefix $word '-') {
+            break
+        }
+        set command = $command';'$word
+    }
+    var completions = [
+        &'lockrun'= {
+            cand --name 'The lock''s name: 1 to 200 bytes, no control characters'
+            cand -b 'Where the lock lives'
+            cand --backend 'Where the lock lives'
+            cand --dir 'File backend''s directory [default: `$XDG_RUNTIME_DIR/lockrun`, else `/run/lock/lockrun`, else `$TMPDIR/lockrun-$UID`]'
+            cand --db '`SQLite` database [default: `$XDG_STATE_HOME/lockrun/locks.sqlite3`, else `~/.local/state/lockrun/locks.sqlite3`]'
+            cand --redis-url 'Redis server: `redis://[user:pass@]host:port[/db]`, `rediss://` (TLS) or `redis+unix:///path`'
+            cand --prefix 'Redis key prefix (keys start with PREFIX:)'
+            cand -p 'How many holders at once (slots), 1 to 1024'
+            cand --parallelism 'How many holders at once (slots), 1 to 1024'
+            cand -w 'Longest wait for a slot; `inf` waits forever'
+            cand --timeout 'Longest wait for a slot; `inf` waits forever'
+            cand --initial-delay 'First retry delay when polling'
+            cand --max-delay 'Cap on the retry delay'
+            cand --backoff-multiplier 'Growth of the retry delay per retry (>= 1)'
+            cand --ttl 'Lease length on sqlite and redis; renewed every TTL/3 while the command runs'
+            cand --min-hold 'Keep the slot taken at least this long after acquiring'
+            cand --max-runtime 'Stop the command after this long (exit 124)'
+            cand --kill-grace 'Time between SIGTERM and SIGKILL when lockrun stops the command [default: 10s, at most TTL/3 on sqlite and redis]'
+            cand -E 'Exit status when no slot was acquired, 0 to 255'
+            cand --conflict-exit-code 'Exit status when no slot was acquired, 0 to 255'
+            cand -c 'Run this string with /bin/sh -c instead of COMMAND ARGS'
+            cand --command 'Run this string with /bin/sh -c instead of COMMAND ARGS'
+            cand --log-format 'Diagnostics as text lines or one JSON event per line'
+            cand -n 'Give up at once if no slot is free (same as --timeout 0)'
+            cand --no-wait 'Give up at once if no slot is free (same as --timeout 0)'
+            cand -v 'More diagnostics on stderr: waiting, acquired, renewals, release'
+            cand --verbose 'More diagnostics on stderr: waiting, acquired, renewals, release'
+            cand -q 'No diagnostics at all'
+            cand --quiet 'No diagnostics at all'
+            cand -h 'Print help'
+            cand --help 'Print help'
+            cand -V 'Print version'
+            cand --version 'Print version'
+            cand status 'List who holds a lock (every name when NAME is omitted)'
+            cand release 'Break a lease that is known to be dead (sqlite and redis)'
+            cand help 'Print this message or the help of the given subcommand(s)'
+        }
+        &'lockrun;status'= {
+            cand -b 'Where the lock lives'
+            cand --backend 'Where the lock lives'
+            cand --dir 'File backend''s directory [default: `$XDG_RUNTIME_DIR/lockrun`, else `/run/lock/lockrun`, else `$TMPDIR/lockrun-$UID`]'
+            cand --db '`SQLite` database [default: `$XDG_STATE_HOME/lockrun/locks.sqlite3`, else `~/.local/state/lockrun/locks.sqlite3`]'
+            cand --redis-url 'Redis server: `redis://[user:pass@]host:port[/db]`, `rediss://` (TLS) or `redis+unix:///path`'
+            cand --prefix 'Redis key prefix (keys start with PREFIX:)'
+            cand --log-format 'Diagnostics as text lines or one JSON event per line'
+            cand --json 'Print a JSON array instead of a table'
+            cand -v 'More diagnostics on stderr: waiting, acquired, renewals, release'
+            cand --verbose 'More diagnostics on stderr: waiting, acquired, renewals, release'
+            cand -q 'No diagnostics at all'
+            cand --quiet 'No diagnostics at all'
+            cand -h 'Print help'
+            cand --help 'Print help'
+        }
+        &'lockrun;release'= {
+            cand --slot 'Only this slot (all of the name''s slots when omitted)'
+            cand -b 'Where the lock lives'
+            cand --backend 'Where the lock lives'
+            cand --dir 'File backend''s directory [default: `$XDG_RUNTIME_DIR/lockrun`, else `/run/lock/lockrun`, else `$TMPDIR/lockrun-$UID`]'
+            cand --db '`SQLite` database [default: `$XDG_STATE_HOME/lockrun/locks.sqlite3`, else `~/.local/state/lockrun/locks.sqlite3`]'
+            cand --redis-url 'Redis server: `redis://[user:pass@]host:port[/db]`, `rediss://` (TLS) or `redis+unix:///path`'
+            cand --prefix 'Redis key prefix (keys start with PREFIX:)'
+            cand --log-format 'Diagnostics as text lines or one JSON event per line'
+            cand --force 'Required: breaking a live holder''s lease lets a second holder in'
+            cand -v 'More diagnostics on stderr: waiting, acquired, renewals, release'
+            cand --verbose 'More diagnostics on stderr: waiting, acquired, renewals, release'
+            cand -q 'No diagnostics at all'
+            cand --quiet 'No diagnostics at all'
+            cand -h 'Print help'
+            cand --help 'Print help'
+        }
+        &'lockrun;help'= {
+            cand status 'List who holds a lock (every name when NAME is omitted)'
+            cand release 'Break a lease that is known to be dead (sqlite and redis)'
+            cand help 'Print this message or the help of the given subcommand(s)'
+        }
+        &'lockrun;help;status'= {
+        }
+        &'lockrun;help;release'= {
+        }
+        &'lockrun;help;help'= {
+        }
+    ]
+    $completions[$command]
+}

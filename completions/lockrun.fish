@@ -1,0 +1,85 @@
+# Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
+function __fish_lockrun_global_optspecs
+    string join \n name= b/backend= dir= db= redis-url= prefix= p/parallelism= n/no-wait w/timeout= initial-delay= max-delay= backoff-multiplier= ttl= min-hold= max-runtime= kill-grace= E/conflict-exit-code= c/command= v/verbose q/quiet log-format= h/help V/version
+end
+
+function __fish_lockrun_needs_command
+    # Figure out if the current invocation already has a command.
+    set -l cmd (commandline -opc)
+    set -e cmd[1]
+    argparse -s (__fish_lockrun_global_optspecs) -- $cmd 2>/dev/null
+    or return
+    if set -q argv[1]
+        # Also print the command, so this can be used to figure out what it is.
+        echo $argv[1]
+        return 1
+    end
+    return 0
+end
+
+function __fish_lockrun_using_subcommand
+    set -l cmd (__fish_lockrun_needs_command)
+    test -z "$cmd"
+    and return 1
+    contains -- $cmd[1] $argv
+end
+
+complete -c lockrun -n "__fish_lockrun_needs_command" -l name -d 'The lock\'s name: 1 to 200 bytes, no control characters' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -s b -l backend -d 'Where the lock lives' -r -f -a "file\t''
+sqlite\t''
+redis\t''"
+complete -c lockrun -n "__fish_lockrun_needs_command" -l dir -d 'File backend\'s directory [default: `$XDG_RUNTIME_DIR/lockrun`, else `/run/lock/lockrun`, else `$TMPDIR/lockrun-$UID`]' -r -F
+complete -c lockrun -n "__fish_lockrun_needs_command" -l db -d '`SQLite` database [default: `$XDG_STATE_HOME/lockrun/locks.sqlite3`, else `~/.local/state/lockrun/locks.sqlite3`]' -r -F
+complete -c lockrun -n "__fish_lockrun_needs_command" -l redis-url -d 'Redis server: `redis://[user:pass@]host:port[/db]`, `rediss://` (TLS) or `redis+unix:///path`' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -l prefix -d 'Redis key prefix (keys start with PREFIX:)' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -s p -l parallelism -d 'How many holders at once (slots), 1 to 1024' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -s w -l timeout -d 'Longest wait for a slot; `inf` waits forever' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -l initial-delay -d 'First retry delay when polling' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -l max-delay -d 'Cap on the retry delay' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -l backoff-multiplier -d 'Growth of the retry delay per retry (>= 1)' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -l ttl -d 'Lease length on sqlite and redis; renewed every TTL/3 while the command runs' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -l min-hold -d 'Keep the slot taken at least this long after acquiring' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -l max-runtime -d 'Stop the command after this long (exit 124)' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -l kill-grace -d 'Time between SIGTERM and SIGKILL when lockrun stops the command [default: 10s, at most TTL/3 on sqlite and redis]' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -s E -l conflict-exit-code -d 'Exit status when no slot was acquired, 0 to 255' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -s c -l command -d 'Run this string with /bin/sh -c instead of COMMAND ARGS' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -l log-format -d 'Diagnostics as text lines or one JSON event per line' -r -f -a "text\t''
+json\t''"
+complete -c lockrun -n "__fish_lockrun_needs_command" -s n -l no-wait -d 'Give up at once if no slot is free (same as --timeout 0)'
+complete -c lockrun -n "__fish_lockrun_needs_command" -s v -l verbose -d 'More diagnostics on stderr: waiting, acquired, renewals, release'
+complete -c lockrun -n "__fish_lockrun_needs_command" -s q -l quiet -d 'No diagnostics at all'
+complete -c lockrun -n "__fish_lockrun_needs_command" -s h -l help -d 'Print help'
+complete -c lockrun -n "__fish_lockrun_needs_command" -s V -l version -d 'Print version'
+complete -c lockrun -n "__fish_lockrun_needs_command" -a "status" -d 'List who holds a lock (every name when NAME is omitted)'
+complete -c lockrun -n "__fish_lockrun_needs_command" -a "release" -d 'Break a lease that is known to be dead (sqlite and redis)'
+complete -c lockrun -n "__fish_lockrun_needs_command" -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s b -l backend -d 'Where the lock lives' -r -f -a "file\t''
+sqlite\t''
+redis\t''"
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l dir -d 'File backend\'s directory [default: `$XDG_RUNTIME_DIR/lockrun`, else `/run/lock/lockrun`, else `$TMPDIR/lockrun-$UID`]' -r -F
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l db -d '`SQLite` database [default: `$XDG_STATE_HOME/lockrun/locks.sqlite3`, else `~/.local/state/lockrun/locks.sqlite3`]' -r -F
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l redis-url -d 'Redis server: `redis://[user:pass@]host:port[/db]`, `rediss://` (TLS) or `redis+unix:///path`' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l prefix -d 'Redis key prefix (keys start with PREFIX:)' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l log-format -d 'Diagnostics as text lines or one JSON event per line' -r -f -a "text\t''
+json\t''"
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l json -d 'Print a JSON array instead of a table'
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s v -l verbose -d 'More diagnostics on stderr: waiting, acquired, renewals, release'
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s q -l quiet -d 'No diagnostics at all'
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s h -l help -d 'Print help'
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l slot -d 'Only this slot (all of the name\'s slots when omitted)' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -s b -l backend -d 'Where the lock lives' -r -f -a "file\t''
+sqlite\t''
+redis\t''"
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l dir -d 'File backend\'s directory [default: `$XDG_RUNTIME_DIR/lockrun`, else `/run/lock/lockrun`, else `$TMPDIR/lockrun-$UID`]' -r -F
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l db -d '`SQLite` database [default: `$XDG_STATE_HOME/lockrun/locks.sqlite3`, else `~/.local/state/lockrun/locks.sqlite3`]' -r -F
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l redis-url -d 'Redis server: `redis://[user:pass@]host:port[/db]`, `rediss://` (TLS) or `redis+unix:///path`' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l prefix -d 'Redis key prefix (keys start with PREFIX:)' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l log-format -d 'Diagnostics as text lines or one JSON event per line' -r -f -a "text\t''
+json\t''"
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l force -d 'Required: breaking a live holder\'s lease lets a second holder in'
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -s v -l verbose -d 'More diagnostics on stderr: waiting, acquired, renewals, release'
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -s q -l quiet -d 'No diagnostics at all'
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -s h -l help -d 'Print help'
+complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from status release help" -f -a "status" -d 'List who holds a lock (every name when NAME is omitted)'
+complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from status release help" -f -a "release" -d 'Break a lease that is known to be dead (sqlite and redis)'
+complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from status release help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'

@@ -1,0 +1,371 @@
+//! Operator tools (SPEC §5, §6): status, release, the live waiting line on a
+//! terminal, `-v` text and `--log-format json` events.
+
+use std::fs::{self, File};
+use std::io::Read;
+use std::process::{Child, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::core::hold;
+use crate::support::*;
+
+/// Lets the test go on: the holder started by `hold` exits.
+fn let_go(scratch: &Scratch, mut holder: Child) {
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(wait(&mut holder).code(), Some(0));
+}
+
+fn is_rfc3339(text: &str) -> bool {
+    // 2026-11-21T12:56:05.123Z
+    let bytes = text.as_bytes();
+    bytes.len() == 24
+        && text.ends_with('Z')
+        && bytes[10] == b'T'
+        && text[..4].parse::<u32>().is_ok()
+        && [4, 7].iter().all(|&i| bytes[i] == b'-')
+        && [13, 16].iter().all(|&i| bytes[i] == b':')
+}
+
+#[test]
+fn status_prints_an_aligned_table_of_real_holders() {
+    let store = Store::file();
+    let first = Scratch::new();
+    let second = Scratch::new();
+    let backup = hold(&store, &first, "backup", &[]);
+    let report = hold(&store, &second, "nightly report", &["-p", "3"]);
+    let output = run(&mut store.status());
+    assert_status(&output, 0);
+    let text = stdout(&output);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "a header and one row per holder: {text}");
+    for column in [
+        "NAME", "SLOT", "PID", "HOST", "ACQUIRED", "HELD", "EXPIRES", "FENCE", "COMMAND",
+    ] {
+        assert!(lines[0].contains(column), "{text}");
+    }
+    assert!(lines[1].starts_with("backup ") && lines[1].contains(&backup.id().to_string()));
+    assert!(lines[2].starts_with("nightly report ") && lines[2].contains(&report.id().to_string()));
+    // Columns line up: every cell starts where its header does.
+    let command_at = lines[0].find("COMMAND").unwrap();
+    for line in &lines[1..] {
+        assert!(line[command_at..].starts_with("echo $$"), "{text}");
+        assert_eq!(&line[command_at - 2..command_at], "  ", "{text}");
+    }
+
+    let output = run(store.status().arg("backup"));
+    assert_eq!(
+        stdout(&output).lines().count(),
+        2,
+        "only the name asked for"
+    );
+    let_go(&first, backup);
+    let_go(&second, report);
+    assert_eq!(
+        stdout(&run(store.status().arg("backup"))),
+        "backup is not held\n"
+    );
+    assert_eq!(stdout(&run(&mut store.status())), "no lock is held\n");
+}
+
+#[test]
+fn status_json_has_exactly_the_spec_keys() {
+    let store = Store::file();
+    let scratch = Scratch::new();
+    let holder = hold(&store, &scratch, "keys", &[]);
+    let output = run(store.status().arg("--json"));
+    assert_status(&output, 0);
+    let holders: Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    let object = holders[0].as_object().expect("an array of objects");
+    let mut keys: Vec<&str> = object.keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        [
+            "acquired_at",
+            "backend",
+            "command",
+            "expires_at",
+            "fence",
+            "host",
+            "name",
+            "pid",
+            "slot"
+        ]
+    );
+    assert_eq!(object["backend"], "file");
+    assert_eq!(object["slot"], 0);
+    assert!(object["fence"].as_u64().is_some_and(|f| f >= 1));
+    assert!(
+        object["acquired_at"].as_str().is_some_and(is_rfc3339),
+        "{object:?}"
+    );
+    assert_eq!(
+        object["expires_at"],
+        Value::Null,
+        "file locks have no lease"
+    );
+    assert!(object["command"].as_str().unwrap().starts_with("echo $$"));
+    let_go(&scratch, holder);
+}
+
+#[test]
+fn release_on_the_file_backend_refuses_with_or_without_force() {
+    let store = Store::file();
+    let scratch = Scratch::new();
+    let holder = hold(&store, &scratch, "kept", &[]);
+    let release = |extra: &[&str]| {
+        run(lockrun()
+            .arg("release")
+            .args(store.args())
+            .arg("kept")
+            .args(extra))
+    };
+    for extra in [&[][..], &["--force"], &["--force", "--slot", "0"]] {
+        let output = release(extra);
+        assert_status(&output, 64);
+        let err = stderr(&output);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.contains(&format!("held by pid {}", holder.id())),
+            "{extra:?}: {err}"
+        );
+    }
+    let_go(&scratch, holder);
+    let output = release(&["--force"]);
+    assert_status(&output, 64);
+    assert!(
+        stderr(&output).contains("nobody holds it"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+/// A waiter on `name` with `args`, once `hold` has the lock.
+fn waiter(store: &Store, name: &str, args: &[&str]) -> std::process::Command {
+    let mut command = store.lockrun();
+    command
+        .args(["--name", name])
+        .args(args)
+        .stdout(Stdio::null());
+    command
+}
+
+#[test]
+fn a_wait_on_a_terminal_shows_one_self_updating_line() {
+    use nix::pty::{Winsize, openpty};
+
+    let store = Store::file();
+    let scratch = Scratch::new();
+    let holder = hold(&store, &scratch, "backup", &[]);
+    let size = Winsize {
+        ws_row: 24,
+        ws_col: 200,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    let pty = openpty(Some(&size), None).expect("a pseudo-terminal");
+    // Retry steps of 20 s: every redraw comes from the live line, not from a backoff step.
+    let mut command = waiter(
+        &store,
+        "backup",
+        &[
+            "-w",
+            "60",
+            "--initial-delay",
+            "20",
+            "--max-delay",
+            "20",
+            "true",
+        ],
+    );
+    command.stderr(Stdio::from(pty.slave));
+    let spawned = Instant::now();
+    let mut lockrun = command.spawn().unwrap();
+    drop(command); // our copy of the terminal's slave side: the reader sees EOF once lockrun is done
+    let (sender, receiver) = mpsc::channel();
+    let mut master = File::from(pty.master);
+    thread::spawn(move || {
+        let mut buffer = [0; 4096];
+        // Reading the master fails (EIO) once every slave side is closed.
+        while let Ok(n @ 1..) = master.read(&mut buffer) {
+            let _ = sender.send((buffer[..n].to_vec(), Instant::now()));
+        }
+    });
+
+    let mut screen = String::new();
+    let mut first_draw = None;
+    let count_draws = |screen: &str| screen.matches("\r\x1b[Kwaiting for backup").count();
+    while count_draws(&screen) < 3 {
+        let (bytes, at) = receiver.recv_timeout(PATIENCE).expect("the waiting line");
+        screen.push_str(&String::from_utf8_lossy(&bytes));
+        first_draw.get_or_insert(at);
+    }
+    assert!(
+        first_draw.unwrap() - spawned >= Duration::from_secs(1),
+        "the line waits a second before it appears"
+    );
+    let_go(&scratch, holder);
+    let released = Instant::now();
+    assert_eq!(wait(&mut lockrun).code(), Some(0));
+    assert!(
+        released.elapsed() < Duration::from_secs(10),
+        "the kernel wait still wakes the waiter at once"
+    );
+    while let Ok((bytes, _)) = receiver.recv_timeout(PATIENCE) {
+        screen.push_str(&String::from_utf8_lossy(&bytes));
+    }
+
+    assert!(
+        !screen.contains('\n'),
+        "one line, rewritten in place: {screen:?}"
+    );
+    assert!(
+        screen.ends_with("\r\x1b[K"),
+        "cleared once acquired: {screen:?}"
+    );
+    let drawn: Vec<&str> = screen
+        .split("\r\x1b[K")
+        .filter(|text| !text.is_empty())
+        .collect();
+    let holder_pid = drawn[0]
+        .split("held by pid ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .expect("the holder's pid");
+    assert!(
+        holder_pid.parse::<u32>().is_ok() && drawn[0].contains("(echo $$"),
+        "who holds it: {drawn:?}"
+    );
+    assert!(
+        drawn.iter().all(|text| text.chars().count() < 200),
+        "cut to the terminal's width, so it never wraps: {drawn:?}"
+    );
+    // The first three draws came while the holder was certainly there.
+    assert!(
+        drawn[..3]
+            .windows(2)
+            .all(|pair| pair[0] != pair[1] && pair[1].contains(" for ")),
+        "each redraw says for how long it has been held: {drawn:?}"
+    );
+}
+
+#[test]
+fn without_a_terminal_a_wait_is_silent_unless_verbose() {
+    let store = Store::file();
+    let scratch = Scratch::new();
+    let holder = hold(&store, &scratch, "quiet", &[]);
+    let output = run(&mut waiter(&store, "quiet", &["-w", "1.3", "true"]));
+    assert_status(&output, 75);
+    let err = stderr(&output);
+    assert_eq!(err.lines().count(), 1, "only the give-up line: {err:?}");
+    assert!(!err.contains('\r'));
+
+    let output = run(&mut waiter(
+        &store,
+        "quiet",
+        &["-v", "-w", "0.4", "--initial-delay", "0.1", "true"],
+    ));
+    assert_status(&output, 75);
+    let err = stderr(&output);
+    let lines: Vec<&str> = err.lines().collect();
+    let holder_pid = holder.id();
+    assert!(
+        lines[0].starts_with(&format!(
+            "lockrun: waiting for quiet: held by pid {holder_pid} on "
+        )) && lines[0].contains("(echo $$"),
+        "{err}"
+    );
+    assert!(
+        lines.iter().any(|l| l.contains("still busy; next try in")),
+        "{err}"
+    );
+    assert!(lines.last().unwrap().contains("gave up after"), "{err}");
+    assert!(!err.contains('\r'), "plain lines: {err:?}");
+    let_go(&scratch, holder);
+
+    let output = run(&mut waiter(&store, "quiet", &["-v", "true"]));
+    assert_status(&output, 0);
+    let err = stderr(&output);
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 2, "{err}");
+    assert!(
+        lines[0].starts_with("lockrun: acquired quiet (slot 0, fence 2) after "),
+        "{err}"
+    );
+    assert_eq!(lines[1], "lockrun: released quiet (slot 0)");
+}
+
+/// Every stderr line as a JSON event, checking the fields every event has.
+fn events(output: &std::process::Output, name: &str) -> Vec<Value> {
+    stderr(output)
+        .lines()
+        .map(|line| {
+            let event: Value = serde_json::from_str(line).expect("one JSON object per line");
+            assert!(event["ts"].as_str().is_some_and(is_rfc3339), "{line}");
+            assert_eq!(event["name"], name, "{line}");
+            assert!(event["pid"].as_u64().is_some(), "{line}");
+            event
+        })
+        .collect()
+}
+
+#[test]
+fn json_events_for_waiting_retry_error_acquired_and_released() {
+    let store = Store::file();
+    let scratch = Scratch::new();
+    let holder = hold(&store, &scratch, "logged", &[]);
+    let json = ["--log-format", "json"];
+    let output =
+        run(waiter(&store, "logged", &json).args(["-w", "0.4", "--initial-delay", "0.1", "true"]));
+    assert_status(&output, 75);
+    let busy = events(&output, "logged");
+    let kinds: Vec<&str> = busy.iter().map(|e| e["event"].as_str().unwrap()).collect();
+    assert_eq!(kinds[0], "waiting", "{kinds:?}");
+    assert_eq!(kinds[1], "retry", "{kinds:?}");
+    assert_eq!(kinds.last(), Some(&"error"), "{kinds:?}");
+    assert_eq!(busy[0]["holders"][0]["pid"], holder.id());
+    assert_eq!(busy[0]["holders"][0]["slot"], 0);
+    assert!(
+        busy[0]["holders"][0]["acquired_at"]
+            .as_str()
+            .is_some_and(is_rfc3339)
+    );
+    let delay = busy[1]["delay_ms"].as_u64().expect("delay_ms");
+    assert!(
+        (50..=150).contains(&delay),
+        "jittered around 100ms: {delay}"
+    );
+    assert!(
+        busy.last().unwrap()["message"]
+            .as_str()
+            .unwrap()
+            .contains("busy")
+    );
+    let_go(&scratch, holder);
+
+    let output = run(waiter(&store, "logged", &json).arg("true"));
+    assert_status(&output, 0);
+    let done = events(&output, "logged");
+    assert_eq!(done.len(), 2, "{done:?}");
+    assert_eq!(done[0]["event"], "acquired");
+    assert_eq!(done[0]["slot"], 0);
+    assert_eq!(done[0]["fence"], 2);
+    assert!(done[0]["waited_ms"].as_u64().is_some());
+    assert_eq!(done[1]["event"], "released");
+    assert_eq!(done[1]["slot"], 0);
+    assert_eq!(done[1]["pid"], done[0]["pid"]);
+
+    // -q silences JSON events too, and the environment chooses the format.
+    let output = run(waiter(&store, "logged", &["-q"])
+        .env("LOCKRUN_LOG_FORMAT", "json")
+        .arg("true"));
+    assert!(output.stderr.is_empty());
+    let output = run(waiter(&store, "logged", &[])
+        .env("LOCKRUN_LOG_FORMAT", "json")
+        .arg("true"));
+    assert_eq!(events(&output, "logged").len(), 2);
+}

@@ -1,0 +1,535 @@
+//! The Redis backend (SPEC §4): round trips, wake-ups, leases when Redis or the
+//! holder fails, fencing across data loss, connection errors and secrets.
+
+use std::fs;
+use std::io::Write;
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Stdio};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+
+use crate::support::*;
+
+/// A Redis store and its server, or `None` when redis-server is missing.
+fn redis(extra: &[&str]) -> Option<(Store, Arc<RedisServer>)> {
+    let server = Arc::new(RedisServer::start(extra)?);
+    Some((Store::on_redis(&server), server))
+}
+
+fn info(client: &mut redis::Connection, section: &str) -> String {
+    redis::cmd("INFO").arg(section).query(client).expect("INFO")
+}
+
+/// A field of `INFO`, as a number.
+fn info_field(client: &mut redis::Connection, section: &str, field: &str) -> u64 {
+    info(client, section)
+        .lines()
+        .find_map(|line| line.strip_prefix(&format!("{field}:")))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn nanos(path: &std::path::Path) -> i128 {
+    let text = fs::read_to_string(path).expect("a timestamp");
+    text.trim().parse().expect("nanoseconds")
+}
+
+/// A holder whose command records its pid in `ready`, loops until `release`
+/// appears, and on SIGTERM records the time in `stopped` and exits.
+fn holder(store: &Store, scratch: &Scratch, name: &str, extra: &[&str]) -> Child {
+    let script = format!(
+        "trap 'date +%s%N > {stopped}; exit 1' TERM; echo $LOCKRUN_FENCE > {fence}; echo $$ > {ready}.tmp; mv {ready}.tmp {ready}; while [ ! -e {release} ]; do sleep 0.02; done",
+        stopped = scratch.path("stopped").display(),
+        fence = scratch.path("fence").display(),
+        ready = scratch.path("ready").display(),
+        release = scratch.path("release").display(),
+    );
+    let mut command = store.lockrun();
+    command
+        .args(["--name", name])
+        .args(extra)
+        .args(["-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let child = command.spawn().expect("spawn holder");
+    wait_for_file(&scratch.path("ready"));
+    child
+}
+
+fn stderr_of(child: Child) -> String {
+    let output = child.wait_with_output().expect("holder output");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn uncontended_acquire_and_release_are_one_round_trip_each() {
+    let Some((store, server)) = redis(&[]) else {
+        return;
+    };
+    // The first run loads the scripts into the server.
+    assert_status(&run(store.lockrun().args(["--name", "rt", "true"])), 0);
+    let mut client = server.client();
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut client)
+        .unwrap();
+    assert_status(&run(store.lockrun().args(["--name", "rt", "true"])), 0);
+    let stats = info(&mut client, "commandstats");
+    let calls = |command: &str| {
+        stats
+            .lines()
+            .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
+            .and_then(|rest| rest.split(',').next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    assert_eq!(calls("evalsha"), 2, "one script to acquire, one to release");
+    // Everything else counted ran inside those two scripts (or is the test's own reset).
+    let inside_scripts = [
+        "evalsha",
+        "exists",
+        "time",
+        "incr",
+        "set",
+        "get",
+        "del",
+        "lpush",
+        "ltrim",
+        "pexpire",
+        "config|resetstat",
+    ];
+    for line in stats.lines().filter(|line| line.starts_with("cmdstat_")) {
+        let command = line["cmdstat_".len()..].split(':').next().unwrap();
+        assert!(
+            inside_scripts.contains(&command),
+            "a round trip of its own: {line}"
+        );
+    }
+    assert_eq!(
+        info_field(&mut client, "stats", "total_connections_received"),
+        1,
+        "one connection, no setup commands on it"
+    );
+}
+
+#[test]
+fn a_waiter_starts_as_soon_as_the_holder_ends_without_polling() {
+    let Some((store, server)) = redis(&[]) else {
+        return;
+    };
+    let scratch = Scratch::new();
+    let script = format!(
+        "touch {ready}; while [ ! -e {release} ]; do sleep 0.01; done; date +%s%N > {end}",
+        ready = scratch.path("ready").display(),
+        release = scratch.path("release").display(),
+        end = scratch.path("end").display(),
+    );
+    let mut first = store
+        .lockrun()
+        .args(["--name", "handoff", "-c", &script])
+        .spawn()
+        .unwrap();
+    wait_for_file(&scratch.path("ready"));
+    // The default --initial-delay of 1s: polling would start it 0.5 to 1.5 s late.
+    let started = format!("date +%s%N > {}", scratch.path("start").display());
+    let mut second = store
+        .lockrun()
+        .args(["--name", "handoff", "-w", "60", "-c", &started])
+        .spawn()
+        .unwrap();
+    let mut client = server.client();
+    wait_until("the waiter to block in BLPOP", || {
+        info_field(&mut client, "clients", "blocked_clients") == 1
+    });
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(wait(&mut first).code(), Some(0));
+    assert_eq!(wait(&mut second).code(), Some(0));
+    let handoff_ms = (nanos(&scratch.path("start")) - nanos(&scratch.path("end"))) as f64 / 1e6;
+    eprintln!(
+        "redis handoff: the waiter started {handoff_ms:.1} ms after the holder's command ended"
+    );
+    assert!(
+        handoff_ms < 500.0,
+        "woken by the release, not by a retry: {handoff_ms:.1} ms"
+    );
+}
+
+#[test]
+fn a_crashed_holder_on_another_host_is_replaced_when_its_lease_expires() {
+    let Some((store, server)) = redis(&[]) else {
+        return;
+    };
+    let record = r#"{"token":"t","pid":1,"start_time":1,"boot_id":"another-boot","host":"elsewhere","command":"crashed","acquired_at":0,"fence":5}"#;
+    let _: () = redis::cmd("SET")
+        .arg("lockrun:{crash}:slot:0")
+        .arg(record)
+        .arg("PX")
+        .arg(800)
+        .query(&mut server.client())
+        .unwrap();
+    let output = run(store.status().args(["crash", "--json"]));
+    assert!(stdout(&output).contains("elsewhere"), "{}", stdout(&output));
+    // A 30 s retry delay: only the expiry-capped wait can get the slot in time.
+    let started = Instant::now();
+    let output = run(store.lockrun().args([
+        "--name",
+        "crash",
+        "-w",
+        "20",
+        "--initial-delay",
+        "30",
+        "true",
+    ]));
+    assert_status(&output, 0);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took the slot when the lease expired, after {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn a_dead_holder_on_this_host_is_reclaimed_at_once() {
+    let Some((store, _server)) = redis(&[]) else {
+        return;
+    };
+    let scratch = Scratch::new();
+    let mut holder = holder(&store, &scratch, "dead", &[]);
+    let command = read_pid(&scratch.path("ready"));
+    // SIGKILL leaves the 30 s lease in Redis; the command dies with lockrun.
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    wait_until("the command to die", || !process_exists(command));
+    let output = run(store.lockrun().args(["--name", "dead", "-n", "true"]));
+    assert_status(&output, 0);
+}
+
+#[test]
+fn renewal_keeps_the_lease_past_its_ttl() {
+    let Some((store, _server)) = redis(&[]) else {
+        return;
+    };
+    let scratch = Scratch::new();
+    let holder = holder(&store, &scratch, "renewed", &["--ttl", "0.6", "-v"]);
+    let ready = Instant::now();
+    // Three TTLs: without renewal the slot would have been free after the first.
+    while ready.elapsed() < Duration::from_millis(1800) {
+        assert_status(
+            &run(store.lockrun().args(["--name", "renewed", "-n", "true"])),
+            75,
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    fs::write(scratch.path("release"), "").unwrap();
+    let err = stderr_of(holder);
+    assert!(err.contains("renewed the lease"), "{err}");
+    assert!(!err.contains("lost"), "{err}");
+}
+
+#[test]
+fn redis_killed_mid_hold_stops_the_command_with_76_within_the_ttl() {
+    let Some((store, server)) = redis(&[]) else {
+        return;
+    };
+    let scratch = Scratch::new();
+    let mut holder = holder(&store, &scratch, "killed", &["--ttl", "1.5"]);
+    server.kill();
+    let killed = Instant::now();
+    let status = wait(&mut holder);
+    let took = killed.elapsed();
+    assert_eq!(status.code(), Some(76), "{}", stderr_of(holder));
+    assert!(
+        scratch.path("stopped").exists(),
+        "the command was told to stop"
+    );
+    // Within the TTL of the last renewal; a little slack for a loaded machine.
+    assert!(took < Duration::from_secs(2), "stopped after {took:?}");
+}
+
+#[test]
+fn redis_restarted_empty_bounds_the_overlap_and_fences_still_increase() {
+    let Some((store, server)) = redis(&[]) else {
+        return;
+    };
+    let scratch = Scratch::new();
+    let mut first = holder(&store, &scratch, "restart", &["--ttl", "1.5"]);
+    let first_fence: u64 = fs::read_to_string(scratch.path("fence"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(server.restart(), "redis-server restarts");
+    // The lock is gone with Redis's data: a second holder gets it at once.
+    let second_script = format!(
+        "date +%s%N > {start}; echo $LOCKRUN_FENCE > {fence}",
+        start = scratch.path("second-start").display(),
+        fence = scratch.path("second-fence").display(),
+    );
+    let output = run(store
+        .lockrun()
+        .args(["--name", "restart", "-n", "-c", &second_script]));
+    assert_status(&output, 0);
+    assert_eq!(
+        wait(&mut first).code(),
+        Some(76),
+        "the first holder found its lease gone"
+    );
+    let overlap_ms =
+        (nanos(&scratch.path("stopped")) - nanos(&scratch.path("second-start"))) as f64 / 1e6;
+    eprintln!("redis restart: the two holders overlapped for {overlap_ms:.0} ms (TTL 1500 ms)");
+    assert!(overlap_ms < 1500.0, "overlap {overlap_ms:.0} ms");
+    let second_fence: u64 = fs::read_to_string(scratch.path("second-fence"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        second_fence > first_fence,
+        "fences increase across the data loss: {first_fence} then {second_fence}"
+    );
+}
+
+#[test]
+fn a_frozen_holder_loses_its_slot_and_exits_76_when_continued() {
+    let Some((store, _server)) = redis(&[]) else {
+        return;
+    };
+    let scratch = Scratch::new();
+    let mut holder = holder(&store, &scratch, "frozen", &["--ttl", "1"]);
+    let command = read_pid(&scratch.path("ready"));
+    // Freeze lockrun and its command, as a paused VM would.
+    let groups = [
+        Pid::from_raw(holder.id().cast_signed()),
+        Pid::from_raw(command),
+    ];
+    for group in groups {
+        killpg(group, Signal::SIGSTOP).unwrap();
+    }
+    let marker = scratch.path("second");
+    let output = run(store
+        .lockrun()
+        .args(["--name", "frozen", "-w", "10", "--", "touch"])
+        .arg(&marker));
+    assert_status(&output, 0);
+    for group in groups {
+        killpg(group, Signal::SIGCONT).unwrap();
+    }
+    let continued = Instant::now();
+    assert_eq!(wait(&mut holder).code(), Some(76));
+    assert!(
+        continued.elapsed() < Duration::from_secs(2),
+        "stopped at once"
+    );
+}
+
+#[test]
+fn a_wrong_or_missing_password_exits_69_without_showing_the_secret() {
+    let Some((_, server)) = redis(&["--requirepass", "right-secret-8731"]) else {
+        return;
+    };
+    let port = server.port();
+    let with_password = |password: &str| format!("redis://:{password}@127.0.0.1:{port}");
+    for (url, expected) in [
+        (with_password("wrong-secret-4242"), "authentication failed"),
+        (
+            format!("redis://default:wrong-secret-4242@127.0.0.1:{port}"),
+            "authentication failed",
+        ),
+        (server.url(), "requires a password"),
+    ] {
+        let backend = ["--backend", "redis", "--redis-url", &url];
+        let running = [&backend[..], &["--name", "auth", "-v", "true"]].concat();
+        let status = [&["status"][..], &backend].concat();
+        for args in [running, status] {
+            let started = Instant::now();
+            let output = run(lockrun().args(args));
+            assert_status(&output, 69);
+            let all = format!("{}{}", stdout(&output), stderr(&output));
+            assert!(!all.contains("secret-4242"), "{all}");
+            assert!(all.contains(expected), "{all}");
+            assert_eq!(stderr(&output).lines().count(), 1, "{all}");
+            assert!(started.elapsed() < Duration::from_secs(5));
+        }
+    }
+    let output = run(lockrun()
+        .args(["--backend", "redis", "--redis-url"])
+        .arg(with_password("right-secret-8731"))
+        .args(["--name", "auth", "-v", "true"]));
+    assert_status(&output, 0);
+    assert!(
+        !stderr(&output).contains("right-secret"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[test]
+fn an_unreachable_server_or_one_that_is_not_redis_exits_69_quickly() {
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let chatty = TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_url = format!("redis://{}", silent.local_addr().unwrap());
+    let chatty_url = format!("redis://{}", chatty.local_addr().unwrap());
+    // Accepts and never answers.
+    thread::spawn(move || {
+        let kept: Vec<_> = silent.incoming().collect();
+        drop(kept);
+    });
+    // Answers like a web server.
+    thread::spawn(move || {
+        for mut stream in chatty.incoming().flatten() {
+            let _ = stream.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n");
+        }
+    });
+    for url in [
+        format!("redis://127.0.0.1:{}", free_port()),
+        silent_url,
+        chatty_url,
+    ] {
+        let started = Instant::now();
+        let output = run(lockrun()
+            .args(["--backend", "redis", "--redis-url", &url])
+            .args(["--name", "x", "true"]));
+        assert_status(&output, 69);
+        assert_eq!(stderr(&output).lines().count(), 1, "{}", stderr(&output));
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{url}: took {:?}",
+            started.elapsed()
+        );
+    }
+}
+
+#[test]
+fn keys_start_with_the_prefix() {
+    let Some((store, server)) = redis(&[]) else {
+        return;
+    };
+    let scratch = Scratch::new();
+    let holder = holder(&store, &scratch, "prefixed", &["--prefix", "myapp"]);
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query(&mut server.client())
+        .unwrap();
+    assert!(!keys.is_empty());
+    for key in &keys {
+        assert!(key.starts_with("myapp:{prefixed}:"), "{keys:?}");
+    }
+    let shown = |prefix: &str| stdout(&run(store.status().args(["--prefix", prefix, "--json"])));
+    assert!(shown("myapp").contains("prefixed"));
+    assert_eq!(shown("lockrun").trim(), "[]");
+    fs::write(scratch.path("release"), "").unwrap();
+    stderr_of(holder);
+}
+
+#[test]
+fn verbose_warns_when_the_server_may_evict_lock_keys() {
+    let Some((store, server)) = redis(&[]) else {
+        return;
+    };
+    let output = run(store.lockrun().args(["--name", "evict", "-v", "true"]));
+    assert!(!stderr(&output).contains("maxmemory-policy"));
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("allkeys-lru")
+        .query(&mut server.client())
+        .unwrap();
+    let output = run(store.lockrun().args(["--name", "evict", "-v", "true"]));
+    assert_status(&output, 0);
+    assert!(
+        stderr(&output).contains("maxmemory-policy allkeys-lru"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+/// A CA and a server certificate for localhost, as PEM files in `dir`.
+fn write_certificates(dir: &std::path::Path) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(vec!["localhost".to_owned()])
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
+    fs::write(dir.join("server.pem"), cert.pem()).unwrap();
+    fs::write(dir.join("server.key"), key.serialize_pem()).unwrap();
+}
+
+#[test]
+fn rediss_connects_with_tls_and_refuses_an_unknown_certificate() {
+    let scratch = Scratch::new();
+    write_certificates(scratch.dir());
+    let tls_port = free_port().to_string();
+    let file = |name: &str| scratch.path(name).display().to_string();
+    let (server_pem, server_key, ca_pem) = (file("server.pem"), file("server.key"), file("ca.pem"));
+    let Some((_, _server)) = redis(&[
+        "--tls-port",
+        &tls_port,
+        "--tls-cert-file",
+        &server_pem,
+        "--tls-key-file",
+        &server_key,
+        "--tls-auth-clients",
+        "no",
+    ]) else {
+        return;
+    };
+    let url = format!("rediss://localhost:{tls_port}");
+    let mut command = lockrun();
+    command
+        .args(["--backend", "redis", "--redis-url", &url])
+        .args(["--name", "tls", "--", "sh", "-c", "echo $LOCKRUN_FENCE"]);
+    // rustls reads the trusted roots from the system, which SSL_CERT_FILE replaces.
+    let output = run(command.env("SSL_CERT_FILE", &ca_pem));
+    assert_status(&output, 0);
+    assert!(stdout(&output).trim().parse::<u64>().is_ok());
+    let output = run(command.env("SSL_CERT_FILE", &server_pem));
+    assert_status(&output, 69);
+    assert!(
+        stderr(&output).contains("certificate"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[test]
+fn release_force_breaks_the_lease_and_its_holder_stops() {
+    let Some((store, _server)) = redis(&[]) else {
+        return;
+    };
+    let scratch = Scratch::new();
+    let mut holder = holder(&store, &scratch, "broken", &["--ttl", "0.6"]);
+    let output = run(lockrun()
+        .arg("release")
+        .args(store.args())
+        .args(["broken", "--force"]));
+    assert_status(&output, 0);
+    assert!(
+        stdout(&output).contains(&format!("released broken slot 0 (pid {}", holder.id())),
+        "{}",
+        stdout(&output)
+    );
+    assert_status(
+        &run(store.lockrun().args(["--name", "broken", "-n", "true"])),
+        0,
+    );
+    assert_eq!(
+        wait(&mut holder).code(),
+        Some(76),
+        "the next renewal finds the lease gone"
+    );
+    let output = run(lockrun()
+        .arg("release")
+        .args(store.args())
+        .args(["broken", "--force"]));
+    assert!(stdout(&output).contains("nothing to release"));
+}

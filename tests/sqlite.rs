@@ -1,0 +1,398 @@
+//! The SQLite backend's own guarantees (SPEC §4): leases that are renewed and
+//! lost, same-host reclaim, quick handoff, and files that are not lockrun's.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+
+use crate::core::hold;
+use crate::support::*;
+
+crate::backend_tests!(sqlite_backend, Store::sqlite());
+
+/// `lockrun [SUBCOMMAND] --backend sqlite --db PATH ARGS`.
+fn on_db(subcommand: &[&str], path: &Path, args: &[&str]) -> Command {
+    let mut command = lockrun();
+    command
+        .args(subcommand)
+        .args(["--backend", "sqlite", "--db"])
+        .arg(path)
+        .args(args);
+    command
+}
+
+/// The `expires_at` that `status --json` shows for the one holder of `name` (fixed-width
+/// RFC 3339, so later times compare greater as text).
+fn expires_at(store: &Store, name: &str) -> String {
+    let output = run(store.status().args([name, "--json"]));
+    let holders: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    holders[0]["expires_at"]
+        .as_str()
+        .unwrap_or_else(|| panic!("an RFC 3339 expiry: {holders}"))
+        .to_owned()
+}
+
+#[test]
+fn renewal_keeps_a_short_lease_through_a_longer_command() {
+    let store = Store::sqlite();
+    let scratch = Scratch::new();
+    let mut holder = hold(&store, &scratch, "renewed", &["--ttl", "1"]);
+    let started = Instant::now();
+    let first_expiry = expires_at(&store, "renewed");
+    // Three TTLs: without renewals the lease would have lapsed twice over.
+    while started.elapsed() < Duration::from_secs(3) {
+        let output = run(store.lockrun().args(["--name", "renewed", "-n", "true"]));
+        assert_status(&output, 75);
+        thread::sleep(Duration::from_millis(100));
+    }
+    let last_expiry = expires_at(&store, "renewed");
+    assert!(
+        last_expiry > first_expiry,
+        "status shows the lease moving on: {first_expiry} then {last_expiry}"
+    );
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(
+        wait(&mut holder).code(),
+        Some(0),
+        "the holder kept its lease"
+    );
+}
+
+#[test]
+fn a_frozen_holder_loses_its_slot_and_stops_its_command_on_waking() {
+    let store = Store::sqlite();
+    let scratch = Scratch::new();
+    let script = format!(
+        "echo $$ > '{ready}.tmp' && mv '{ready}.tmp' '{ready}'; while :; do sleep 0.02; done",
+        ready = scratch.path("ready").display(),
+    );
+    // lockrun alone in its process group: SIGSTOP freezes it, not its command.
+    let holder = store
+        .lockrun()
+        .args(["--name", "frozen", "--ttl", "1.5", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let command = read_pid(&scratch.path("ready"));
+    let group = Pid::from_raw(holder.id().cast_signed());
+    killpg(group, Signal::SIGSTOP).unwrap();
+    let frozen = Instant::now();
+
+    let output = run(store
+        .lockrun()
+        .args(["--name", "frozen", "-w", "10", "true"]));
+    assert_status(&output, 0);
+    assert!(
+        frozen.elapsed() < Duration::from_secs(3),
+        "the waiter got the slot once the lease expired, while the holder was still frozen"
+    );
+    thread::sleep(Duration::from_secs(3).saturating_sub(frozen.elapsed()));
+    assert!(
+        process_exists(command),
+        "the command ran on while lockrun was frozen"
+    );
+
+    killpg(group, Signal::SIGCONT).unwrap();
+    let output = finish(holder);
+    assert_status(&output, 76);
+    assert!(stderr(&output).contains("lease"), "{}", stderr(&output));
+    assert!(
+        !process_exists(command),
+        "the command was stopped on waking"
+    );
+}
+
+#[test]
+fn a_killed_holder_frees_its_slot_long_before_its_ttl() {
+    let store = Store::sqlite();
+    let scratch = Scratch::new();
+    let mut holder = hold(&store, &scratch, "crashed", &["--ttl", "60"]);
+    let command = read_pid(&scratch.path("ready"));
+    let mut waiter = store
+        .lockrun()
+        .args(["--name", "crashed", "-v", "--initial-delay", "5", "--"])
+        .arg("touch")
+        .arg(scratch.path("got"))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_stderr(&mut waiter, "waiting");
+    killpg(Pid::from_raw(command), Signal::SIGKILL).unwrap();
+    holder.kill().unwrap();
+    let killed = Instant::now();
+    // lockrun stays a zombie until reaped: it is dead all the same.
+    assert_eq!(wait(&mut waiter).code(), Some(0));
+    assert!(
+        killed.elapsed() < Duration::from_secs(2),
+        "the slot was reclaimed at once, not after the 60 s TTL nor the 5 s backoff step ({:?})",
+        killed.elapsed()
+    );
+    holder.wait().unwrap();
+}
+
+#[test]
+fn a_freed_slot_is_taken_at_once_not_after_the_backoff_step() {
+    let store = Store::sqlite();
+    let scratch = Scratch::new();
+    let mut holder = hold(&store, &scratch, "handoff", &[]);
+    // The first backoff step is at least 2.5 s (5 s x 0.5 jitter).
+    let mut waiter = store
+        .lockrun()
+        .args(["--name", "handoff", "-v", "--initial-delay", "5", "--"])
+        .arg("touch")
+        .arg(scratch.path("got"))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_stderr(&mut waiter, "waiting");
+    fs::write(scratch.path("release"), "").unwrap();
+    let released = Instant::now();
+    wait_for_file(&scratch.path("got"));
+    assert!(
+        released.elapsed() < Duration::from_secs(2),
+        "the waiter noticed the change before its backoff step ({:?})",
+        released.elapsed()
+    );
+    assert_eq!(wait(&mut holder).code(), Some(0));
+    assert_eq!(wait(&mut waiter).code(), Some(0));
+}
+
+#[test]
+fn release_force_breaks_a_live_lease_and_its_command_is_stopped() {
+    let store = Store::sqlite();
+    let scratch = Scratch::new();
+    // Renewed every 3 s: that is when the holder learns its lease is gone.
+    let mut holder = hold(&store, &scratch, "broken", &["--ttl", "9"]);
+    let command = read_pid(&scratch.path("ready"));
+    let mut waiter = store
+        .lockrun()
+        .args(["--name", "broken", "-v", "--initial-delay", "5", "--"])
+        .arg("touch")
+        .arg(scratch.path("got"))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_stderr(&mut waiter, "waiting");
+
+    let mut release = lockrun();
+    release
+        .arg("release")
+        .args(store.args())
+        .args(["broken", "--force"]);
+    let output = run(&mut release);
+    let broken = Instant::now();
+    assert_status(&output, 0);
+    assert!(
+        stdout(&output).contains(&format!("released broken slot 0 (pid {}", holder.id())),
+        "{}",
+        stdout(&output)
+    );
+    // The holder is alive, so only the database's change can have woken the waiter this soon.
+    wait_for_file(&scratch.path("got"));
+    assert!(
+        broken.elapsed() < Duration::from_secs(2) && holder.try_wait().unwrap().is_none(),
+        "the waiter took the broken slot at once ({:?})",
+        broken.elapsed()
+    );
+    assert_eq!(wait(&mut waiter).code(), Some(0));
+
+    let output = finish(holder);
+    assert_status(&output, 76);
+    assert!(stderr(&output).contains("lease"), "{}", stderr(&output));
+    assert!(!process_exists(command), "the command was stopped");
+}
+
+#[test]
+fn files_that_are_not_lockrun_databases_are_refused_untouched() {
+    let scratch = Scratch::new();
+    let random: Vec<u8> = (0..4096u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    fs::write(scratch.path("random"), &random).unwrap();
+    fs::write(scratch.path("text"), "just some notes\n").unwrap();
+    let foreign = rusqlite::Connection::open(scratch.path("foreign")).unwrap();
+    foreign
+        .execute_batch(
+            "PRAGMA journal_mode = WAL; CREATE TABLE users (name TEXT);
+             INSERT INTO users VALUES ('ann');",
+        )
+        .unwrap();
+    drop(foreign);
+    // A lockrun database whose first page, past the header, was overwritten.
+    let damaged = scratch.path("damaged");
+    assert_status(&run(&mut on_db(&[], &damaged, &["--name", "x", "true"])), 0);
+    let mut bytes = fs::read(&damaged).unwrap();
+    bytes[100..4096].fill(0xa5);
+    fs::write(&damaged, &bytes).unwrap();
+
+    for (name, says) in [
+        ("random", "not an SQLite file"),
+        ("text", "not an SQLite file"),
+        ("foreign", "another program's SQLite database"),
+        ("damaged", "damaged"),
+    ] {
+        let path = scratch.path(name);
+        let before = fs::read(&path).unwrap();
+        for mut command in [
+            on_db(&[], &path, &["--name", "x", "true"]),
+            on_db(&["status"], &path, &[]),
+        ] {
+            let output = run(&mut command);
+            assert_status(&output, 69);
+            let err = stderr(&output);
+            assert!(
+                err.lines().count() == 1 && err.contains(says),
+                "{name}: {err}"
+            );
+        }
+        assert_eq!(
+            fs::read(&path).unwrap(),
+            before,
+            "{name} is byte-for-byte untouched"
+        );
+    }
+    let mut files: Vec<_> = fs::read_dir(scratch.dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    files.sort();
+    assert_eq!(
+        files,
+        ["damaged", "foreign", "random", "text"],
+        "no journal or WAL file appeared beside a foreign file"
+    );
+}
+
+#[test]
+fn a_locked_database_gives_69_within_a_bounded_time() {
+    let scratch = Scratch::new();
+    let db = scratch.path("locks.sqlite3");
+    assert_status(&run(&mut on_db(&[], &db, &["--name", "x", "true"])), 0);
+    let locker = rusqlite::Connection::open(&db).unwrap();
+    locker.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    for mut command in [
+        on_db(&[], &db, &["--name", "x", "-w", "1", "true"]),
+        on_db(&["status"], &db, &[]),
+        on_db(&["release"], &db, &["x", "--force"]),
+    ] {
+        let started = Instant::now();
+        let output = run(&mut command);
+        assert_status(&output, 69);
+        assert!(stderr(&output).contains("locked"), "{}", stderr(&output));
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "gave up after the busy timeout ({:?})",
+            started.elapsed()
+        );
+    }
+    drop(locker);
+    assert_status(
+        &run(&mut on_db(&[], &db, &["--name", "x", "-n", "true"])),
+        0,
+    );
+}
+
+#[test]
+fn a_read_only_database_gives_69() {
+    let scratch = Scratch::new();
+    let db = scratch.path("locks.sqlite3");
+    assert_status(&run(&mut on_db(&[], &db, &["--name", "x", "true"])), 0);
+    let Some(_read_only) = ReadOnly::make(&db) else {
+        eprintln!("skipped: cannot make a file read-only for root here (no chattr +i)");
+        return;
+    };
+    for mut command in [
+        on_db(&[], &db, &["--name", "x", "true"]),
+        on_db(&["release"], &db, &["x", "--force"]),
+    ] {
+        let output = run(&mut command);
+        assert_status(&output, 69);
+        assert!(stderr(&output).contains("read-only"), "{}", stderr(&output));
+    }
+}
+
+/// A file made read-only for this process: by its mode, or for root (whom modes do
+/// not stop) with the immutable attribute, removed again on drop.
+struct ReadOnly<'a>(&'a Path);
+
+impl<'a> ReadOnly<'a> {
+    fn make(path: &'a Path) -> Option<Self> {
+        if !nix::unistd::geteuid().is_root() {
+            fs::set_permissions(path, fs::Permissions::from_mode(0o444)).unwrap();
+            return Some(Self(path));
+        }
+        let status = Command::new("chattr").arg("+i").arg(path).status();
+        status.is_ok_and(|s| s.success()).then_some(Self(path))
+    }
+}
+
+impl Drop for ReadOnly<'_> {
+    fn drop(&mut self) {
+        if nix::unistd::geteuid().is_root() {
+            let _ = Command::new("chattr").arg("-i").arg(self.0).status();
+        }
+    }
+}
+
+#[test]
+fn the_default_database_is_created_in_the_state_directory() {
+    let scratch = Scratch::new();
+    let state = scratch.path("state");
+    let output = run(lockrun().env("XDG_STATE_HOME", &state).args([
+        "--backend",
+        "sqlite",
+        "--name",
+        "x",
+        "true",
+    ]));
+    assert_status(&output, 0);
+    assert!(state.join("lockrun/locks.sqlite3").is_file());
+    let mode = fs::metadata(state.join("lockrun"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o700, "the directory is private");
+}
+
+#[test]
+fn a_holder_that_cannot_renew_gets_sigterm_before_its_lease_ends() {
+    let store = Store::sqlite();
+    let scratch = Scratch::new();
+    let script = format!(
+        "trap 'echo term >> {log}' TERM; touch {ready}; while :; do sleep 0.02; done",
+        log = scratch.path("log").display(),
+        ready = scratch.path("ready").display(),
+    );
+    let holder = store
+        .lockrun()
+        .args(["--name", "stuck", "--ttl", "1.2", "--kill-grace", "0.05"])
+        .args(["-c", &script])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_file(&scratch.path("ready"));
+    let db = store.args().last().unwrap();
+    let locker = rusqlite::Connection::open(db).unwrap();
+    locker.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    let output = finish(holder);
+    assert_status(&output, 76);
+    assert!(
+        stderr(&output).contains("no renewal was confirmed in time"),
+        "{}",
+        stderr(&output)
+    );
+    assert_eq!(
+        scratch.lines("log"),
+        ["term"],
+        "SIGTERM came --kill-grace before the lease ended, SIGKILL after"
+    );
+}

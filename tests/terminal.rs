@@ -1,0 +1,78 @@
+//! lockrun in the foreground of an interactive terminal (SPEC §3): the command
+//! can read the terminal, a Ctrl-C reaches it exactly once, Ctrl-Z and `fg` work.
+
+use crate::support::pty::Shell;
+use crate::support::*;
+
+#[test]
+fn ctrl_c_reaches_the_command_once() {
+    let scratch = Scratch::new();
+    let mut shell = Shell::bash();
+    let script = format!(
+        "trap \"echo INT >> {log}; exit 5\" INT; touch {ready}; while :; do sleep 0.02; done",
+        log = scratch.path("log").display(),
+        ready = scratch.path("ready").display(),
+    );
+    start(&mut shell, &scratch, &script, "; echo \"exit=$?\"");
+    shell.send("\x03");
+    shell.wait_for("exit=5");
+    assert_eq!(
+        scratch.lines("log"),
+        ["INT"],
+        "one SIGINT, from the kernel, none forwarded"
+    );
+}
+
+#[test]
+fn the_command_reads_the_terminal_and_survives_ctrl_z_and_fg() {
+    let scratch = Scratch::new();
+    let mut shell = Shell::bash();
+    let script = reads_a_line(&scratch);
+    // No `; echo` after it: a stopped job ends a command list in bash.
+    start(&mut shell, &scratch, &script, "");
+    shell.send("\x1a");
+    shell.wait_for("Stopped");
+    bring_to_foreground_and_type(&mut shell, &scratch);
+    shell.send("echo \"exit=$?\"\n");
+    shell.wait_for("exit=0");
+}
+
+/// Types a lockrun command line running `script` (which touches `ready`), then waits for `ready`.
+fn start(shell: &mut Shell, scratch: &Scratch, script: &str, rest_of_line: &str) {
+    let dir = scratch.path("locks");
+    shell.send(&format!(
+        "lockrun --dir {} --name tty -c '{script}'{rest_of_line}\n",
+        dir.display()
+    ));
+    wait_for_file(&scratch.path("ready"));
+}
+
+#[test]
+fn a_background_command_that_reads_the_terminal_waits_for_fg() {
+    let scratch = Scratch::new();
+    let mut shell = Shell::bash();
+    let script = reads_a_line(&scratch);
+    start(&mut shell, &scratch, &script, " &");
+    // The command's terminal read stops it, and lockrun with it: the shell reports the job stopped.
+    shell.send("\n");
+    shell.wait_for("Stopped");
+    bring_to_foreground_and_type(&mut shell, &scratch);
+}
+
+/// A command that says it is ready, then reads a line from the terminal into `out`.
+fn reads_a_line(scratch: &Scratch) -> String {
+    format!(
+        "touch {ready}; read line; echo \"got:$line\" > {out}",
+        ready = scratch.path("ready").display(),
+        out = scratch.path("out").display(),
+    )
+}
+
+/// `fg`, then a line for the command, which must read it.
+fn bring_to_foreground_and_type(shell: &mut Shell, scratch: &Scratch) {
+    shell.send("fg\n");
+    shell.send("typed after fg\n");
+    wait_until("the command to read the line", || {
+        std::fs::read_to_string(scratch.path("out")).is_ok_and(|out| out == "got:typed after fg\n")
+    });
+}
