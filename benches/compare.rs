@@ -472,7 +472,8 @@ impl Bench {
         };
         let per_run: Vec<String> = after
             .iter()
-            .filter(|(command, _)| command.as_str() != "info")
+            // INFO and PING are the benchmark's own.
+            .filter(|(command, _)| !matches!(command.as_str(), "info" | "ping"))
             .filter_map(|(command, calls)| {
                 let delta = calls - before.get(command).copied().unwrap_or(0);
                 // Runs include the warm-up, hence the division by the runs actually made.
