@@ -48,7 +48,7 @@ backend_tests!(file_backend, Store::file());
 backend_tests!(redis_backend, Store::redis());
 
 /// A command that holds the lock until `release` appears, after writing `ready`.
-pub fn hold(store: &Store, scratch: &Scratch, name: &str, extra: &[&str]) -> std::process::Child {
+pub fn hold(store: &Store, scratch: &Scratch, name: &str, extra: &[&str]) -> Running {
     hold_after(store, scratch, name, extra, "")
 }
 
@@ -59,7 +59,7 @@ pub fn hold_after(
     name: &str,
     extra: &[&str],
     first: &str,
-) -> std::process::Child {
+) -> Running {
     let script = format!(
         "{first}echo $$ > '{ready}.tmp' && mv '{ready}.tmp' '{ready}'; while [ ! -e '{release}' ]; do sleep 0.02; done",
         ready = scratch.path("ready").display(),
@@ -72,8 +72,7 @@ pub fn hold_after(
         .args(["-c", &script])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn holder");
+        .start();
     wait_for_file(&scratch.path("ready"));
     child
 }
@@ -302,7 +301,7 @@ pub fn signal_reaches_command_once(store: &Store) {
         command
             .args(["--name", &name, "-c", &script])
             .process_group(0);
-        let mut lockrun = command.spawn().unwrap();
+        let mut lockrun = command.start();
         wait_for_file(&scratch.path("ready"));
         let pid = nix::unistd::Pid::from_raw(lockrun.id().cast_signed());
         if to_group {
@@ -388,8 +387,7 @@ pub fn min_hold_keeps_the_slot(store: &Store) {
         .lockrun()
         .args(["--name", "minhold", "--min-hold", "1.5", "--", "touch"])
         .arg(&marker)
-        .spawn()
-        .unwrap();
+        .start();
     wait_for_file(&marker);
     let started = std::time::Instant::now();
     assert_status(

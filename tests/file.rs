@@ -165,8 +165,7 @@ fn a_single_slot_waiter_wakes_when_the_holder_exits() {
         .arg("touch")
         .arg(&marker)
         .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .start();
     wait_for_stderr(&mut waiter, "waiting for handoff");
     fs::write(scratch.path("release"), "").unwrap();
     assert_eq!(wait(&mut holder).code(), Some(0));

@@ -3,7 +3,7 @@
 
 use std::fs::{self, File};
 use std::io::Read;
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -14,7 +14,7 @@ use crate::core::hold;
 use crate::support::*;
 
 /// Lets the test go on: the holder started by `hold` exits.
-fn let_go(scratch: &Scratch, mut holder: Child) {
+fn let_go(scratch: &Scratch, mut holder: Running) {
     fs::write(scratch.path("release"), "").unwrap();
     assert_eq!(wait(&mut holder).code(), Some(0));
 }
@@ -156,7 +156,7 @@ fn waiter(store: &Store, name: &str, args: &[&str]) -> std::process::Command {
 
 #[test]
 fn a_wait_on_a_terminal_shows_one_self_updating_line() {
-    use nix::pty::{Winsize, openpty};
+    use nix::pty::Winsize;
 
     let store = Store::file();
     let scratch = Scratch::new();
@@ -167,7 +167,7 @@ fn a_wait_on_a_terminal_shows_one_self_updating_line() {
         ws_xpixel: 0,
         ws_ypixel: 0,
     };
-    let pty = openpty(Some(&size), None).expect("a pseudo-terminal");
+    let pty = crate::support::pty::open(Some(&size));
     // Retry steps of 20 s: every redraw comes from the live line, not from a backoff step.
     let mut command = waiter(
         &store,
@@ -184,7 +184,7 @@ fn a_wait_on_a_terminal_shows_one_self_updating_line() {
     );
     command.stderr(Stdio::from(pty.slave));
     let spawned = Instant::now();
-    let mut lockrun = command.spawn().unwrap();
+    let mut lockrun = command.start();
     drop(command); // our copy of the terminal's slave side: the reader sees EOF once lockrun is done
     let (sender, receiver) = mpsc::channel();
     let mut master = File::from(pty.master);

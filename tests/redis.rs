@@ -5,7 +5,7 @@ use std::fs;
 use std::io::Write;
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -41,7 +41,7 @@ fn nanos(path: &std::path::Path) -> i128 {
 
 /// A holder whose command records its pid in `ready`, loops until `release`
 /// appears, and on SIGTERM records the time in `stopped` and exits.
-fn holder(store: &Store, scratch: &Scratch, name: &str, extra: &[&str]) -> Child {
+fn holder(store: &Store, scratch: &Scratch, name: &str, extra: &[&str]) -> Running {
     let script = format!(
         "trap 'date +%s%N > {stopped}; exit 1' TERM; echo $LOCKRUN_FENCE > {fence}; echo $$ > {ready}.tmp; mv {ready}.tmp {ready}; while [ ! -e {release} ]; do sleep 0.02; done",
         stopped = scratch.path("stopped").display(),
@@ -57,14 +57,13 @@ fn holder(store: &Store, scratch: &Scratch, name: &str, extra: &[&str]) -> Child
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .process_group(0);
-    let child = command.spawn().expect("spawn holder");
+    let child = command.start();
     wait_for_file(&scratch.path("ready"));
     child
 }
 
-fn stderr_of(child: Child) -> String {
-    let output = child.wait_with_output().expect("holder output");
-    String::from_utf8_lossy(&output.stderr).into_owned()
+fn stderr_of(child: Running) -> String {
+    stderr(&finish(child))
 }
 
 #[test]
@@ -132,16 +131,14 @@ fn a_waiter_starts_as_soon_as_the_holder_ends_without_polling() {
     let mut first = store
         .lockrun()
         .args(["--name", "handoff", "-c", &script])
-        .spawn()
-        .unwrap();
+        .start();
     wait_for_file(&scratch.path("ready"));
     // The default --initial-delay of 1s: polling would start it 0.5 to 1.5 s late.
     let started = format!("date +%s%N > {}", scratch.path("start").display());
     let mut second = store
         .lockrun()
         .args(["--name", "handoff", "-w", "60", "-c", &started])
-        .spawn()
-        .unwrap();
+        .start();
     let mut client = server.client();
     wait_until("the waiter to block in BLPOP", || {
         info_field(&mut client, "clients", "blocked_clients") == 1

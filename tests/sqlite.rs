@@ -80,8 +80,7 @@ fn a_frozen_holder_loses_its_slot_and_stops_its_command_on_waking() {
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .process_group(0)
-        .spawn()
-        .unwrap();
+        .start();
     let command = read_pid(&scratch.path("ready"));
     let group = Pid::from_raw(holder.id().cast_signed());
     killpg(group, Signal::SIGSTOP).unwrap();
@@ -123,8 +122,7 @@ fn a_killed_holder_frees_its_slot_long_before_its_ttl() {
         .arg("touch")
         .arg(scratch.path("got"))
         .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .start();
     wait_for_stderr(&mut waiter, "waiting");
     killpg(Pid::from_raw(command), Signal::SIGKILL).unwrap();
     holder.kill().unwrap();
@@ -151,8 +149,7 @@ fn a_freed_slot_is_taken_at_once_not_after_the_backoff_step() {
         .arg("touch")
         .arg(scratch.path("got"))
         .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .start();
     wait_for_stderr(&mut waiter, "waiting");
     fs::write(scratch.path("release"), "").unwrap();
     let released = Instant::now();
@@ -179,8 +176,7 @@ fn release_force_breaks_a_live_lease_and_its_command_is_stopped() {
         .arg("touch")
         .arg(scratch.path("got"))
         .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .start();
     wait_for_stderr(&mut waiter, "waiting");
 
     let mut release = lockrun();
@@ -377,8 +373,7 @@ fn a_holder_that_cannot_renew_gets_sigterm_before_its_lease_ends() {
         .args(["--name", "stuck", "--ttl", "1.2", "--kill-grace", "0.05"])
         .args(["-c", &script])
         .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .start();
     wait_for_file(&scratch.path("ready"));
     let db = store.args().last().unwrap();
     let locker = rusqlite::Connection::open(db).unwrap();

@@ -16,10 +16,9 @@ fn stdin_and_stdout_belong_to_the_command() {
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .start();
     child.stdin.take().unwrap().write_all(b"hello\n").unwrap();
-    let output = child.wait_with_output().unwrap();
+    let output = finish(child);
     assert_eq!(
         output.stdout, b"HELLO\n",
         "nothing but the command's output on stdout"
@@ -44,8 +43,7 @@ fn a_second_sigterm_stops_the_whole_tree() {
     let mut lockrun = store
         .lockrun()
         .args(["--name", "twice", "--kill-grace", "0.5", "-c", &script])
-        .spawn()
-        .unwrap();
+        .start();
     wait_for_file(&scratch.path("ready"));
     signal(lockrun.id(), Signal::SIGTERM);
     wait_until("the first SIGTERM to reach the command", || {
@@ -121,9 +119,8 @@ fn signals_the_parent_ignored_stay_ignored() {
         log = scratch.path("log").display(),
         ready = scratch.path("ready").display(),
     );
-    let mut lockrun = lockrun_after(&store, "trap '' INT", &["--name", "ignored", "-c", &script])
-        .spawn()
-        .unwrap();
+    let mut lockrun =
+        lockrun_after(&store, "trap '' INT", &["--name", "ignored", "-c", &script]).start();
     wait_for_file(&scratch.path("ready"));
     // Two SIGINTs would stop the command's tree if lockrun listened to them.
     signal(lockrun.id(), Signal::SIGINT);
@@ -159,8 +156,7 @@ fn a_forwarded_signal_continues_a_stopped_command() {
     let mut lockrun = store
         .lockrun()
         .args(["--name", "stopped", "-c", &script])
-        .spawn()
-        .unwrap();
+        .start();
     let command = read_pid(&scratch.path("ready"));
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(command), Signal::SIGSTOP).unwrap();
     wait_until("the command to stop", || {
@@ -186,8 +182,7 @@ fn sigtstp_stops_the_command_before_lockrun() {
     let mut lockrun = store
         .lockrun()
         .args(["--name", "tstp", "-c", &script])
-        .spawn()
-        .unwrap();
+        .start();
     let command = read_pid(&scratch.path("ready"));
     signal(lockrun.id(), Signal::SIGTSTP);
     let lockrun_pid = lockrun.id().cast_signed();

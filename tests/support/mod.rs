@@ -278,6 +278,44 @@ pub fn lockrun() -> Command {
     command
 }
 
+/// A process a test started. If the test ends without waiting for it (a failed
+/// assertion), it is killed, so no lockrun outlives its test holding a lock:
+/// SIGKILL ends lockrun, and lockrun's watchdog ends the command's group.
+pub struct Running(Child);
+
+impl std::ops::Deref for Running {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Running {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// `Command::spawn` for tests: the process is killed if the test forgets it.
+pub trait Start {
+    fn start(&mut self) -> Running;
+}
+
+impl Start for Command {
+    fn start(&mut self) -> Running {
+        Running(self.spawn().expect("spawn a test process"))
+    }
+}
+
 /// A scratch directory for markers and logs the commands write.
 pub struct Scratch(TempDir);
 
@@ -343,7 +381,7 @@ pub fn wait(child: &mut Child) -> ExitStatus {
 }
 
 /// Waits for a spawned child within `PATIENCE` and collects what it wrote to its piped stdout/stderr.
-pub fn finish(mut child: Child) -> Output {
+pub fn finish(mut child: Running) -> Output {
     let status = wait(&mut child);
     let mut output = Output {
         status,

@@ -11,6 +11,17 @@ use std::thread;
 
 use super::PATIENCE;
 
+/// A new pseudo-terminal whose two sides are not inherited by processes that
+/// other tests start meanwhile (openpty(3) leaves them open across exec).
+pub fn open(size: Option<&nix::pty::Winsize>) -> nix::pty::OpenptyResult {
+    use nix::fcntl::{FcntlArg, FdFlag, fcntl};
+    let pty = nix::pty::openpty(size, None).expect("a pseudo-terminal");
+    for fd in [&pty.master, &pty.slave] {
+        fcntl(fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC)).expect("close-on-exec");
+    }
+    pty
+}
+
 pub struct Shell {
     master: File,
     child: Child,
@@ -20,7 +31,7 @@ pub struct Shell {
 impl Shell {
     /// `bash -i` as the session leader of a new terminal, with `dir` holding lockrun's locks.
     pub fn bash() -> Self {
-        let pty = nix::pty::openpty(None, None).expect("openpty");
+        let pty = open(None);
         let slave = |fd: &OwnedFd| Stdio::from(fd.try_clone().expect("dup pty slave"));
         let mut command = Command::new("bash");
         command
