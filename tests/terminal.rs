@@ -53,9 +53,9 @@ fn a_background_command_that_reads_the_terminal_waits_for_fg() {
     let mut shell = Shell::bash();
     let script = reads_a_line(&scratch);
     start(&mut shell, &scratch, &script, " &");
-    // The command's terminal read stops it, and lockrun with it: the shell reports the job stopped.
-    shell.send("\n");
-    shell.wait_for("Stopped");
+    // The command's terminal read stops it, and lockrun with it: the shell reports the job
+    // stopped before its next prompt, so press Enter until it does.
+    shell.enter_until("Stopped");
     bring_to_foreground_and_type(&mut shell, &scratch);
 }
 

@@ -100,6 +100,20 @@ impl Shell {
         String::from_utf8_lossy(&self.screen.lock().expect("screen lock")).into_owned()
     }
 
+    /// Presses Enter every 50 ms until `needle` has appeared on the screen.
+    pub fn enter_until(&mut self, needle: &str) {
+        let started = std::time::Instant::now();
+        while !self.screen().contains(needle) {
+            assert!(
+                started.elapsed() < PATIENCE,
+                "no {needle:?} on the terminal within {PATIENCE:?}:\n{}",
+                self.screen()
+            );
+            self.send("\n");
+            thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
     /// Waits until `needle` has appeared on the screen.
     pub fn wait_for(&self, needle: &str) {
         let started = std::time::Instant::now();
