@@ -19,7 +19,6 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::libc;
-use nix::sys::wait::waitpid;
 use nix::unistd::{Pid, pipe2, write};
 
 use crate::error::{Error, Result};
@@ -34,13 +33,12 @@ struct Orders {
     group: libc::pid_t,
 }
 
+/// The watchdog's stack and orders are never freed: lockrun does not wait for it
+/// to exit (that wait would delay the release for the next holder), so they stay
+/// until lockrun itself exits, shortly after, and the kernel reaps the watchdog.
 pub struct Watchdog {
-    pid: Pid,
     /// Closing it without writing is what tells the watchdog lockrun is gone.
     dismiss: OwnedFd,
-    /// The watchdog's stack and orders: freed once it has exited, leaked otherwise.
-    stack: *mut [u8],
-    orders: *mut Orders,
 }
 
 impl Watchdog {
@@ -55,7 +53,7 @@ impl Watchdog {
         }));
         let stack = Box::into_raw(vec![0u8; STACK].into_boxed_slice());
         // SAFETY: the stack and the orders stay allocated for as long as the watchdog
-        // may run (`dismiss` frees them only after waiting for it); it uses nothing else.
+        // may run (they are freed only if it did not start); it uses nothing else.
         let pid = unsafe {
             let top = stack.cast::<u8>().add(STACK);
             let top = top.sub(top as usize % 16);
@@ -70,12 +68,7 @@ impl Watchdog {
         // The watchdog has its own copy; lockrun's must go, or the pipe would not close with lockrun.
         drop(wait_end);
         match started {
-            Ok(pid) => Ok(Self {
-                pid: Pid::from_raw(pid),
-                dismiss,
-                stack,
-                orders,
-            }),
+            Ok(_) => Ok(Self { dismiss }),
             Err(err) => {
                 // SAFETY: no watchdog was started, so nothing else uses them.
                 unsafe {
@@ -90,14 +83,6 @@ impl Watchdog {
     /// The command's group is gone: the watchdog exits without killing anything.
     pub fn dismiss(self) {
         let _ = write(&self.dismiss, b"x");
-        drop(self.dismiss);
-        if waitpid(self.pid, None).is_ok() {
-            // SAFETY: the watchdog has exited: nothing uses its stack and orders any more.
-            unsafe {
-                drop(Box::from_raw(self.stack));
-                drop(Box::from_raw(self.orders));
-            }
-        }
     }
 }
 
