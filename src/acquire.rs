@@ -18,39 +18,26 @@ pub struct Policy {
     pub conflict_exit_code: u8,
 }
 
-pub struct Taken {
-    pub acquired: Acquired,
-    /// When the successful attempt was sent: a lease runs from no earlier than this.
-    pub attempt_sent: Moment,
-    pub waited: Duration,
-}
-
 pub fn acquire(
     backend: &mut dyn Backend,
     request: &Request,
     policy: &Policy,
     reporter: &Reporter,
-) -> Result<Taken> {
+) -> Result<Acquired> {
     let started = Moment::now();
     let mut progress = Progress::new(reporter.speaks_to_people(), request.name.as_str(), started);
     let outcome = wait_for_slot(backend, request, policy, reporter, &mut progress, started);
     // The live line goes before anything else is said about the outcome.
     progress.finish();
-    let (acquired, attempt_sent) = outcome?;
-    let waited = Moment::now() - started;
+    let acquired = outcome?;
     reporter.event(&Event::Acquired {
         slot: acquired.slot,
         fence: acquired.fence,
-        waited,
+        waited: Moment::now() - started,
     });
-    Ok(Taken {
-        acquired,
-        attempt_sent,
-        waited,
-    })
+    Ok(acquired)
 }
 
-/// The slot and when the attempt that took it was sent.
 fn wait_for_slot(
     backend: &mut dyn Backend,
     request: &Request,
@@ -58,15 +45,14 @@ fn wait_for_slot(
     reporter: &Reporter,
     progress: &mut Progress,
     started: Moment,
-) -> Result<(Acquired, Moment)> {
+) -> Result<Acquired> {
     let deadline = policy.timeout.map(|timeout| started + timeout);
     let mut backoff = Backoff::new(policy.backoff);
     let mut rng = rand::rng();
     let mut announced = false;
     loop {
-        let attempt_sent = Moment::now();
         if let Some(acquired) = backend.try_acquire(request)? {
-            return Ok((acquired, attempt_sent));
+            return Ok(acquired);
         }
         if deadline.is_some_and(Moment::has_passed) {
             return Err(busy(backend, request, policy, started));
@@ -86,13 +72,12 @@ fn wait_for_slot(
             let until = progress
                 .redraw_due()
                 .map_or(step_until, |due| due.min(step_until));
-            let attempt_sent = Moment::now();
             let wait = Wait {
                 step_until: until,
                 deadline,
             };
             if let Some(acquired) = backend.wait(request, wait)? {
-                return Ok((acquired, attempt_sent));
+                return Ok(acquired);
             }
             if progress.redraw_due().is_some_and(Moment::has_passed) {
                 progress.draw(&holders(backend, request));

@@ -63,20 +63,20 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
 
     supervisor::reset_inherited()?;
     let mut backend = open_backend(&args.store.location(), reporter)?;
-    let taken = acquire(backend.as_mut(), &request, &policy, reporter)?;
+    let acquired = acquire(backend.as_mut(), &request, &policy, reporter)?;
     let acquired_at = (SystemTime::now(), Moment::now());
-    let slot = taken.acquired.slot;
+    let slot = acquired.slot;
     let env = [
         ("LOCKRUN_NAME", request.name.to_string()),
         ("LOCKRUN_BACKEND", kind.as_str().to_owned()),
         ("LOCKRUN_SLOT", slot.to_string()),
         ("LOCKRUN_PARALLELISM", request.parallelism.to_string()),
         ("LOCKRUN_TOKEN", request.owner.token.clone()),
-        ("LOCKRUN_FENCE", taken.acquired.fence.to_string()),
+        ("LOCKRUN_FENCE", acquired.fence.to_string()),
     ];
     let lease = kind
         .uses_leases()
-        .then(|| Lease::new(taken.attempt_sent, request.ttl, kill_grace));
+        .then(|| Lease::new(acquired.sent, request.ttl, kill_grace));
     let limits = Limits {
         max_runtime: args.max_runtime,
         kill_grace,

@@ -250,3 +250,28 @@ fn a_corrupt_fence_file_is_an_error_not_a_reset() {
     assert_status(&output, 69);
     assert!(stderr(&output).contains("fence"), "{}", stderr(&output));
 }
+
+#[test]
+fn an_inherited_blocked_sigalrm_does_not_defeat_the_timeout() {
+    let store = Store::file();
+    let scratch = Scratch::new();
+    let mut holder = hold(&store, &scratch, "alarm", &[]);
+    // python3 blocks SIGALRM, then becomes lockrun: the single-slot wait is timed by SIGALRM.
+    let mut argv = vec![env!("CARGO_BIN_EXE_lockrun").to_owned()];
+    argv.extend(
+        store
+            .args()
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned()),
+    );
+    argv.extend(["--name", "alarm", "-w", "0.3", "true"].map(str::to_owned));
+    let script = "import os, signal, sys\n\
+                  signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})\n\
+                  os.execv(sys.argv[1], sys.argv[1:])";
+    let output = run(std::process::Command::new("python3")
+        .args(["-c", script])
+        .args(&argv));
+    assert_status(&output, 75);
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(wait(&mut holder).code(), Some(0));
+}

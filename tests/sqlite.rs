@@ -391,3 +391,27 @@ fn a_holder_that_cannot_renew_gets_sigterm_before_its_lease_ends() {
         "SIGTERM came --kill-grace before the lease ended, SIGKILL after"
     );
 }
+
+#[test]
+fn a_slot_taken_late_in_a_long_backoff_step_gets_a_whole_lease() {
+    let store = Store::sqlite();
+    let scratch = Scratch::new();
+    let mut holder = hold(&store, &scratch, "late", &["--ttl", "1"]);
+    // The waiter's first backoff step (2.5 s or more) is longer than its 1 s lease.
+    let mut waiter = store
+        .lockrun()
+        .args(["--name", "late", "-v", "--ttl", "1", "--initial-delay", "5"])
+        .args(["--", "sh", "-c", "sleep 0.3"])
+        .stderr(Stdio::piped())
+        .start();
+    wait_for_stderr(&mut waiter, "waiting");
+    // The subject of the test is time: free the slot more than a TTL into the waiter's step.
+    std::thread::sleep(Duration::from_millis(1500));
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(wait(&mut holder).code(), Some(0));
+    assert_eq!(
+        wait(&mut waiter).code(),
+        Some(0),
+        "the lease runs from when the slot was taken, not from when the step began"
+    );
+}

@@ -89,7 +89,11 @@ impl FileBackend {
                 )
             })?;
         self.held = Some(file);
-        Ok(Acquired { slot, fence })
+        Ok(Acquired {
+            slot,
+            fence,
+            sent: Moment::now(),
+        })
     }
 
     fn bump_fence(&self, name: &Name) -> Result<u64> {
@@ -139,10 +143,14 @@ impl FileBackend {
         }
         let path = self.slot_path(&request.name, 0);
         let file = open_lock_file(&path)?;
-        let _alarm = Alarm::after(until.remaining())?;
+        let alarm = Alarm::after(until.remaining())?;
         loop {
             match file.lock() {
-                Ok(()) => return self.take(file, request, 0).map(Some),
+                Ok(()) => {
+                    // Disarmed first: a SIGALRM must not interrupt the fence update.
+                    drop(alarm);
+                    return self.take(file, request, 0).map(Some);
+                }
                 Err(err) if err.kind() == io::ErrorKind::Interrupted => {
                     if until.has_passed() {
                         return Ok(None);

@@ -74,6 +74,8 @@ pub struct Owner {
 pub struct Acquired {
     pub slot: u32,
     pub fence: u64,
+    /// When the request that took the slot was sent: a lease runs from no earlier than this.
+    pub sent: Moment,
 }
 
 /// How long one wait may last.

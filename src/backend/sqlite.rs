@@ -122,6 +122,7 @@ impl Backend for SqliteBackend {
         let slots = request.parallelism;
         let start = rand::rng().random_range(0..slots);
         let owner = &request.owner;
+        let sent = Moment::now();
         let attempt = self.transaction("acquire a slot", BUSY_TIMEOUT, |tx| {
             let now = now_millis();
             let live = live_holders(tx, Some(name), now)?;
@@ -164,7 +165,7 @@ impl Backend for SqliteBackend {
                     now + millis(request.ttl),
                 ],
             )?;
-            Ok(Attempt::Took(Acquired { slot, fence }))
+            Ok(Attempt::Took(Acquired { slot, fence, sent }))
         })?;
         match attempt {
             Attempt::Took(acquired) => {

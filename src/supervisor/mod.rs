@@ -419,11 +419,15 @@ impl Run<'_> {
         if !group_alive() {
             return Ok(());
         }
-        let kill_at = match self.stop {
+        let mut kill_at = match self.stop {
             Stop::Terminating { kill_at } => kill_at,
             Stop::No => Moment::now() + self.kill_grace,
             Stop::Killed => Moment::now(),
         };
+        if let Some(lease) = &self.lease {
+            // No renewals now: whatever is left must be gone before the lease could pass on.
+            kill_at = kill_at.min(lease.deadline());
+        }
         let _ = killpg(self.child, Signal::SIGTERM);
         let _ = killpg(self.child, Signal::SIGCONT);
         // A process stuck in the kernel may outlive SIGKILL for a while; do not wait forever.

@@ -21,15 +21,18 @@ pub const FORWARDED: [Signal; 6] = [
 ];
 
 /// Undoes what a parent may have left that would break supervision: forwarded
-/// signals blocked (lockrun could not be stopped while it waits) and SIGCHLD
+/// signals blocked (lockrun could not be stopped while it waits), SIGALRM
+/// blocked (a timed file-lock wait would never end) and SIGCHLD
 /// ignored (the kernel would reap the command and lose its status). Signals the
 /// parent ignored stay ignored, as they would for a command run directly.
 pub fn reset_inherited() -> Result<()> {
-    let mut forwarded = SigSet::empty();
+    let mut used = SigSet::empty();
     for signal in FORWARDED {
-        forwarded.add(signal);
+        used.add(signal);
     }
-    sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&forwarded), None)
+    // The file backend's timed wait is interrupted by SIGALRM.
+    used.add(Signal::SIGALRM);
+    sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&used), None)
         .map_err(|err| Error::internal("unblocking signals", err))?;
     // SAFETY: installing the default disposition runs no code of ours.
     unsafe { nix::sys::signal::signal(Signal::SIGCHLD, SigHandler::SigDfl) }

@@ -160,6 +160,7 @@ impl RedisBackend {
             .arg(request.ttl.as_millis() as u64)
             .arg(start)
             .arg(&request.owner.process.boot_id);
+        let sent = Moment::now();
         let (taken, first, second, same_host): (i64, i64, i64, Vec<(u32, String)>) = self
             .link
             .call("acquiring a slot", Self::call_timeout(request.ttl), |c| {
@@ -176,6 +177,7 @@ impl RedisBackend {
             return Ok(Attempt::Taken(Acquired {
                 slot: first as u32,
                 fence: second as u64,
+                sent,
             }));
         }
         Ok(Attempt::Busy {
@@ -201,6 +203,7 @@ impl RedisBackend {
                 .arg(&record.token)
                 .arg(Self::meta(request)?)
                 .arg(request.ttl.as_millis() as u64);
+            let sent = Moment::now();
             let fence: u64 = self.link.call(
                 "taking over a dead holder's slot",
                 Self::call_timeout(request.ttl),
@@ -214,7 +217,7 @@ impl RedisBackend {
                     ttl: request.ttl,
                     parallelism: request.parallelism,
                 });
-                return Ok(Some(Acquired { slot, fence }));
+                return Ok(Some(Acquired { slot, fence, sent }));
             }
         }
         Ok(None)
