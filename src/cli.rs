@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::error::ErrorKind;
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use crate::backend::Kind;
 use crate::duration;
@@ -242,13 +242,16 @@ pub fn parse() -> Result<Cli, u8> {
 
 pub fn parse_from(args: impl IntoIterator<Item = OsString>) -> Result<Cli, u8> {
     let args: Vec<OsString> = args.into_iter().collect();
-    let cli = Cli::try_parse_from(&args).map_err(|err| match err.kind() {
-        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
-            let _ = err.print();
-            0
-        }
-        _ => usage_error(&one_line(&err.render().to_string())),
-    })?;
+    let cli = definition()
+        .try_get_matches_from(&args)
+        .and_then(|mut matches| Cli::from_arg_matches_mut(&mut matches))
+        .map_err(|err| match err.kind() {
+            ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+                let _ = err.print();
+                0
+            }
+            _ => usage_error(&one_line(&err.render().to_string())),
+        })?;
     // clap lets the command start with a dash; without `--` that is a mistyped option.
     if let Some(first) = cli.run.command.first()
         && first.to_string_lossy().starts_with('-')
@@ -260,6 +263,20 @@ pub fn parse_from(args: impl IntoIterator<Item = OsString>) -> Result<Cli, u8> {
         )));
     }
     Ok(cli)
+}
+
+/// The command line's definition. Inside a command that lockrun runs (`LOCKRUN_TOKEN`
+/// is set), `LOCKRUN_NAME` and `LOCKRUN_PARALLELISM` describe the outer lock, so a
+/// nested lockrun does not read them as options: `lockrun -- step` in a locked job
+/// would otherwise wait for its own parent's lock.
+fn definition() -> clap::Command {
+    let definition = Cli::command();
+    if std::env::var_os("LOCKRUN_TOKEN").is_none() {
+        return definition;
+    }
+    definition
+        .mut_arg("name", |arg| arg.env(None::<&str>))
+        .mut_arg("parallelism", |arg| arg.env(None::<&str>))
 }
 
 fn usage_error(message: &str) -> u8 {

@@ -67,3 +67,38 @@ fn a_name_that_is_too_long_or_has_control_characters_is_refused() {
         0,
     );
 }
+
+#[test]
+fn a_nested_lockrun_does_not_take_the_outer_locks_name_or_slots() {
+    let store = Store::file();
+    let scratch = Scratch::new();
+    let inner_script = format!(
+        "echo \"$LOCKRUN_NAME $LOCKRUN_PARALLELISM\" > '{}'",
+        scratch.path("inner").display()
+    );
+    let mut inner = vec![env!("CARGO_BIN_EXE_lockrun").to_owned()];
+    inner.extend(
+        store
+            .args()
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned()),
+    );
+    let outer = |inner_args: &[&str]| {
+        let mut command = store.lockrun();
+        command
+            .args(["--name", "outer", "-p", "3", "--"])
+            .args(&inner)
+            .args(inner_args);
+        run(&mut command)
+    };
+    // Without --name the inner lockrun would wait for its own parent's lock.
+    let output = outer(&["--", "true"]);
+    assert_status(&output, 64);
+    assert!(stderr(&output).contains("--name"), "{}", stderr(&output));
+    assert_status(&outer(&["--name", "inner", "-c", &inner_script]), 0);
+    assert_eq!(
+        scratch.lines("inner"),
+        ["inner 1"],
+        "the inner lock has its own name and one slot"
+    );
+}
