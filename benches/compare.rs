@@ -44,7 +44,6 @@ const QUEUE_SETTLE: Duration = Duration::from_millis(300);
 const QUEUE_LIMIT: Duration = Duration::from_secs(90);
 const RSS_RUNS: usize = 5;
 /// Exit status and text of a backend that this build does not have yet.
-const UNAVAILABLE: i32 = 69;
 
 fn main() {
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
