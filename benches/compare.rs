@@ -43,7 +43,6 @@ const QUEUE_SETTLE: Duration = Duration::from_millis(300);
 /// A queue round that takes longer is stopped and reported incomplete.
 const QUEUE_LIMIT: Duration = Duration::from_secs(90);
 const RSS_RUNS: usize = 5;
-/// Exit status and text of a backend that this build does not have yet.
 
 fn main() {
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
