@@ -4,7 +4,7 @@
 //!
 //! The acquire loop owns it and asks [`Progress::redraw_due`] how long a backend
 //! wait may last before the line needs redrawing; backends that block (the file
-//! backend's kernel wait) return at that moment and keep their blocked waiter.
+//! backend's kernel wait, Redis's BLPOP) return at that moment.
 
 use std::io::{IsTerminal, Write};
 use std::os::fd::AsRawFd;

@@ -187,25 +187,6 @@ fn leftover_metadata_without_a_live_lock_is_not_a_holder() {
 }
 
 #[test]
-fn release_refuses_on_the_file_backend_and_names_the_holder() {
-    let store = Store::file();
-    let scratch = Scratch::new();
-    let mut holder = hold(&store, &scratch, "held", &[]);
-    let output = run(lockrun()
-        .arg("release")
-        .args(store.args())
-        .args(["held", "--force"]));
-    assert_status(&output, 64);
-    assert!(
-        stderr(&output).contains(&format!("pid {}", holder.id())),
-        "{}",
-        stderr(&output)
-    );
-    fs::write(scratch.path("release"), "").unwrap();
-    wait(&mut holder);
-}
-
-#[test]
 fn lock_files_are_kept_after_release() {
     let scratch = Scratch::new();
     let dir = scratch.path("locks");

@@ -117,13 +117,7 @@ fn release_on_the_file_backend_refuses_with_or_without_force() {
     let store = Store::file();
     let scratch = Scratch::new();
     let holder = hold(&store, &scratch, "kept", &[]);
-    let release = |extra: &[&str]| {
-        run(lockrun()
-            .arg("release")
-            .args(store.args())
-            .arg("kept")
-            .args(extra))
-    };
+    let release = |extra: &[&str]| run(store.release().arg("kept").args(extra));
     for extra in [&[][..], &["--force"], &["--force", "--slot", "0"]] {
         let output = release(extra);
         assert_status(&output, 64);

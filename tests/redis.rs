@@ -505,10 +505,7 @@ fn release_force_breaks_the_lease_and_its_holder_stops() {
     };
     let scratch = Scratch::new();
     let mut holder = holder(&store, &scratch, "broken", &["--ttl", "0.6"]);
-    let output = run(lockrun()
-        .arg("release")
-        .args(store.args())
-        .args(["broken", "--force"]));
+    let output = run(store.release().args(["broken", "--force"]));
     assert_status(&output, 0);
     assert!(
         stdout(&output).contains(&format!("released broken slot 0 (pid {}", holder.id())),
@@ -524,9 +521,6 @@ fn release_force_breaks_the_lease_and_its_holder_stops() {
         Some(76),
         "the next renewal finds the lease gone"
     );
-    let output = run(lockrun()
-        .arg("release")
-        .args(store.args())
-        .args(["broken", "--force"]));
+    let output = run(store.release().args(["broken", "--force"]));
     assert!(stdout(&output).contains("nothing to release"));
 }

@@ -179,12 +179,7 @@ fn release_force_breaks_a_live_lease_and_its_command_is_stopped() {
         .start();
     wait_for_stderr(&mut waiter, "waiting");
 
-    let mut release = lockrun();
-    release
-        .arg("release")
-        .args(store.args())
-        .args(["broken", "--force"]);
-    let output = run(&mut release);
+    let output = run(store.release().args(["broken", "--force"]));
     let broken = Instant::now();
     assert_status(&output, 0);
     assert!(

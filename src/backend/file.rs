@@ -19,7 +19,7 @@ use nix::sys::timer::{Expiration, Timer, TimerSetTimeFlags};
 use nix::time::ClockId;
 use rand::RngExt;
 
-use super::{Acquired, Backend, Holder, Kind, Renewal, Request, Wait};
+use super::{Acquired, Backend, Holder, Renewal, Request, Wait};
 use crate::clock::Moment;
 use crate::error::{Error, Result};
 use crate::identity::epoch_millis;
@@ -168,10 +168,6 @@ impl FileBackend {
 }
 
 impl Backend for FileBackend {
-    fn kind(&self) -> Kind {
-        Kind::File
-    }
-
     fn try_acquire(&mut self, request: &Request) -> Result<Option<Acquired>> {
         if request.parallelism == 1 {
             return self.try_slot(request, 0);

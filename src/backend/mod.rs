@@ -83,8 +83,7 @@ pub struct Acquired {
 pub struct Wait {
     /// Return (`Ok(None)`) by then at the latest: the end of a backoff step, after
     /// which a polling backend tries again, or sooner when the live waiting line
-    /// needs redrawing. A backend blocked in the kernel or on a wake-up may keep
-    /// that wait going for its next call.
+    /// needs redrawing.
     pub step_until: Moment,
     /// The `--timeout` deadline; `None` waits forever.
     pub deadline: Option<Moment>,
@@ -115,8 +114,6 @@ pub struct Holder {
 }
 
 pub trait Backend {
-    fn kind(&self) -> Kind;
-
     /// Takes a free slot if there is one, without waiting.
     fn try_acquire(&mut self, request: &Request) -> Result<Option<Acquired>>;
 

@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 use rand::RngExt;
 use rusqlite::{Connection, TransactionBehavior, params};
 
-use super::{Acquired, Backend, Holder, Kind, Renewal, Request, Wait};
+use super::{Acquired, Backend, Holder, Renewal, Request, Wait};
 use crate::clock::Moment;
 use crate::error::Result;
 use crate::identity::{Process, epoch_millis};
@@ -113,10 +113,6 @@ impl SqliteBackend {
 }
 
 impl Backend for SqliteBackend {
-    fn kind(&self) -> Kind {
-        Kind::Sqlite
-    }
-
     fn try_acquire(&mut self, request: &Request) -> Result<Option<Acquired>> {
         let name = request.name.as_str();
         let slots = request.parallelism;

@@ -89,7 +89,7 @@ impl Signals {
     }
 }
 
-/// Unblocks every signal: for the command, between fork and exec (async-signal-safe).
+/// Unblocks every signal: for the command, between clone and exec (async-signal-safe).
 pub fn unblock_all() -> nix::Result<()> {
     sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
 }

@@ -56,9 +56,9 @@ impl Terminal {
     }
 }
 
-/// For the command between fork and exec: take the foreground of the terminal at `fd`.
+/// For the command between clone and exec: take the foreground of the terminal at `fd`.
 pub fn claim_foreground(fd: i32) -> nix::Result<()> {
-    // SAFETY: the fd is lockrun's open terminal, inherited across fork and valid until exec.
+    // SAFETY: the fd is lockrun's open terminal, shared with the child and valid until exec.
     let tty = unsafe { BorrowedFd::borrow_raw(fd) };
     tcsetpgrp(tty, nix::unistd::getpid())
 }

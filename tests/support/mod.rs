@@ -1,7 +1,5 @@
 //! Test harness: real lockrun processes against real stores, with every wait bounded.
 
-#![allow(dead_code)]
-
 pub mod pty;
 
 use std::ffi::OsString;
@@ -88,6 +86,13 @@ impl Store {
     pub fn lockrun(&self) -> Command {
         let mut command = lockrun();
         command.args(&self.args);
+        command
+    }
+
+    /// `lockrun release BACKEND-FLAGS`.
+    pub fn release(&self) -> Command {
+        let mut command = lockrun();
+        command.arg("release").args(&self.args);
         command
     }
 
@@ -462,7 +467,7 @@ pub fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
-/// Asserts lockrun's exit status and that any diagnostic it printed is one line.
+/// Asserts lockrun's exit status, showing its stderr when it differs.
 pub fn assert_status(output: &Output, code: i32) {
     assert_eq!(
         output.status.code(),

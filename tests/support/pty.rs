@@ -29,7 +29,7 @@ pub struct Shell {
 }
 
 impl Shell {
-    /// `bash -i` as the session leader of a new terminal, with `dir` holding lockrun's locks.
+    /// `bash -i` as the session leader of a new terminal, with lockrun on its `PATH`.
     pub fn bash() -> Self {
         let pty = open(None);
         let slave = |fd: &OwnedFd| Stdio::from(fd.try_clone().expect("dup pty slave"));

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 use rand::RngExt;
 use serde::{Deserialize, Serialize};
 
-use super::{Acquired, Backend, Holder, Kind, Renewal, Request, Wait};
+use super::{Acquired, Backend, Holder, Renewal, Request, Wait};
 use crate::clock::Moment;
 use crate::error::{Error, Result};
 use crate::identity::{Process, epoch_millis};
@@ -320,10 +320,6 @@ impl RedisBackend {
 }
 
 impl Backend for RedisBackend {
-    fn kind(&self) -> Kind {
-        Kind::Redis
-    }
-
     fn try_acquire(&mut self, request: &Request) -> Result<Option<Acquired>> {
         self.requested = Some((request.name.clone(), request.parallelism));
         let sent = Moment::now();
