@@ -100,7 +100,9 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
     });
     let keep_until = (!args.min_hold.is_zero()).then(|| acquired_at.0 + args.min_hold);
     let released = backend.release(keep_until);
-    reporter.event(&Event::Released { slot });
+    if released.is_ok() {
+        reporter.event(&Event::Released { slot });
+    }
     let ending = ending?;
     match released {
         // The lease is gone already; a failed release (the server is down) changes nothing.
