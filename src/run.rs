@@ -1,6 +1,7 @@
 //! `lockrun --name NAME -- COMMAND`: acquire a slot, run the command under
 //! supervision, release, and exit with the command's status.
 
+use std::ffi::OsString;
 use std::time::{Duration, SystemTime};
 
 use nix::sys::signal::Signal;
@@ -19,37 +20,17 @@ use crate::supervisor::{self, Ending, Limits, Program, Signals};
 const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(10);
 
 pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
+    let policy = wait_policy(&args);
     let name = args
         .name
         .ok_or_else(|| Error::Usage("--name is required".into()))?;
-    let program = match (args.shell_command, args.command) {
-        (Some(script), _) => Program::Shell(script),
-        (None, words) if !words.is_empty() => Program::Argv(words),
-        (None, _) => {
-            return Err(Error::Usage(
-                "no command given: add -- COMMAND [ARG]... or -c 'SHELL COMMAND'".into(),
-            ));
-        }
-    };
+    let program = program(args.shell_command, args.command)?;
     let kind = args.store.backend;
     let mut kill_grace = args.kill_grace.unwrap_or(DEFAULT_KILL_GRACE);
     if kind.uses_leases() {
         // The command must be gone before the lease could pass to another holder.
         kill_grace = kill_grace.min(args.ttl / 3);
     }
-    let policy = acquire::Policy {
-        timeout: if args.no_wait {
-            Some(Duration::ZERO)
-        } else {
-            args.timeout.0
-        },
-        backoff: backoff::Policy {
-            initial_delay: args.initial_delay,
-            max_delay: args.max_delay,
-            multiplier: args.backoff_multiplier,
-        },
-        conflict_exit_code: args.conflict_exit_code,
-    };
     let request = Request {
         name,
         parallelism: args.parallelism,
@@ -111,20 +92,49 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
         }),
         released => released?,
     }
-    match &ending {
+    report_ending(&ending, &request, reporter);
+    Ok(ending.exit_code())
+}
+
+fn program(shell_command: Option<OsString>, command: Vec<OsString>) -> Result<Program> {
+    match (shell_command, command) {
+        (Some(script), _) => Ok(Program::Shell(script)),
+        (None, words) if !words.is_empty() => Ok(Program::Argv(words)),
+        (None, _) => Err(Error::Usage(
+            "no command given: add -- COMMAND [ARG]... or -c 'SHELL COMMAND'".into(),
+        )),
+    }
+}
+
+fn wait_policy(args: &RunArgs) -> acquire::Policy {
+    acquire::Policy {
+        timeout: if args.no_wait {
+            Some(Duration::ZERO)
+        } else {
+            args.timeout.0
+        },
+        backoff: backoff::Policy {
+            initial_delay: args.initial_delay,
+            max_delay: args.max_delay,
+            multiplier: args.backoff_multiplier,
+        },
+        conflict_exit_code: args.conflict_exit_code,
+    }
+}
+
+/// The one line for an ending that lockrun caused.
+fn report_ending(ending: &Ending, request: &Request, reporter: &Reporter) {
+    match ending {
         Ending::Exited(_) => {}
-        Ending::LeaseLost(reason) => {
-            reporter.error(&format!(
-                "stopped the command: the lease on {} was lost ({reason})",
-                request.name
-            ));
-        }
+        Ending::LeaseLost(reason) => reporter.error(&format!(
+            "stopped the command: the lease on {} was lost ({reason})",
+            request.name
+        )),
         Ending::MaxRuntime(max) => reporter.error(&format!(
             "stopped the command: --max-runtime {} passed",
             crate::duration::display(*max)
         )),
     }
-    Ok(ending.exit_code())
 }
 
 /// Opens the backend; with `-v`, warns about its setup.
