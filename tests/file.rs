@@ -21,10 +21,7 @@ fn names_never_leave_the_directory() {
         ".hidden",
         "x/../../y",
     ] {
-        let output = run(lockrun()
-            .arg("--dir")
-            .arg(&dir)
-            .args(["--name", name, "true"]));
+        let output = run_in(&dir, &["--name", name, "true"]);
         assert_status(&output, 0);
     }
     let outside: Vec<_> = fs::read_dir(scratch.dir())
@@ -55,10 +52,7 @@ fn a_planted_symlink_is_refused_not_followed() {
     let target = scratch.path("precious");
     fs::write(&target, "keep me").unwrap();
     symlink(&target, dir.join("x.0.lock")).unwrap();
-    let output = run(lockrun()
-        .arg("--dir")
-        .arg(&dir)
-        .args(["--name", "x", "true"]));
+    let output = run_in(&dir, &["--name", "x", "true"]);
     assert_status(&output, 69);
     assert!(
         stderr(&output).contains("symbolic link"),
@@ -68,13 +62,7 @@ fn a_planted_symlink_is_refused_not_followed() {
     assert_eq!(fs::read_to_string(&target).unwrap(), "keep me");
     // A dangling link would be created through: refused too.
     symlink(scratch.path("created-through-link"), dir.join("y.0.lock")).unwrap();
-    assert_status(
-        &run(lockrun()
-            .arg("--dir")
-            .arg(&dir)
-            .args(["--name", "y", "true"])),
-        69,
-    );
+    assert_status(&run_in(&dir, &["--name", "y", "true"]), 69);
     assert!(!scratch.path("created-through-link").exists());
 }
 
@@ -86,13 +74,7 @@ fn a_hard_link_is_refused() {
     let target = scratch.path("precious");
     fs::write(&target, "keep me").unwrap();
     fs::hard_link(&target, dir.join("x.0.lock")).unwrap();
-    assert_status(
-        &run(lockrun()
-            .arg("--dir")
-            .arg(&dir)
-            .args(["--name", "x", "true"])),
-        69,
-    );
+    assert_status(&run_in(&dir, &["--name", "x", "true"]), 69);
     assert_eq!(fs::read_to_string(&target).unwrap(), "keep me");
 }
 
@@ -101,10 +83,7 @@ fn an_unusable_directory_exits_69() {
     let scratch = Scratch::new();
     let file = scratch.path("not-a-dir");
     fs::write(&file, "").unwrap();
-    let output = run(lockrun()
-        .arg("--dir")
-        .arg(&file)
-        .args(["--name", "x", "true"]));
+    let output = run_in(&file, &["--name", "x", "true"]);
     assert_status(&output, 69);
     assert_eq!(stderr(&output).lines().count(), 1, "{}", stderr(&output));
 }
@@ -190,21 +169,9 @@ fn leftover_metadata_without_a_live_lock_is_not_a_holder() {
 fn lock_files_are_kept_after_release() {
     let scratch = Scratch::new();
     let dir = scratch.path("locks");
-    assert_status(
-        &run(lockrun()
-            .arg("--dir")
-            .arg(&dir)
-            .args(["--name", "kept", "true"])),
-        0,
-    );
+    assert_status(&run_in(&dir, &["--name", "kept", "true"]), 0);
     let inode = fs::metadata(dir.join("kept.0.lock")).unwrap().ino();
-    assert_status(
-        &run(lockrun()
-            .arg("--dir")
-            .arg(&dir)
-            .args(["--name", "kept", "true"])),
-        0,
-    );
+    assert_status(&run_in(&dir, &["--name", "kept", "true"]), 0);
     assert_eq!(
         fs::metadata(dir.join("kept.0.lock")).unwrap().ino(),
         inode,
@@ -216,18 +183,9 @@ fn lock_files_are_kept_after_release() {
 fn a_corrupt_fence_file_is_an_error_not_a_reset() {
     let scratch = Scratch::new();
     let dir = scratch.path("locks");
-    assert_status(
-        &run(lockrun()
-            .arg("--dir")
-            .arg(&dir)
-            .args(["--name", "f", "true"])),
-        0,
-    );
+    assert_status(&run_in(&dir, &["--name", "f", "true"]), 0);
     fs::write(dir.join("f.fence"), "not a number").unwrap();
-    let output = run(lockrun()
-        .arg("--dir")
-        .arg(&dir)
-        .args(["--name", "f", "true"]));
+    let output = run_in(&dir, &["--name", "f", "true"]);
     assert_status(&output, 69);
     assert!(stderr(&output).contains("fence"), "{}", stderr(&output));
 }
@@ -255,4 +213,9 @@ fn an_inherited_blocked_sigalrm_does_not_defeat_the_timeout() {
     assert_status(&output, 75);
     fs::write(scratch.path("release"), "").unwrap();
     assert_eq!(wait(&mut holder).code(), Some(0));
+}
+
+/// Runs lockrun on the file backend in `dir` with `args`.
+fn run_in(dir: &std::path::Path, args: &[&str]) -> std::process::Output {
+    run(lockrun().arg("--dir").arg(dir).args(args))
 }
