@@ -98,6 +98,13 @@ pub enum Renewal {
     Lost,
 }
 
+impl Renewal {
+    /// `Renewed` when the store confirmed the renewal, `Lost` when it found no lease of ours.
+    pub fn confirmed(confirmed: bool) -> Self {
+        if confirmed { Self::Renewed } else { Self::Lost }
+    }
+}
+
 /// A current holder, as `status` shows it (SPEC §5).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Holder {

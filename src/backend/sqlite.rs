@@ -222,11 +222,7 @@ impl Backend for SqliteBackend {
                 ],
             )
         })?;
-        Ok(if renewed == 1 {
-            Renewal::Renewed
-        } else {
-            Renewal::Lost
-        })
+        Ok(Renewal::confirmed(renewed == 1))
     }
 
     fn release(&mut self, keep_until: Option<SystemTime>) -> Result<()> {

@@ -377,11 +377,7 @@ impl Backend for RedisBackend {
         let renewed: i64 = self
             .link
             .call_idempotent("renewing the lease", timeout, |c| invocation.invoke(c))?;
-        Ok(if renewed == 1 {
-            Renewal::Renewed
-        } else {
-            Renewal::Lost
-        })
+        Ok(Renewal::confirmed(renewed == 1))
     }
 
     fn release(&mut self, keep_until: Option<SystemTime>) -> Result<()> {
