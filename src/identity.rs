@@ -11,6 +11,8 @@ pub struct Process {
     pub pid: u32,
     /// Start time in clock ticks since boot (field 22 of `/proc/PID/stat`).
     pub start_time: u64,
+    /// The kernel's boot id and the process's pid namespace, `BOOT-ID/pid:[INODE]`:
+    /// pids can only be compared between processes that share both.
     pub boot_id: String,
     pub host: String,
 }
@@ -41,7 +43,7 @@ impl Process {
     /// True when this process certainly no longer exists: it ran on this boot of
     /// this machine and its pid is gone or now belongs to a younger process.
     pub fn is_gone(&self) -> bool {
-        // The host name is compared too: containers share the kernel's boot id but not its pids.
+        // Another boot, another pid namespace or another host: its pids mean nothing here.
         if self.boot_id.is_empty() || self.boot_id != boot_id() || self.host != host_name() {
             return false;
         }
@@ -98,10 +100,14 @@ fn start_time(pid: u32) -> Option<u64> {
     }
 }
 
+/// This boot and pid namespace; empty when either cannot be read (no process is then judged gone).
 fn boot_id() -> String {
-    fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .map(|id| id.trim().to_owned())
-        .unwrap_or_default()
+    let boot = fs::read_to_string("/proc/sys/kernel/random/boot_id");
+    let pid_namespace = fs::read_link("/proc/self/ns/pid");
+    match (boot, pid_namespace) {
+        (Ok(boot), Ok(namespace)) => format!("{}/{}", boot.trim(), namespace.display()),
+        _ => String::new(),
+    }
 }
 
 fn host_name() -> String {
