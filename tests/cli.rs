@@ -76,13 +76,7 @@ fn a_nested_lockrun_does_not_take_the_outer_locks_name_or_slots() {
         "echo \"$LOCKRUN_NAME $LOCKRUN_PARALLELISM\" > '{}'",
         scratch.path("inner").display()
     );
-    let mut inner = vec![env!("CARGO_BIN_EXE_lockrun").to_owned()];
-    inner.extend(
-        store
-            .args()
-            .iter()
-            .map(|a| a.to_string_lossy().into_owned()),
-    );
+    let inner = store.argv(&[]);
     let outer = |inner_args: &[&str]| {
         let mut command = store.lockrun();
         command

@@ -196,14 +196,7 @@ fn an_inherited_blocked_sigalrm_does_not_defeat_the_timeout() {
     let scratch = Scratch::new();
     let mut holder = hold(&store, &scratch, "alarm", &[]);
     // python3 blocks SIGALRM, then becomes lockrun: the single-slot wait is timed by SIGALRM.
-    let mut argv = vec![env!("CARGO_BIN_EXE_lockrun").to_owned()];
-    argv.extend(
-        store
-            .args()
-            .iter()
-            .map(|a| a.to_string_lossy().into_owned()),
-    );
-    argv.extend(["--name", "alarm", "-w", "0.3", "true"].map(str::to_owned));
+    let argv = store.argv(&["--name", "alarm", "-w", "0.3", "true"]);
     let script = "import os, signal, sys\n\
                   signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})\n\
                   os.execv(sys.argv[1], sys.argv[1:])";

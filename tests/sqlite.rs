@@ -116,14 +116,7 @@ fn a_killed_holder_frees_its_slot_long_before_its_ttl() {
     let scratch = Scratch::new();
     let mut holder = hold(&store, &scratch, "crashed", &["--ttl", "60"]);
     let command = read_pid(&scratch.path("ready"));
-    let mut waiter = store
-        .lockrun()
-        .args(["--name", "crashed", "-v", "--initial-delay", "5", "--"])
-        .arg("touch")
-        .arg(scratch.path("got"))
-        .stderr(Stdio::piped())
-        .start();
-    wait_for_stderr(&mut waiter, "waiting");
+    let mut waiter = slow_waiter(&store, &scratch, "crashed");
     killpg(Pid::from_raw(command), Signal::SIGKILL).unwrap();
     holder.kill().unwrap();
     let killed = Instant::now();
@@ -143,14 +136,7 @@ fn a_freed_slot_is_taken_at_once_not_after_the_backoff_step() {
     let scratch = Scratch::new();
     let mut holder = hold(&store, &scratch, "handoff", &[]);
     // The first backoff step is at least 2.5 s (5 s x 0.5 jitter).
-    let mut waiter = store
-        .lockrun()
-        .args(["--name", "handoff", "-v", "--initial-delay", "5", "--"])
-        .arg("touch")
-        .arg(scratch.path("got"))
-        .stderr(Stdio::piped())
-        .start();
-    wait_for_stderr(&mut waiter, "waiting");
+    let mut waiter = slow_waiter(&store, &scratch, "handoff");
     fs::write(scratch.path("release"), "").unwrap();
     let released = Instant::now();
     wait_for_file(&scratch.path("got"));
@@ -170,14 +156,7 @@ fn release_force_breaks_a_live_lease_and_its_command_is_stopped() {
     // Renewed every 3 s: that is when the holder learns its lease is gone.
     let mut holder = hold(&store, &scratch, "broken", &["--ttl", "9"]);
     let command = read_pid(&scratch.path("ready"));
-    let mut waiter = store
-        .lockrun()
-        .args(["--name", "broken", "-v", "--initial-delay", "5", "--"])
-        .arg("touch")
-        .arg(scratch.path("got"))
-        .stderr(Stdio::piped())
-        .start();
-    wait_for_stderr(&mut waiter, "waiting");
+    let mut waiter = slow_waiter(&store, &scratch, "broken");
 
     let output = run(store.release().args(["broken", "--force"]));
     let broken = Instant::now();
@@ -441,4 +420,18 @@ fn a_holder_in_another_pid_namespace_is_not_judged_dead() {
     assert_status(&output, 75);
     fs::write(scratch.path("release"), "").unwrap();
     assert_eq!(wait(&mut holder).code(), Some(0));
+}
+
+/// A waiter whose first retry is 2.5 s away or more (`--initial-delay 5`), so that
+/// only a change check can start it sooner; it touches `got` once it runs.
+/// Returns once it says it is waiting.
+fn slow_waiter(store: &Store, scratch: &Scratch, name: &str) -> Running {
+    let mut waiter = store
+        .lockrun()
+        .args(["--name", name, "-v", "--initial-delay", "5", "--", "touch"])
+        .arg(scratch.path("got"))
+        .stderr(Stdio::piped())
+        .start();
+    wait_for_stderr(&mut waiter, "waiting");
+    waiter
 }

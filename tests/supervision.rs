@@ -86,14 +86,7 @@ fn json_events_are_one_object_per_line() {
 
 /// `lockrun BACKEND-FLAGS ARGS` as one shell-quoted command line.
 fn command_line(store: &Store, args: &[&str]) -> String {
-    let mut words = vec![env!("CARGO_BIN_EXE_lockrun").to_owned()];
-    words.extend(
-        store
-            .args()
-            .iter()
-            .map(|arg| arg.to_string_lossy().into_owned()),
-    );
-    words.extend(args.iter().map(|arg| (*arg).to_owned()));
+    let words = store.argv(args);
     let quoted: Vec<String> = words
         .iter()
         .map(|word| format!("'{}'", word.replace('\'', r"'\''")))

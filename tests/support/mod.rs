@@ -89,6 +89,18 @@ impl Store {
         command
     }
 
+    /// `lockrun BACKEND-FLAGS ARGS` as words, for a command line run by another program.
+    pub fn argv(&self, args: &[&str]) -> Vec<String> {
+        let mut words = vec![env!("CARGO_BIN_EXE_lockrun").to_owned()];
+        words.extend(
+            self.args
+                .iter()
+                .map(|arg| arg.to_string_lossy().into_owned()),
+        );
+        words.extend(args.iter().map(|arg| (*arg).to_owned()));
+        words
+    }
+
     /// `lockrun release BACKEND-FLAGS`.
     pub fn release(&self) -> Command {
         let mut command = lockrun();
