@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use crate::backend::{Acquired, Backend, Holder, Request, Wait};
 use crate::backoff::{self, Backoff};
-use crate::clock::Moment;
 use crate::duration::display;
 use crate::error::{Error, Result};
+use crate::platform::clock::Moment;
 use crate::progress::Progress;
 use crate::report::{Event, Reporter, held_by};
 

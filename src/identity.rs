@@ -1,10 +1,11 @@
 //! Who a holder is: enough to show it in `status` and, on the same host, to
 //! tell whether its process is still alive (pid + process start time + boot id).
 
-use std::fs;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use rand::RngExt;
+
+use crate::platform::proc::{Seen, boot_id, look_up};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Process {
@@ -56,57 +57,10 @@ impl Process {
     }
 }
 
-/// What this host knows about a pid.
-enum Seen {
-    Running {
-        start_time: u64,
-    },
-    /// No such process, or a zombie (dead, holding nothing, only waiting to be reaped).
-    Dead,
-    /// Hidden from us (`/proc` mounted with `hidepid`) or unreadable: maybe alive.
-    Unknown,
-}
-
-fn look_up(pid: u32) -> Seen {
-    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        // Only the kernel's "no such process" proves it gone; another user's hidden process is not.
-        let exists = i32::try_from(pid)
-            .ok()
-            .filter(|&pid| pid > 0)
-            .map(|pid| nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None));
-        return match exists {
-            Some(Err(nix::errno::Errno::ESRCH)) => Seen::Dead,
-            _ => Seen::Unknown,
-        };
-    };
-    // The command name (field 2) may contain spaces and parentheses: skip past its last ')'.
-    let Some(close) = stat.rfind(')') else {
-        return Seen::Unknown;
-    };
-    let mut fields = stat[close + 1..].split_whitespace();
-    match fields.next() {
-        Some("Z" | "X") => Seen::Dead,
-        _ => fields
-            .nth(18)
-            .and_then(|field| field.parse().ok())
-            .map_or(Seen::Unknown, |start_time| Seen::Running { start_time }),
-    }
-}
-
 fn start_time(pid: u32) -> Option<u64> {
     match look_up(pid) {
         Seen::Running { start_time } => Some(start_time),
         Seen::Dead | Seen::Unknown => None,
-    }
-}
-
-/// This boot and pid namespace; empty when either cannot be read (no process is then judged gone).
-fn boot_id() -> String {
-    let boot = fs::read_to_string("/proc/sys/kernel/random/boot_id");
-    let pid_namespace = fs::read_link("/proc/self/ns/pid");
-    match (boot, pid_namespace) {
-        (Ok(boot), Ok(namespace)) => format!("{}/{}", boot.trim(), namespace.display()),
-        _ => String::new(),
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::clock::Moment;
+use crate::platform::clock::Moment;
 
 #[derive(Debug)]
 pub struct Lease {

@@ -1,16 +1,18 @@
 //! lockrun: run a command while holding a named lock.
 
+#![deny(unsafe_code)]
+
 pub mod acquire;
 pub mod backend;
 pub mod backoff;
 pub mod cli;
-pub mod clock;
 pub mod duration;
 pub mod error;
 pub mod identity;
 pub mod lease;
 pub mod name;
 pub mod operator;
+pub mod platform;
 pub mod progress;
 pub mod report;
 pub mod run;

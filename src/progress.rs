@@ -7,11 +7,11 @@
 //! backend's kernel wait, Redis's BLPOP) return at that moment.
 
 use std::io::{IsTerminal, Write};
-use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 use crate::backend::Holder;
-use crate::clock::Moment;
+use crate::platform::clock::Moment;
+use crate::platform::terminal;
 use crate::report::held_by;
 
 /// The line appears after this long and is redrawn this often.
@@ -82,29 +82,13 @@ impl Progress {
 
 /// Cuts the line to the terminal's width: a wrapped line cannot be rewritten in place.
 fn fit(text: &str) -> String {
-    let width = terminal_width().unwrap_or(80).max(20);
+    let width = terminal::width(&std::io::stderr()).unwrap_or(80).max(20);
     if text.chars().count() < width {
         return text.to_owned();
     }
     let mut cut: String = text.chars().take(width - 2).collect();
     cut.push('…');
     cut
-}
-
-fn terminal_width() -> Option<usize> {
-    nix::ioctl_read_bad!(window_size, nix::libc::TIOCGWINSZ, nix::libc::winsize);
-    let mut size = nix::libc::winsize {
-        ws_row: 0,
-        ws_col: 0,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    };
-    // SAFETY: TIOCGWINSZ writes one `winsize` into the struct we own.
-    let result = unsafe { window_size(std::io::stderr().as_raw_fd(), &raw mut size) };
-    result
-        .ok()
-        .filter(|_| size.ws_col > 0)
-        .map(|_| usize::from(size.ws_col))
 }
 
 fn put(text: &str) {

@@ -10,10 +10,10 @@ use crate::acquire::{self, acquire};
 use crate::backend::{self, Owner, Request};
 use crate::backoff;
 use crate::cli::RunArgs;
-use crate::clock::Moment;
 use crate::error::{Error, Result};
 use crate::identity::{Process, new_token};
 use crate::lease::Lease;
+use crate::platform::clock::Moment;
 use crate::report::{Event, Reporter};
 use crate::supervisor::{self, Ending, Limits, Program, Signals};
 

@@ -12,18 +12,15 @@ use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::{Duration, SystemTime};
 
-use nix::sys::signal::{
-    SaFlags, SigAction, SigEvent, SigHandler, SigSet, SigevNotify, Signal, sigaction,
-};
-use nix::sys::timer::{Expiration, Timer, TimerSetTimeFlags};
-use nix::time::ClockId;
 use rand::RngExt;
 
 use super::{Acquired, Backend, Holder, Renewal, Request, Wait};
-use crate::clock::Moment;
 use crate::error::{Error, Result};
 use crate::identity::epoch_millis;
 use crate::name::Name;
+use crate::platform::alarm::Alarm;
+use crate::platform::clock::Moment;
+use crate::platform::proc::live_flocks;
 
 const LOCK_SUFFIX: &str = ".lock";
 const FENCE_SUFFIX: &str = ".fence";
@@ -143,7 +140,8 @@ impl FileBackend {
         }
         let path = self.slot_path(&request.name, 0);
         let file = open_lock_file(&path)?;
-        let alarm = Alarm::after(until.remaining())?;
+        let alarm = Alarm::after(until.remaining())
+            .map_err(|err| Error::internal("arming the --timeout alarm", err))?;
         loop {
             match file.lock() {
                 Ok(()) => {
@@ -270,67 +268,6 @@ impl Backend for FileBackend {
     }
 }
 
-/// SIGALRM at a deadline, to interrupt a blocking flock(2) there: the same
-/// way flock(1) times out, without a thread. While it exists, SIGALRM has a
-/// handler that does nothing (without `SA_RESTART`, so the wait returns EINTR)
-/// and repeats every few milliseconds after the deadline, in case the first one
-/// landed just before the wait began.
-struct Alarm {
-    timer: Timer,
-    previous: SigAction,
-}
-
-const ALARM_REPEAT: Duration = Duration::from_millis(5);
-
-impl Alarm {
-    fn after(delay: Duration) -> Result<Self> {
-        extern "C" fn interrupt(_: i32) {}
-        let failed = |err| Error::internal("arming the --timeout alarm", err);
-        let action = SigAction::new(
-            SigHandler::Handler(interrupt),
-            SaFlags::empty(),
-            SigSet::empty(),
-        );
-        // SAFETY: the handler does nothing, so it is async-signal-safe.
-        let previous = unsafe { sigaction(Signal::SIGALRM, &action) }.map_err(failed)?;
-        let armed = Timer::new(
-            ClockId::CLOCK_BOOTTIME,
-            SigEvent::new(SigevNotify::SigevSignal {
-                signal: Signal::SIGALRM,
-                si_value: 0,
-            }),
-        )
-        .and_then(|mut timer| {
-            timer
-                .set(
-                    Expiration::IntervalDelayed(delay.into(), ALARM_REPEAT.into()),
-                    TimerSetTimeFlags::empty(),
-                )
-                .map(|()| timer)
-        });
-        match armed {
-            Ok(timer) => Ok(Self { timer, previous }),
-            Err(err) => {
-                // SAFETY: restores the disposition that was there before.
-                let _ = unsafe { sigaction(Signal::SIGALRM, &previous) };
-                Err(failed(err))
-            }
-        }
-    }
-}
-
-impl Drop for Alarm {
-    fn drop(&mut self) {
-        // Disarm before restoring: a SIGALRM generated until then has already been delivered here.
-        let _ = self.timer.set(
-            Expiration::OneShot(Duration::ZERO.into()),
-            TimerSetTimeFlags::empty(),
-        );
-        // SAFETY: restores the disposition that was there before.
-        let _ = unsafe { sigaction(Signal::SIGALRM, &self.previous) };
-    }
-}
-
 /// Opens a lock file for locking, refusing symlinks, FIFOs and hard links so
 /// that nothing planted in a shared directory is ever written through.
 fn open_lock_file(path: &Path) -> Result<File> {
@@ -378,46 +315,6 @@ fn read_holder(path: &Path) -> Option<Holder> {
 fn parse_slot_file_name(file_name: &str) -> Option<(&str, u32)> {
     let (stem, slot) = file_name.strip_suffix(LOCK_SUFFIX)?.rsplit_once('.')?;
     Some((stem, slot.parse().ok()?))
-}
-
-impl LiveFlock {
-    /// True when this lock is on the file of `meta`. Filesystems with anonymous
-    /// devices (btrfs subvolumes, overlayfs) may report another device in stat(2)
-    /// than in `/proc/locks`; there the inode number alone decides.
-    fn is_on(&self, meta: &fs::Metadata) -> bool {
-        self.ino == meta.ino() && (self.dev == meta.dev() || nix::sys::stat::major(self.dev) == 0)
-    }
-}
-
-struct LiveFlock {
-    dev: u64,
-    ino: u64,
-    pid: u32,
-}
-
-/// Exclusive flock(2) locks held right now, from `/proc/locks`; reading it
-/// never takes a lock, so `status` cannot make a real waiter miss a slot.
-fn live_flocks() -> Vec<LiveFlock> {
-    let Ok(text) = fs::read_to_string("/proc/locks") else {
-        return Vec::new();
-    };
-    text.lines()
-        .filter_map(|line| {
-            // "1: FLOCK  ADVISORY  WRITE 4242 fd:01:1234 0 EOF"; blocked waiters are marked "->".
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            if fields.get(1) != Some(&"FLOCK") || fields.get(3) != Some(&"WRITE") {
-                return None;
-            }
-            let mut dev = fields.get(5)?.split(':');
-            let major = u64::from_str_radix(dev.next()?, 16).ok()?;
-            let minor = u64::from_str_radix(dev.next()?, 16).ok()?;
-            Some(LiveFlock {
-                dev: nix::sys::stat::makedev(major, minor),
-                ino: dev.next()?.parse().ok()?,
-                pid: fields.get(4)?.parse().ok()?,
-            })
-        })
-        .collect()
 }
 
 /// `$XDG_RUNTIME_DIR/lockrun`, else `/run/lock/lockrun`, else `$TMPDIR/lockrun-$UID`:
@@ -472,18 +369,5 @@ mod tests {
         assert_eq!(parse_slot_file_name("a.1.12.lock"), Some(("a.1", 12)));
         assert_eq!(parse_slot_file_name("backup.fence"), None);
         assert_eq!(parse_slot_file_name("backup.x.lock"), None);
-    }
-
-    #[test]
-    fn live_flocks_sees_a_held_lock() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = open_lock_file(&dir.path().join("x.0.lock")).unwrap();
-        file.lock().unwrap();
-        let meta = file.metadata().unwrap();
-        let locks = live_flocks();
-        let found = locks
-            .iter()
-            .find(|l| l.ino == meta.ino() && l.dev == meta.dev());
-        assert_eq!(found.map(|l| l.pid), Some(std::process::id()));
     }
 }

@@ -10,10 +10,10 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use crate::clock::Moment;
 use crate::error::Result;
 use crate::identity::Process;
 use crate::name::Name;
+use crate::platform::clock::Moment;
 
 pub use file::FileBackend;
 pub use redis::RedisBackend;

@@ -14,10 +14,10 @@ use rand::RngExt;
 use rusqlite::{Connection, TransactionBehavior, params};
 
 use super::{Acquired, Backend, Holder, Renewal, Request, Wait};
-use crate::clock::Moment;
 use crate::error::Result;
 use crate::identity::{Process, epoch_millis};
 use crate::name::Name;
+use crate::platform::clock::Moment;
 use database::BUSY_TIMEOUT;
 
 /// How often a waiter asks whether the database changed: `PRAGMA data_version`

@@ -3,11 +3,6 @@
 //! if lockrun dies, the whole process group stopped (TERM, then KILL after the
 //! grace) on `--max-runtime`, a lost lease or a second SIGTERM/SIGINT.
 
-mod signals;
-mod spawn;
-mod terminal;
-mod watchdog;
-
 use std::ffi::{OsStr, OsString};
 use std::io;
 use std::time::Duration;
@@ -18,14 +13,15 @@ use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{Pid, getpgid, getpid};
 
 use crate::backend::{Backend, Renewal};
-use crate::clock::Moment;
 use crate::error::{Error, Result, status};
 use crate::lease::Lease;
+use crate::platform::clock::Moment;
 use crate::report::{Event, Reporter};
 
-pub use signals::{Signals, reset_inherited};
-use terminal::Terminal;
-use watchdog::Watchdog;
+pub use crate::platform::signals::{Signals, reset_inherited};
+use crate::platform::spawn;
+use crate::platform::terminal::Terminal;
+use crate::platform::watchdog::Watchdog;
 
 /// What to run.
 pub enum Program {

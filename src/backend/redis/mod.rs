@@ -11,10 +11,10 @@ use rand::RngExt;
 use serde::{Deserialize, Serialize};
 
 use super::{Acquired, Backend, Holder, Renewal, Request, Wait};
-use crate::clock::Moment;
 use crate::error::{Error, Result};
 use crate::identity::{Process, epoch_millis};
 use crate::name::Name;
+use crate::platform::clock::Moment;
 use link::{Link, MAX_CALL_TIMEOUT};
 use scripts::{Keys, Scripts};
 

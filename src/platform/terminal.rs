@@ -62,3 +62,20 @@ pub fn claim_foreground(fd: i32) -> nix::Result<()> {
     let tty = unsafe { BorrowedFd::borrow_raw(fd) };
     tcsetpgrp(tty, nix::unistd::getpid())
 }
+
+/// The width in columns of the terminal at `fd`, if it is one.
+pub fn width(fd: &impl AsRawFd) -> Option<usize> {
+    nix::ioctl_read_bad!(window_size, nix::libc::TIOCGWINSZ, nix::libc::winsize);
+    let mut size = nix::libc::winsize {
+        ws_row: 0,
+        ws_col: 0,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCGWINSZ writes one `winsize` into the struct we own.
+    let result = unsafe { window_size(fd.as_raw_fd(), &raw mut size) };
+    result
+        .ok()
+        .filter(|_| size.ws_col > 0)
+        .map(|_| usize::from(size.ws_col))
+}

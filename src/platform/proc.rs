@@ -1,0 +1,111 @@
+//! What `/proc` tells about processes and file locks. Reading it never takes a
+//! lock or changes anything.
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+
+/// What this host knows about a pid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Seen {
+    Running {
+        /// Start time in clock ticks since boot (field 22 of `/proc/PID/stat`).
+        start_time: u64,
+    },
+    /// No such process, or a zombie (dead, holding nothing, only waiting to be reaped).
+    Dead,
+    /// Hidden from us (`/proc` mounted with `hidepid`) or unreadable: maybe alive.
+    Unknown,
+}
+
+pub fn look_up(pid: u32) -> Seen {
+    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        // Only the kernel's "no such process" proves it gone; another user's hidden process is not.
+        let exists = i32::try_from(pid)
+            .ok()
+            .filter(|&pid| pid > 0)
+            .map(|pid| nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None));
+        return match exists {
+            Some(Err(nix::errno::Errno::ESRCH)) => Seen::Dead,
+            _ => Seen::Unknown,
+        };
+    };
+    // The command name (field 2) may contain spaces and parentheses: skip past its last ')'.
+    let Some(close) = stat.rfind(')') else {
+        return Seen::Unknown;
+    };
+    let mut fields = stat[close + 1..].split_whitespace();
+    match fields.next() {
+        Some("Z" | "X") => Seen::Dead,
+        _ => fields
+            .nth(18)
+            .and_then(|field| field.parse().ok())
+            .map_or(Seen::Unknown, |start_time| Seen::Running { start_time }),
+    }
+}
+
+/// This boot and pid namespace, `BOOT-ID/pid:[INODE]`: pids can only be compared
+/// between processes that share both. Empty when either cannot be read.
+pub fn boot_id() -> String {
+    let boot = fs::read_to_string("/proc/sys/kernel/random/boot_id");
+    let pid_namespace = fs::read_link("/proc/self/ns/pid");
+    match (boot, pid_namespace) {
+        (Ok(boot), Ok(namespace)) => format!("{}/{}", boot.trim(), namespace.display()),
+        _ => String::new(),
+    }
+}
+
+/// An flock(2) lock held right now, from `/proc/locks`.
+pub struct LiveFlock {
+    dev: u64,
+    ino: u64,
+    pub pid: u32,
+}
+
+impl LiveFlock {
+    /// True when this lock is on the file of `meta`. Filesystems with anonymous
+    /// devices (btrfs subvolumes, overlayfs) may report another device in stat(2)
+    /// than in `/proc/locks`; there the inode number alone decides.
+    pub fn is_on(&self, meta: &fs::Metadata) -> bool {
+        self.ino == meta.ino() && (self.dev == meta.dev() || nix::sys::stat::major(self.dev) == 0)
+    }
+}
+
+/// Exclusive flock(2) locks held right now; reading them never takes a lock, so
+/// `status` cannot make a real waiter miss a slot.
+pub fn live_flocks() -> Vec<LiveFlock> {
+    let Ok(text) = fs::read_to_string("/proc/locks") else {
+        return Vec::new();
+    };
+    text.lines()
+        .filter_map(|line| {
+            // "1: FLOCK  ADVISORY  WRITE 4242 fd:01:1234 0 EOF"; blocked waiters are marked "->".
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if fields.get(1) != Some(&"FLOCK") || fields.get(3) != Some(&"WRITE") {
+                return None;
+            }
+            let mut dev = fields.get(5)?.split(':');
+            let major = u64::from_str_radix(dev.next()?, 16).ok()?;
+            let minor = u64::from_str_radix(dev.next()?, 16).ok()?;
+            Some(LiveFlock {
+                dev: nix::sys::stat::makedev(major, minor),
+                ino: dev.next()?.parse().ok()?,
+                pid: fields.get(4)?.parse().ok()?,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn live_flocks_sees_a_held_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = fs::File::create(dir.path().join("x.0.lock")).unwrap();
+        file.lock().unwrap();
+        let meta = file.metadata().unwrap();
+        let found = live_flocks().into_iter().find(|l| l.is_on(&meta));
+        assert_eq!(found.map(|l| l.pid), Some(std::process::id()));
+    }
+}
