@@ -41,7 +41,7 @@ _lockrun() {
 
     case "${cmd}" in
         lockrun)
-            opts="-b -p -n -w -E -c -v -q -h -V --name --backend --dir --db --redis-url --prefix --parallelism --no-wait --timeout --initial-delay --max-delay --backoff-multiplier --ttl --min-hold --max-runtime --kill-grace --conflict-exit-code --command --verbose --quiet --log-format --help --version status release help"
+            opts="-b -p -n -w -E -c -v -q -h -V --name --backend --prefix --dir --db --redis-url --parallelism --no-wait --timeout --initial-delay --max-delay --backoff-multiplier --ttl --min-hold --max-runtime --kill-grace --conflict-exit-code --command --verbose --quiet --log-format --help --version status release help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -59,6 +59,10 @@ _lockrun() {
                     COMPREPLY=($(compgen -W "file sqlite redis" -- "${cur}"))
                     return 0
                     ;;
+                --prefix)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --dir)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -68,10 +72,6 @@ _lockrun() {
                     return 0
                     ;;
                 --redis-url)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --prefix)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -203,7 +203,7 @@ _lockrun() {
             return 0
             ;;
         lockrun__subcmd__release)
-            opts="-b -v -q -h --slot --force --backend --dir --db --redis-url --prefix --verbose --quiet --log-format --help"
+            opts="-b -v -q -h --slot --force --backend --prefix --dir --db --redis-url --verbose --quiet --log-format --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -221,6 +221,10 @@ _lockrun() {
                     COMPREPLY=($(compgen -W "file sqlite redis" -- "${cur}"))
                     return 0
                     ;;
+                --prefix)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --dir)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -230,10 +234,6 @@ _lockrun() {
                     return 0
                     ;;
                 --redis-url)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --prefix)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -249,7 +249,7 @@ _lockrun() {
             return 0
             ;;
         lockrun__subcmd__status)
-            opts="-b -v -q -h --json --backend --dir --db --redis-url --prefix --verbose --quiet --log-format --help"
+            opts="-b -v -q -h --json --backend --prefix --dir --db --redis-url --verbose --quiet --log-format --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -263,6 +263,10 @@ _lockrun() {
                     COMPREPLY=($(compgen -W "file sqlite redis" -- "${cur}"))
                     return 0
                     ;;
+                --prefix)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --dir)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -272,10 +276,6 @@ _lockrun() {
                     return 0
                     ;;
                 --redis-url)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --prefix)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

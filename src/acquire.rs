@@ -1,15 +1,21 @@
-//! The wait for a slot: try, then wait with jittered backoff (or in the kernel,
-//! or on a wake-up), until a slot is ours or `--timeout` passes.
+//! The wait for a slot, the same on every backend: look at the line, drop dead
+//! entries of this host from it, wait until it moves (in the kernel, on a
+//! wake-up, or a backoff step), ride out trouble with the backend, until a slot
+//! is ours or `--timeout` passes.
 
+use std::thread;
 use std::time::Duration;
 
-use crate::backend::{Acquired, Backend, Holder, Request, Wait};
+use crate::backend::{Attempt, Entry, Line, Owner, Request, Slot, Store, Wakeup};
 use crate::backoff::{self, Backoff};
 use crate::duration::display;
 use crate::error::{Error, Result};
 use crate::platform::clock::Moment;
 use crate::progress::Progress;
-use crate::report::{Event, Reporter, held_by};
+use crate::report::{Event, Reporter, Retry, held_by};
+
+/// How often a waiter looks whether an entry ahead of it on this host has died.
+const LIVENESS_POLL: Duration = Duration::from_millis(100);
 
 pub struct Policy {
     /// `None` waits forever.
@@ -19,99 +25,221 @@ pub struct Policy {
 }
 
 pub fn acquire(
-    backend: &mut dyn Backend,
+    store: &mut dyn Store,
     request: &Request,
     policy: &Policy,
     reporter: &Reporter,
-) -> Result<Acquired> {
+) -> Result<Box<dyn Slot>> {
     let started = Moment::now();
-    let mut progress = Progress::new(reporter.speaks_to_people(), request.name.as_str(), started);
-    let outcome = wait_for_slot(backend, request, policy, reporter, &mut progress, started);
+    let mut waiter = Waiter {
+        store,
+        request,
+        policy,
+        reporter,
+        progress: Progress::new(reporter.speaks_to_people(), request.name.as_str(), started),
+        started,
+        deadline: policy.timeout.map(|timeout| started + timeout),
+        backoff: Backoff::new(policy.backoff),
+        step_until: None,
+        reached: false,
+        reported: None,
+    };
+    let outcome = waiter.wait_for_slot();
+    if outcome.is_err() {
+        // Best effort: a place left behind is dropped by its TTL (or the kernel) anyway.
+        let _ = waiter.store.leave(request);
+    }
     // The live line goes before anything else is said about the outcome.
-    progress.finish();
-    let acquired = outcome?;
+    waiter.progress.finish();
+    let slot = outcome?;
     reporter.event(&Event::Acquired {
-        slot: acquired.slot,
-        fence: acquired.fence,
+        slot: slot.number(),
+        fence: slot.fence(),
         waited: Moment::now() - started,
     });
-    Ok(acquired)
+    Ok(slot)
 }
 
-fn wait_for_slot(
-    backend: &mut dyn Backend,
-    request: &Request,
-    policy: &Policy,
-    reporter: &Reporter,
-    progress: &mut Progress,
+struct Waiter<'a> {
+    store: &'a mut dyn Store,
+    request: &'a Request,
+    policy: &'a Policy,
+    reporter: &'a Reporter,
+    progress: Progress,
     started: Moment,
-) -> Result<Acquired> {
-    let deadline = policy.timeout.map(|timeout| started + timeout);
-    let mut backoff = Backoff::new(policy.backoff);
-    let mut rng = rand::rng();
-    let mut announced = false;
-    loop {
-        if let Some(acquired) = backend.try_acquire(request)? {
-            return Ok(acquired);
-        }
-        if deadline.is_some_and(Moment::has_passed) {
-            return Err(busy(backend, request, policy, started));
-        }
-        if !announced {
-            announced = true;
-            if reporter.wants_details() {
-                let holders = holders(backend, request);
-                progress.around(|| reporter.event(&Event::Waiting { holders: &holders }));
-            }
-        }
-        let delay = backoff.next_wait(&mut rng, deadline.map(Moment::remaining));
-        progress.around(|| reporter.event(&Event::Retry { delay }));
-        let step_until = Moment::now() + delay;
-        // One backoff step, cut into shorter waits while a live line needs redrawing.
+    deadline: Option<Moment>,
+    backoff: Backoff,
+    /// When the current backoff step ends, on a backend that is told when the line moves.
+    step_until: Option<Moment>,
+    /// Whether the store answered once: trouble after that is waited out, not fatal.
+    reached: bool,
+    /// The place in line last reported.
+    reported: Option<u32>,
+}
+
+impl Waiter<'_> {
+    fn wait_for_slot(&mut self) -> Result<Box<dyn Slot>> {
         loop {
-            let until = progress
-                .redraw_due()
-                .map_or(step_until, |due| due.min(step_until));
-            let wait = Wait {
-                step_until: until,
-                deadline,
+            let line = match self.store.attempt(self.request) {
+                Ok(Attempt::Taken(slot)) => return Ok(slot),
+                Ok(Attempt::Waiting(line)) => line,
+                Err(err) => {
+                    self.ride_out(err)?;
+                    continue;
+                }
             };
-            if let Some(acquired) = backend.wait(request, wait)? {
-                return Ok(acquired);
+            self.reached = true;
+            let dead: Vec<Owner> = line
+                .local_ahead
+                .iter()
+                .filter(|owner| owner.process.is_gone())
+                .cloned()
+                .collect();
+            if !dead.is_empty() {
+                if let Err(err) = self.store.evict(self.request, &dead) {
+                    self.ride_out(err)?;
+                }
+                continue;
             }
-            if progress.redraw_due().is_some_and(Moment::has_passed) {
-                progress.draw(&holders(backend, request));
+            if !self.request.queue || self.deadline.is_some_and(Moment::has_passed) {
+                return Err(self.busy(None));
             }
-            // Back to trying when the step is over, or when the backend returned before
-            // it was told to (a wake-up: a slot may have been freed).
-            if until == step_until || !until.has_passed() {
-                break;
+            self.report(&line);
+            let until = self.next_look(&line);
+            match self.store.wait(self.request, until) {
+                Ok(Some(slot)) => return Ok(slot),
+                Ok(None) => {}
+                Err(err) => self.ride_out(err)?,
+            }
+            if self.progress.redraw_due().is_some_and(Moment::has_passed) {
+                let holders = self.holders();
+                self.progress.draw(&holders, line.position);
             }
         }
     }
-}
 
-/// Who holds the name, for diagnostics only: a failure to look just shows nobody.
-fn holders(backend: &mut dyn Backend, request: &Request) -> Vec<Holder> {
-    backend.holders(Some(&request.name)).unwrap_or_default()
-}
+    /// When to look at the line again at the latest.
+    fn next_look(&mut self, line: &Line) -> Moment {
+        let abilities = self.store.abilities();
+        let mut looks = vec![self.deadline, line.moves_by, self.progress.redraw_due()];
+        if abilities.wakeup == Wakeup::Told {
+            // A notice can be lost: a backoff step bounds how long that keeps us asleep.
+            let step_until =
+                if let Some(until) = self.step_until.filter(|until| !until.has_passed()) {
+                    until
+                } else {
+                    let delay = self.backoff.next_wait(self.remaining());
+                    self.progress.around(|| {
+                        self.reporter.event(&Event::Retry {
+                            retry: Retry::Contended,
+                            position: line.position,
+                            delay: Some(delay),
+                        });
+                    });
+                    self.reported = Some(line.position);
+                    Moment::now() + delay
+                };
+            self.step_until = Some(step_until);
+            looks.push(Some(step_until));
+        }
+        if abilities.leases {
+            // A waiter's place lapses with its TTL unless it asks again.
+            looks.push(Some(Moment::now() + self.request.ttl / 3));
+        }
+        if !line.local_ahead.is_empty() {
+            looks.push(Some(Moment::now() + LIVENESS_POLL));
+        }
+        looks
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or_else(|| Moment::now() + Duration::from_secs(3600))
+    }
 
-fn busy(backend: &mut dyn Backend, request: &Request, policy: &Policy, started: Moment) -> Error {
-    let holders = holders(backend, request);
-    let slots = match request.parallelism {
-        1 => "its slot is taken".to_owned(),
-        n => format!("all {n} slots are taken"),
-    };
-    let gave_up = match policy.timeout {
-        Some(Duration::ZERO) => String::new(),
-        _ => format!("; gave up after {}", display(Moment::now() - started)),
-    };
-    Error::Busy {
-        message: format!(
-            "{} is busy: {slots}{}{gave_up}",
-            request.name,
-            held_by(&holders)
-        ),
-        exit_code: policy.conflict_exit_code,
+    /// The first look says that we wait and who holds the slots; later ones, when our place changed.
+    fn report(&mut self, line: &Line) {
+        if !self.reporter.wants_details() || self.reported == Some(line.position) {
+            return;
+        }
+        let holders = if self.reported.is_none() {
+            self.holders()
+        } else {
+            Vec::new()
+        };
+        let event = match self.reported {
+            None => Event::Waiting {
+                holders: &holders,
+                position: line.position,
+            },
+            Some(_) => Event::Retry {
+                retry: Retry::Contended,
+                position: line.position,
+                delay: None,
+            },
+        };
+        self.progress.around(|| self.reporter.event(&event));
+        self.reported = Some(line.position);
+    }
+
+    /// Waits out trouble with the backend once it has answered before, a backoff
+    /// step at a time until `--timeout`; anything else ends the wait.
+    fn ride_out(&mut self, err: Error) -> Result<()> {
+        let Some(retry) = Retry::for_error(&err).filter(|_| self.reached) else {
+            return Err(err);
+        };
+        if self.deadline.is_some_and(Moment::has_passed) || !self.request.queue {
+            return Err(self.busy(Some(&err)));
+        }
+        let delay = self.backoff.next_wait(self.remaining());
+        self.progress.around(|| {
+            self.reporter.event(&Event::Retry {
+                retry,
+                position: self.reported.unwrap_or(0),
+                delay: Some(delay),
+            });
+        });
+        thread::sleep(delay);
+        Ok(())
+    }
+
+    fn remaining(&self) -> Option<Duration> {
+        self.deadline.map(Moment::remaining)
+    }
+
+    /// Who holds the slots now, for messages: a failure to look just shows nobody.
+    fn holders(&mut self) -> Vec<Entry> {
+        let mut entries = self
+            .store
+            .list(Some(&self.request.name))
+            .unwrap_or_default();
+        entries.retain(Entry::is_holder);
+        entries
+    }
+
+    fn busy(&mut self, trouble: Option<&Error>) -> Error {
+        let slots = match self.request.parallelism {
+            1 => "its slot is taken".to_owned(),
+            n => format!("all {n} slots are taken"),
+        };
+        let gave_up = match self.policy.timeout {
+            Some(Duration::ZERO) => String::new(),
+            _ => format!("; gave up after {}", display(Moment::now() - self.started)),
+        };
+        let name = &self.request.name;
+        let message = if let Some(err) = trouble {
+            format!("no slot of {name} acquired: {err}{gave_up}")
+        } else {
+            let held = held_by(&self.holders());
+            let held = if held.is_empty() {
+                held
+            } else {
+                format!(": {held}")
+            };
+            format!("{name} is busy: {slots}{held}{gave_up}")
+        };
+        Error::Busy {
+            message,
+            exit_code: self.policy.conflict_exit_code,
+        }
     }
 }

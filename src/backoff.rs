@@ -1,4 +1,4 @@
-//! Jittered exponential backoff (SPEC §1): the n-th wait is
+//! Jittered exponential backoff (README: "Usage"): the n-th wait is
 //! `min(delay_n * U(0.5, 1.5), max_delay)`, `delay_{n+1} = min(delay_n * multiplier, max_delay)`.
 
 use std::time::Duration;
@@ -39,7 +39,12 @@ impl Backoff {
     }
 
     /// The next wait, never longer than `left` (the time to the `--timeout` deadline).
-    pub fn next_wait(&mut self, rng: &mut impl Rng, left: Option<Duration>) -> Duration {
+    pub fn next_wait(&mut self, left: Option<Duration>) -> Duration {
+        // Seeded only here, on the first wait: an uncontended run never pays for it.
+        self.next_wait_with(&mut rand::rng(), left)
+    }
+
+    fn next_wait_with(&mut self, rng: &mut impl Rng, left: Option<Duration>) -> Duration {
         let jitter = rng.random_range(0.5..1.5);
         let wait = self.scaled(jitter).max(MIN_WAIT);
         self.delay = self.scaled(self.policy.multiplier);
@@ -68,7 +73,7 @@ mod tests {
         for _ in 0..20 {
             let jitter: f64 = jitter_rng.random_range(0.5..1.5);
             let expected = (delay * jitter).min(30.0);
-            let wait = backoff.next_wait(&mut rng, None).as_secs_f64();
+            let wait = backoff.next_wait_with(&mut rng, None).as_secs_f64();
             assert!((wait - expected).abs() < 1e-6, "wait {wait} != {expected}");
             delay = (delay * 1.5).min(30.0);
         }
@@ -78,7 +83,7 @@ mod tests {
     fn jitter_stays_within_half_to_one_and_a_half() {
         let mut rng = StdRng::seed_from_u64(1);
         for _ in 0..1000 {
-            let wait = Backoff::new(DEFAULTS).next_wait(&mut rng, None);
+            let wait = Backoff::new(DEFAULTS).next_wait_with(&mut rng, None);
             assert!(wait >= Duration::from_millis(500) && wait < Duration::from_millis(1500));
         }
     }
@@ -87,7 +92,9 @@ mod tests {
     fn capped_by_max_delay() {
         let mut backoff = Backoff::new(DEFAULTS);
         let mut rng = StdRng::seed_from_u64(3);
-        let waits: Vec<_> = (0..40).map(|_| backoff.next_wait(&mut rng, None)).collect();
+        let waits: Vec<_> = (0..40)
+            .map(|_| backoff.next_wait_with(&mut rng, None))
+            .collect();
         assert!(waits.iter().all(|w| *w <= Duration::from_secs(30)));
         assert!(
             waits[30..].iter().any(|w| *w == Duration::from_secs(30)),
@@ -100,7 +107,7 @@ mod tests {
         let mut backoff = Backoff::new(DEFAULTS);
         let mut rng = StdRng::seed_from_u64(5);
         let left = Duration::from_millis(120);
-        assert_eq!(backoff.next_wait(&mut rng, Some(left)), left);
+        assert_eq!(backoff.next_wait_with(&mut rng, Some(left)), left);
     }
 
     #[test]
@@ -112,9 +119,9 @@ mod tests {
         };
         let mut backoff = Backoff::new(policy);
         let mut rng = StdRng::seed_from_u64(2);
-        backoff.next_wait(&mut rng, None);
+        backoff.next_wait_with(&mut rng, None);
         // The delay is capped at the maximum; the jittered wait is half to all of it.
-        let wait = backoff.next_wait(&mut rng, None);
+        let wait = backoff.next_wait_with(&mut rng, None);
         assert!(wait <= policy.max_delay);
         assert!(wait.as_secs_f64() >= policy.max_delay.as_secs_f64() * 0.49);
     }
@@ -126,7 +133,10 @@ mod tests {
             ..DEFAULTS
         };
         let mut rng = StdRng::seed_from_u64(4);
-        assert_eq!(Backoff::new(policy).next_wait(&mut rng, None), MIN_WAIT);
+        assert_eq!(
+            Backoff::new(policy).next_wait_with(&mut rng, None),
+            MIN_WAIT
+        );
     }
 
     #[test]
@@ -138,7 +148,7 @@ mod tests {
         let mut backoff = Backoff::new(policy);
         let mut rng = StdRng::seed_from_u64(9);
         for _ in 0..10 {
-            let wait = backoff.next_wait(&mut rng, None);
+            let wait = backoff.next_wait_with(&mut rng, None);
             assert!(wait >= Duration::from_millis(500) && wait < Duration::from_millis(1500));
         }
     }

@@ -1,13 +1,12 @@
-//! The command line (SPEC §1): every option also reads its environment variable.
+//! The command line (README: "Usage"): every option also reads its environment variable.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::error::ErrorKind;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
-use crate::backend::Kind;
+use crate::backend::StoreArgs;
 use crate::duration;
 use crate::name::Name;
 use crate::report::Format;
@@ -115,41 +114,6 @@ pub struct RunArgs {
         allow_hyphen_values = true
     )]
     pub command: Vec<OsString>,
-}
-
-/// Where locks live; shared by running, `status` and `release`.
-#[derive(Debug, Args)]
-pub struct StoreArgs {
-    /// Where the lock lives
-    #[arg(short = 'b', long, env = "LOCKRUN_BACKEND", value_enum, default_value_t = Kind::File)]
-    pub backend: Kind,
-
-    /// File backend's directory [default: `$XDG_RUNTIME_DIR/lockrun`, else `/run/lock/lockrun`, else `$TMPDIR/lockrun-$UID`]
-    #[arg(long, env = "LOCKRUN_DIR", value_name = "DIR")]
-    pub dir: Option<PathBuf>,
-
-    /// `SQLite` database [default: `$XDG_STATE_HOME/lockrun/locks.sqlite3`, else `~/.local/state/lockrun/locks.sqlite3`]
-    #[arg(long, env = "LOCKRUN_DB", value_name = "PATH")]
-    pub db: Option<PathBuf>,
-
-    /// Redis server: `redis://[user:pass@]host:port[/db]`, `rediss://` (TLS) or `redis+unix:///path`
-    #[arg(
-        long,
-        env = "LOCKRUN_REDIS_URL",
-        default_value = "redis://127.0.0.1:6379",
-        value_name = "URL",
-        hide_env_values = true
-    )]
-    pub redis_url: String,
-
-    /// Redis key prefix (keys start with PREFIX:)
-    #[arg(
-        long,
-        env = "LOCKRUN_PREFIX",
-        default_value = "lockrun",
-        value_name = "PREFIX"
-    )]
-    pub prefix: String,
 }
 
 #[derive(Debug, Args)]

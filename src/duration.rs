@@ -1,4 +1,4 @@
-//! Duration values on the command line: `10`, `0.25`, `500ms`, `1h30m` (SPEC §1).
+//! Duration values on the command line: `10`, `0.25`, `500ms`, `1h30m` (README: "Usage").
 
 use std::time::Duration;
 

@@ -1,4 +1,4 @@
-//! Errors that know the exit status they end lockrun with (SPEC §2).
+//! Errors that know the exit status they end lockrun with (README: "Exit status").
 
 /// Exit statuses of lockrun's own.
 pub mod status {
@@ -19,6 +19,10 @@ pub enum Error {
     /// The backend cannot be used: server unreachable, auth refused, file unusable.
     #[error("{0}")]
     Unavailable(String),
+    /// Trouble that may pass (a lost connection, a restarting server, a locked
+    /// database): waited out once the backend has answered, else like `Unavailable`.
+    #[error("{message}")]
+    Trouble { message: String, kind: Trouble },
     /// A bug or an operating-system failure lockrun cannot attribute to the user.
     #[error("internal error: {0}")]
     Internal(String),
@@ -34,7 +38,7 @@ impl Error {
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::Usage(_) => status::USAGE,
-            Self::Unavailable(_) => status::UNAVAILABLE,
+            Self::Unavailable(_) | Self::Trouble { .. } => status::UNAVAILABLE,
             Self::Internal(_) => status::INTERNAL,
             Self::Busy { exit_code, .. } | Self::Spawn { exit_code, .. } => *exit_code,
         }
@@ -44,9 +48,25 @@ impl Error {
         Self::Unavailable(format!("{context}: {err}"))
     }
 
+    pub fn trouble(kind: Trouble, message: impl Into<String>) -> Self {
+        Self::Trouble {
+            message: message.into(),
+            kind,
+        }
+    }
+
     pub fn internal(context: impl std::fmt::Display, err: impl std::fmt::Display) -> Self {
         Self::Internal(format!("{context}: {err}"))
     }
+}
+
+/// What kind of passing trouble: the `reason` of a `retry` event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Trouble {
+    /// The server cannot be reached or is not serving (restarting, failing over).
+    Unavailable,
+    /// The store answered but could not do it now (a database locked by another process).
+    Busy,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

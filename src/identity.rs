@@ -4,16 +4,19 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use rand::RngExt;
+use serde::{Deserialize, Serialize};
 
 use crate::platform::proc::{Seen, boot_id, look_up};
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Process {
     pub pid: u32,
-    /// Start time in clock ticks since boot (field 22 of `/proc/PID/stat`).
+    /// Start time in clock ticks since boot (field 22 of `/proc/PID/stat`); 0 when unknown.
+    #[serde(default)]
     pub start_time: u64,
     /// The kernel's boot id and the process's pid namespace, `BOOT-ID/pid:[INODE]`:
-    /// pids can only be compared between processes that share both.
+    /// pids can only be compared between processes that share both. Empty when unknown.
+    #[serde(default)]
     pub boot_id: String,
     pub host: String,
 }
@@ -39,6 +42,12 @@ impl Process {
             boot_id: String::new(),
             host: host_name(),
         }
+    }
+
+    /// True when both run on the same boot of the same host, in one pid
+    /// namespace: only then can one tell whether the other is alive.
+    pub fn shares_host_with(&self, other: &Self) -> bool {
+        !self.boot_id.is_empty() && self.boot_id == other.boot_id && self.host == other.host
     }
 
     /// True when this process certainly no longer exists: it ran on this boot of

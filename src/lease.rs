@@ -1,12 +1,120 @@
-//! Lease timekeeping (SPEC §4): renew every TTL/3; the lease is ours until the
-//! last confirmed renewal + TTL; the command is told to stop `grace` before that.
+//! A taken slot's life until it is released: on lease backends, the lease's
+//! timekeeping (renewed every TTL/3; ours until the last confirmed renewal +
+//! TTL; the command told to stop `--kill-grace` before that) and the renewals
+//! themselves, so that the supervisor sees nothing but deadlines.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
+use crate::backend::{Renewal, Slot};
+use crate::error::Result;
 use crate::platform::clock::Moment;
+use crate::report::{Event, Reporter};
 
+/// A slot that is ours, with its lease if it has one.
+pub struct Held {
+    slot: Box<dyn Slot>,
+    lease: Option<Lease>,
+}
+
+/// What [`Held::check`] decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Keep,
+    /// The lease cannot be kept: stop the command now, and kill it after `grace`
+    /// (it must be gone before another holder can have the slot).
+    Stop {
+        reason: &'static str,
+        grace: Duration,
+    },
+}
+
+impl Held {
+    /// `slot` with a lease of `ttl` (when the backend has leases), whose command
+    /// gets `grace` between SIGTERM and the end of the lease.
+    pub fn new(slot: Box<dyn Slot>, ttl: Option<Duration>, grace: Duration) -> Self {
+        let lease = ttl.map(|ttl| Lease::new(slot.taken_at(), ttl, grace));
+        Self { slot, lease }
+    }
+
+    pub fn number(&self) -> u32 {
+        self.slot.number()
+    }
+
+    pub fn fence(&self) -> u64 {
+        self.slot.fence()
+    }
+
+    /// When [`Held::check`] must run next: a renewal, or the command's stop. `None` without a lease.
+    pub fn due(&self) -> Option<Moment> {
+        let lease = self.lease.as_ref()?;
+        Some(lease.renewal_due().min(lease.stop_at()))
+    }
+
+    /// When the command must be gone: another holder may have the slot from then on.
+    pub fn deadline(&self) -> Option<Moment> {
+        self.lease.as_ref().map(Lease::deadline)
+    }
+
+    /// Renews the lease when a renewal is due and says whether the command may go on.
+    pub fn check(&mut self, reporter: &Reporter) -> Verdict {
+        let Some(lease) = &mut self.lease else {
+            return Verdict::Keep;
+        };
+        if lease.deadline().has_passed() {
+            // Paused (SIGSTOP, a frozen VM, a stopped job) past the deadline: another holder may run already.
+            return Verdict::Stop {
+                reason: "its deadline passed while lockrun was paused",
+                grace: Duration::ZERO,
+            };
+        }
+        if lease.renewal_due().has_passed() {
+            let sent = Moment::now();
+            // An answer after the stop is due would come too late to spare the command.
+            match self.slot.renew(lease.stop_at().remaining()) {
+                Ok(Renewal::Renewed) => {
+                    lease.renewed(sent);
+                    reporter.event(&Event::Renewed { ttl: lease.ttl() });
+                }
+                Ok(Renewal::Lost) => {
+                    return Verdict::Stop {
+                        reason: "it was broken or expired",
+                        // Another holder may have the slot already: never past the old deadline.
+                        grace: lease.grace.min(lease.deadline().remaining()),
+                    };
+                }
+                Err(err) => {
+                    lease.renewal_failed(Moment::now());
+                    reporter.event(&Event::Notice {
+                        message: &format!("could not renew the lease: {err}"),
+                    });
+                }
+            }
+        }
+        // Checked even when no renewal was due: a failed one is retried later than the stop may be.
+        if lease.deadline().has_passed() {
+            Verdict::Stop {
+                reason: "its deadline passed before a renewal was confirmed",
+                grace: Duration::ZERO,
+            }
+        } else if lease.stop_at().has_passed() {
+            Verdict::Stop {
+                reason: "no renewal was confirmed in time",
+                grace: lease.deadline().remaining(),
+            }
+        } else {
+            Verdict::Keep
+        }
+    }
+
+    /// Gives the slot up; see [`Slot::release`].
+    pub fn release(self, keep_until: Option<SystemTime>) -> Result<()> {
+        self.slot.release(keep_until)
+    }
+}
+
+/// The lease's clock, on the monotonic clock of this host.
 #[derive(Debug)]
-pub struct Lease {
+struct Lease {
     ttl: Duration,
     grace: Duration,
     confirmed_until: Moment,
@@ -15,7 +123,7 @@ pub struct Lease {
 
 impl Lease {
     /// A lease whose acquisition was sent at `sent` (it cannot run longer than from then).
-    pub fn new(sent: Moment, ttl: Duration, grace: Duration) -> Self {
+    fn new(sent: Moment, ttl: Duration, grace: Duration) -> Self {
         Self {
             ttl,
             grace,
@@ -24,32 +132,32 @@ impl Lease {
         }
     }
 
-    pub fn ttl(&self) -> Duration {
+    fn ttl(&self) -> Duration {
         self.ttl
     }
 
-    pub fn renewal_due(&self) -> Moment {
+    fn renewal_due(&self) -> Moment {
         self.next_renewal
     }
 
     /// When the command gets SIGTERM if no renewal is confirmed before.
-    pub fn stop_at(&self) -> Moment {
+    fn stop_at(&self) -> Moment {
         self.confirmed_until - self.grace
     }
 
     /// When another holder may get the slot: the command must be gone by then.
-    pub fn deadline(&self) -> Moment {
+    fn deadline(&self) -> Moment {
         self.confirmed_until
     }
 
     /// A renewal sent at `sent` was confirmed.
-    pub fn renewed(&mut self, sent: Moment) {
+    fn renewed(&mut self, sent: Moment) {
         self.confirmed_until = self.confirmed_until.max(sent + self.ttl);
         self.next_renewal = sent + self.ttl / 3;
     }
 
     /// A renewal could not be confirmed: try again soon, well before the stop.
-    pub fn renewal_failed(&mut self, now: Moment) {
+    fn renewal_failed(&mut self, now: Moment) {
         let retry = (self.ttl / 10).clamp(Duration::from_millis(50), Duration::from_secs(1));
         self.next_renewal = now + retry;
     }

@@ -19,7 +19,7 @@ pub mod run;
 pub mod supervisor;
 pub mod timestamp;
 
-use cli::{Action, OutputArgs, StoreArgs};
+use cli::{Action, OutputArgs};
 use report::{Level, Reporter};
 
 /// Runs lockrun with the process's arguments and returns its exit status.
@@ -57,16 +57,4 @@ fn reporter(output: &OutputArgs, name: String) -> Reporter {
         Level::Normal
     };
     Reporter::new(level, output.log_format, name)
-}
-
-impl StoreArgs {
-    pub fn location(&self) -> backend::Location {
-        backend::Location {
-            kind: self.backend,
-            dir: self.dir.clone(),
-            db: self.db.clone(),
-            redis_url: self.redis_url.clone(),
-            prefix: self.prefix.clone(),
-        }
-    }
 }

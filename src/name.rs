@@ -1,4 +1,4 @@
-//! Lock names (SPEC §1): 1 to 200 bytes of UTF-8 without control characters.
+//! Lock names (README: "Usage"): 1 to 200 bytes of UTF-8 without control characters.
 
 use std::fmt::{self, Write};
 
@@ -28,11 +28,14 @@ impl Name {
         &self.0
     }
 
-    /// A file-name stem that is unique to this name and can never leave a
-    /// directory: `[A-Za-z0-9_-]` and inner dots stay, every other byte becomes `%XX`.
-    /// A stem too long for a file name keeps its start and ends in `~` and a
-    /// 128-bit hash of the whole name (`~` never appears in a short stem).
-    pub fn file_stem(&self) -> String {
+    /// A form of the name that is unique to it and safe wherever a name is
+    /// used as part of something else: as a file name it can never leave its
+    /// directory, and as part of a key or a pattern it can never reach another
+    /// name's keys (no `/`, `{`, `}`, `:`, `*`, `?`, `[`). `[A-Za-z0-9_-]` and
+    /// inner dots stay, every other byte becomes `%XX`. A stem too long for a
+    /// file name keeps its start and ends in `~` and a 128-bit hash of the
+    /// whole name (`~` never appears in a short stem).
+    pub fn stem(&self) -> String {
         let stem = self.escaped();
         if stem.len() <= MAX_STEM {
             return stem;
@@ -101,7 +104,7 @@ mod tests {
 
     #[test]
     fn stems_stay_in_the_directory() {
-        let stem = |s: &str| Name::parse(s).unwrap().file_stem();
+        let stem = |s: &str| Name::parse(s).unwrap().stem();
         assert_eq!(stem("backup"), "backup");
         assert_eq!(stem("../etc/passwd"), "%2E.%2Fetc%2Fpasswd");
         assert_eq!(stem(".."), "%2E.");
@@ -117,10 +120,8 @@ mod tests {
 
     #[test]
     fn long_stems_are_shortened_and_stay_distinct() {
-        let a = Name::parse(&"é".repeat(100)).unwrap().file_stem();
-        let b = Name::parse(&format!("{}e", "é".repeat(99)))
-            .unwrap()
-            .file_stem();
+        let a = Name::parse(&"é".repeat(100)).unwrap().stem();
+        let b = Name::parse(&format!("{}e", "é".repeat(99))).unwrap().stem();
         assert!(a.len() <= MAX_STEM && b.len() <= MAX_STEM, "{a}");
         assert_ne!(a, b);
         assert!(a.contains('~') && !a.contains('/'));

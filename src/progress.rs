@@ -1,4 +1,4 @@
-//! The live waiting line (SPEC §6): when stderr is a terminal and a wait lasts
+//! The live waiting line (README: "Who holds a lock"): when stderr is a terminal and a wait lasts
 //! more than a second, one stderr line rewritten in place says who holds the
 //! lock and for how long, and is cleared once the wait ends.
 //!
@@ -9,10 +9,10 @@
 use std::io::{IsTerminal, Write};
 use std::time::Duration;
 
-use crate::backend::Holder;
+use crate::backend::Entry;
 use crate::platform::clock::Moment;
 use crate::platform::terminal;
-use crate::report::held_by;
+use crate::report::in_line;
 
 /// The line appears after this long and is redrawn this often.
 const EVERY: Duration = Duration::from_secs(1);
@@ -48,12 +48,16 @@ impl Progress {
         self.live.as_ref().map(|live| live.next_draw)
     }
 
-    /// Draws the line for `holders` (the caller checks [`Progress::redraw_due`]).
-    pub fn draw(&mut self, holders: &[Holder]) {
+    /// Draws the line for our `position` and the `holders` (the caller checks [`Progress::redraw_due`]).
+    pub fn draw(&mut self, holders: &[Entry], position: u32) {
         let Some(live) = &mut self.live else { return };
         live.next_draw = Moment::now() + EVERY;
-        // "waiting for backup: held by pid 4242 on web-1 for 3m12s (./backup.sh)"
-        let text = fit(&format!("waiting for {}{}", live.name, held_by(holders)));
+        // "waiting for backup: 3rd in line, held by pid 4242 on web-1 for 3m12s (./backup.sh)"
+        let text = fit(&format!(
+            "waiting for {}{}",
+            live.name,
+            in_line(position, holders)
+        ));
         put(&format!("{ERASE}{text}"));
         live.shown = Some(text);
     }

@@ -1,4 +1,4 @@
-//! Diagnostics on stderr (SPEC §6): text lines for people, or one JSON object
+//! Diagnostics on stderr (README: "Feeding the events to a log pipeline"): text lines for people, or one JSON object
 //! per event for log pipelines. stdout belongs to the command.
 
 use std::fmt::Write as _;
@@ -7,8 +7,9 @@ use std::time::{Duration, SystemTime};
 
 use serde_json::{Value, json};
 
-use crate::backend::Holder;
+use crate::backend::Entry;
 use crate::duration::display;
+use crate::error::{Error, Trouble};
 use crate::identity::epoch_millis;
 use crate::timestamp::{now_rfc3339, rfc3339};
 
@@ -26,11 +27,18 @@ pub enum Level {
 }
 
 pub enum Event<'a> {
+    /// The first look found no slot for us.
     Waiting {
-        holders: &'a [Holder],
+        holders: &'a [Entry],
+        /// Our place in line, from 1; 0 when not in line.
+        position: u32,
     },
+    /// Waiting goes on: a backoff step begins, our place changed, or trouble is waited out.
     Retry {
-        delay: Duration,
+        retry: Retry,
+        position: u32,
+        /// Longest time until the next look; `None` when only a wake-up ends the wait.
+        delay: Option<Duration>,
     },
     Acquired {
         slot: u32,
@@ -107,8 +115,27 @@ impl Reporter {
     fn text(&self, event: &Event) -> String {
         let name = &self.name;
         match event {
-            Event::Waiting { holders } => format!("waiting for {name}{}", held_by(holders)),
-            Event::Retry { delay } => format!("{name} still busy; next try in {}", display(*delay)),
+            Event::Waiting { holders, position } => {
+                format!("waiting for {name}{}", in_line(*position, holders))
+            }
+            Event::Retry {
+                retry,
+                position,
+                delay,
+            } => {
+                let next = delay.map_or(String::new(), |delay| {
+                    format!("; next try in {}", display(delay))
+                });
+                match retry {
+                    Retry::Contended if delay.is_some() => {
+                        format!("{name} still busy{}{next}", place(*position, ", "))
+                    }
+                    Retry::Contended => format!("{name}: now{}", place(*position, " ")),
+                    Retry::Unavailable(why) | Retry::TransientError(why) => {
+                        format!("{why}; still waiting for {name}{next}")
+                    }
+                }
+            }
             Event::Acquired {
                 slot,
                 fence,
@@ -128,11 +155,28 @@ impl Reporter {
 
     fn json(&self, event: &Event) -> Value {
         let (kind, mut fields) = match event {
-            Event::Waiting { holders } => (
+            Event::Waiting { holders, position } => (
                 "waiting",
-                json!({ "holders": holders.iter().map(holder_json).collect::<Vec<_>>() }),
+                json!({
+                    "holders": holders.iter().map(holder_json).collect::<Vec<_>>(),
+                    "position": position,
+                }),
             ),
-            Event::Retry { delay } => ("retry", json!({ "delay_ms": delay.as_millis() as u64 })),
+            Event::Retry {
+                retry,
+                position,
+                delay,
+            } => {
+                let mut fields = json!({
+                    "reason": retry.reason(),
+                    "position": position,
+                    "delay_ms": delay.map(|delay| delay.as_millis() as u64),
+                });
+                if let Retry::Unavailable(why) | Retry::TransientError(why) = retry {
+                    fields["message"] = json!(why);
+                }
+                ("retry", fields)
+            }
             Event::Acquired {
                 slot,
                 fence,
@@ -156,26 +200,88 @@ impl Reporter {
     }
 }
 
-/// ": held by pid 4242 on web-1 for 3m12s (./backup.sh)" for the first holder, when known.
-pub fn held_by(holders: &[Holder]) -> String {
+/// Why waiting goes on (the `reason` of a `retry` event).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Retry {
+    /// Every slot is taken, or waiters are ahead of us.
+    Contended,
+    /// The backend cannot be reached or is not serving now; the message says why.
+    Unavailable(String),
+    /// The backend could not do it now (a locked database); the message says why.
+    TransientError(String),
+}
+
+impl Retry {
+    /// The retry that waits out `err`, when it is trouble that may pass.
+    pub fn for_error(err: &Error) -> Option<Self> {
+        match err {
+            Error::Trouble {
+                message,
+                kind: Trouble::Unavailable,
+            } => Some(Self::Unavailable(message.clone())),
+            Error::Trouble {
+                message,
+                kind: Trouble::Busy,
+            } => Some(Self::TransientError(message.clone())),
+            _ => None,
+        }
+    }
+
+    fn reason(&self) -> &'static str {
+        match self {
+            Self::Contended => "contended",
+            Self::Unavailable(_) => "unavailable",
+            Self::TransientError(_) => "transient-error",
+        }
+    }
+}
+
+/// ": 3rd in line, held by pid 4242 on web-1 for 3m12s (./backup.sh)", as far as known.
+pub fn in_line(position: u32, holders: &[Entry]) -> String {
+    let held = held_by(holders);
+    match (place(position, ""), held.is_empty()) {
+        (place, true) if place.is_empty() => String::new(),
+        (place, true) => format!(": {place}"),
+        (place, false) if place.is_empty() => format!(": {held}"),
+        (place, false) => format!(": {place}, {held}"),
+    }
+}
+
+/// "3rd in line" after `lead`, or nothing when not in line.
+fn place(position: u32, lead: &str) -> String {
+    if position == 0 {
+        return String::new();
+    }
+    let suffix = match (position % 10, position % 100) {
+        (_, 11..=13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    format!("{lead}{position}{suffix} in line")
+}
+
+/// "held by pid 4242 on web-1 for 3m12s (./backup.sh)" for the first holder, when known.
+pub fn held_by(holders: &[Entry]) -> String {
     held_by_at(holders, epoch_millis(SystemTime::now()))
 }
 
-fn held_by_at(holders: &[Holder], now_millis: u64) -> String {
+fn held_by_at(holders: &[Entry], now_millis: u64) -> String {
     let Some(first) = holders.first() else {
         return String::new();
     };
-    let mut text = format!(": held by pid {}", first.pid);
+    let mut text = format!("held by pid {}", first.pid);
     if !first.host.is_empty() {
-        let _ = write!(text, " on {}", first.host);
+        let _ = write!(text, " on {}", escape_controls(&first.host));
     }
-    if first.acquired_at > 0 {
-        let held = Duration::from_millis(now_millis.saturating_sub(first.acquired_at));
+    if let Some(since) = first.since {
+        let held = Duration::from_millis(now_millis.saturating_sub(since));
         let _ = write!(text, " for {}", display(held));
     }
     // The command last: on a narrow terminal a long one is what gets cut.
     if !first.command.is_empty() {
-        let _ = write!(text, " ({})", printable(&first.command));
+        let _ = write!(text, " ({})", escape_controls(&first.command));
     }
     if holders.len() > 1 {
         let _ = write!(text, " and {} more", holders.len() - 1);
@@ -183,20 +289,28 @@ fn held_by_at(holders: &[Holder], now_millis: u64) -> String {
     text
 }
 
-/// A control character (a newline in a `-c` script) would split a diagnostic line.
-fn printable(text: &str) -> String {
+/// `text` with its control characters escaped (`\n`, `\u{1b}`): text taken
+/// from a store (a name, a host, a command line) may hold anything, and must
+/// neither split a line nor reach a terminal as an escape sequence.
+pub fn escape_controls(text: &str) -> String {
     text.chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect()
+        .fold(String::with_capacity(text.len()), |mut out, c| {
+            if c.is_control() {
+                out.extend(c.escape_default());
+            } else {
+                out.push(c);
+            }
+            out
+        })
 }
 
-fn holder_json(holder: &Holder) -> Value {
+fn holder_json(holder: &Entry) -> Value {
     json!({
         "slot": holder.slot,
         "pid": holder.pid,
         "host": holder.host,
         "command": holder.command,
-        "acquired_at": (holder.acquired_at > 0).then(|| rfc3339(holder.acquired_at)),
+        "acquired_at": holder.since.map(rfc3339),
         "fence": holder.fence,
     })
 }
@@ -205,16 +319,17 @@ fn holder_json(holder: &Holder) -> Value {
 mod tests {
     use super::*;
 
-    fn holder(pid: u32, acquired_at: u64) -> Holder {
-        Holder {
+    fn holder(pid: u32, acquired_at: u64) -> Entry {
+        Entry {
             name: "backup".into(),
-            slot: 0,
+            slot: Some(0),
+            position: 0,
             pid,
             host: "web-1".into(),
             command: "./backup.sh\n--all".into(),
-            acquired_at,
+            since: Some(acquired_at),
             expires_at: None,
-            fence: 7,
+            fence: Some(7),
         }
     }
 
@@ -223,12 +338,31 @@ mod tests {
         let now = 1_000_000_000;
         assert_eq!(
             held_by_at(&[holder(4242, now - 192_400)], now),
-            ": held by pid 4242 on web-1 for 3m12s (./backup.sh --all)"
+            "held by pid 4242 on web-1 for 3m12s (./backup.sh\\n--all)"
         );
         assert_eq!(
             held_by_at(&[holder(1, now - 2300), holder(2, now)], now),
-            ": held by pid 1 on web-1 for 2.3s (./backup.sh --all) and 1 more"
+            "held by pid 1 on web-1 for 2.3s (./backup.sh\\n--all) and 1 more"
         );
         assert_eq!(held_by_at(&[], now), "");
+    }
+
+    #[test]
+    fn places_in_line_are_ordinals() {
+        let places: Vec<String> = [1, 2, 3, 4, 11, 12, 13, 21, 22, 103, 111]
+            .into_iter()
+            .map(|n| place(n, ""))
+            .collect();
+        assert_eq!(
+            places,
+            [
+                "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "103rd",
+                "111th"
+            ]
+            .map(|p| format!("{p} in line"))
+        );
+        assert_eq!(place(0, ", "), "");
+        assert_eq!(in_line(3, &[]), ": 3rd in line");
+        assert_eq!(in_line(0, &[]), "");
     }
 }

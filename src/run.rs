@@ -4,16 +4,13 @@
 use std::ffi::OsString;
 use std::time::{Duration, SystemTime};
 
-use nix::sys::signal::Signal;
-
 use crate::acquire::{self, acquire};
-use crate::backend::{self, Owner, Request};
+use crate::backend::{Owner, Request, Store};
 use crate::backoff;
 use crate::cli::RunArgs;
 use crate::error::{Error, Result};
 use crate::identity::{Process, new_token};
-use crate::lease::Lease;
-use crate::platform::clock::Moment;
+use crate::lease::Held;
 use crate::report::{Event, Reporter};
 use crate::supervisor::{self, Ending, Limits, Program, Signals};
 
@@ -25,9 +22,12 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
         .name
         .ok_or_else(|| Error::Usage("--name is required".into()))?;
     let program = program(args.shell_command, args.command)?;
-    let kind = args.store.backend;
+
+    supervisor::reset_inherited()?;
+    let mut store = open_store(&args.store, reporter)?;
+    let leases = store.abilities().leases;
     let mut kill_grace = args.kill_grace.unwrap_or(DEFAULT_KILL_GRACE);
-    if kind.uses_leases() {
+    if leases {
         // The command must be gone before the lease could pass to another holder.
         kill_grace = kill_grace.min(args.ttl / 3);
     }
@@ -37,52 +37,42 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
         ttl: args.ttl,
         owner: Owner {
             token: new_token(),
-            process: owner_process(kind),
+            // Only a lease's holder can be reclaimed early by its process's death;
+            // the kernel frees a dead holder's lock by itself.
+            process: if leases {
+                Process::current()
+            } else {
+                Process::current_without_liveness()
+            },
             command: program.display(),
         },
+        queue: policy.timeout != Some(Duration::ZERO),
     };
-
-    supervisor::reset_inherited()?;
-    let mut backend = open_backend(&args.store.location(), reporter)?;
-    let acquired = acquire(backend.as_mut(), &request, &policy, reporter)?;
-    let acquired_at = (SystemTime::now(), Moment::now());
-    let slot = acquired.slot;
+    let slot = acquire(store.as_mut(), &request, &policy, reporter)?;
+    drop(store);
+    let acquired_at = SystemTime::now();
+    let mut held = Held::new(slot, leases.then_some(request.ttl), kill_grace);
+    let number = held.number();
     let env = [
         ("LOCKRUN_NAME", request.name.to_string()),
-        ("LOCKRUN_BACKEND", kind.as_str().to_owned()),
-        ("LOCKRUN_SLOT", slot.to_string()),
+        ("LOCKRUN_BACKEND", args.store.backend.clone()),
+        ("LOCKRUN_SLOT", number.to_string()),
         ("LOCKRUN_PARALLELISM", request.parallelism.to_string()),
         ("LOCKRUN_TOKEN", request.owner.token.clone()),
-        ("LOCKRUN_FENCE", acquired.fence.to_string()),
+        ("LOCKRUN_FENCE", held.fence().to_string()),
     ];
-    let lease = kind
-        .uses_leases()
-        .then(|| Lease::new(acquired.sent, request.ttl, kill_grace));
     let limits = Limits {
         max_runtime: args.max_runtime,
         kill_grace,
     };
 
     let ending = Signals::block().and_then(|signals| {
-        let ending = supervisor::supervise(
-            &program,
-            &env,
-            &signals,
-            backend.as_mut(),
-            lease,
-            &limits,
-            reporter,
-        );
-        if !kind.uses_leases() && !args.min_hold.is_zero() {
-            // A file lock lives only as long as its holder: stay until the minimum hold is over.
-            hold_until(&signals, acquired_at.1 + args.min_hold)?;
-        }
-        ending
+        supervisor::supervise(&program, &env, &signals, &mut held, &limits, reporter)
     });
-    let keep_until = (!args.min_hold.is_zero()).then(|| acquired_at.0 + args.min_hold);
-    let released = backend.release(keep_until);
+    let keep_until = (!args.min_hold.is_zero()).then(|| acquired_at + args.min_hold);
+    let released = held.release(keep_until);
     if released.is_ok() {
-        reporter.event(&Event::Released { slot });
+        reporter.event(&Event::Released { slot: number });
     }
     let ending = ending?;
     match released {
@@ -137,35 +127,13 @@ fn report_ending(ending: &Ending, request: &Request, reporter: &Reporter) {
     }
 }
 
-/// Opens the backend; with `-v`, warns about its setup.
-fn open_backend(
-    location: &backend::Location,
-    reporter: &Reporter,
-) -> Result<Box<dyn backend::Backend>> {
-    let mut backend = backend::open(location)?;
+/// Opens the store; with `-v`, warns about its setup.
+fn open_store(args: &crate::backend::StoreArgs, reporter: &Reporter) -> Result<Box<dyn Store>> {
+    let mut store = args.open(true)?;
     if reporter.wants_details() {
-        for warning in backend.warnings() {
+        for warning in store.warnings() {
             reporter.event(&Event::Notice { message: &warning });
         }
     }
-    Ok(backend)
-}
-
-/// Sleeps until `until`; a SIGTERM or SIGINT ends the wait early.
-fn hold_until(signals: &Signals, until: Moment) -> Result<()> {
-    while !until.has_passed() {
-        if let Some(Signal::SIGTERM | Signal::SIGINT) = signals.next(until.remaining())? {
-            break;
-        }
-    }
-    Ok(())
-}
-
-/// Only lease backends reclaim a dead holder by its process identity.
-fn owner_process(kind: backend::Kind) -> Process {
-    if kind.uses_leases() {
-        Process::current()
-    } else {
-        Process::current_without_liveness()
-    }
+    Ok(store)
 }

@@ -98,8 +98,10 @@ fn uncontended_acquire_and_release_are_one_round_trip_each() {
         "get",
         "del",
         "lpush",
-        "ltrim",
         "pexpire",
+        "zrank",
+        "zcard",
+        "zrange",
         "config|resetstat",
     ];
     for line in stats.lines().filter(|line| line.starts_with("cmdstat_")) {
@@ -161,7 +163,7 @@ fn a_crashed_holder_on_another_host_is_replaced_when_its_lease_expires() {
     let Some((store, server)) = redis(&[]) else {
         return;
     };
-    let record = r#"{"token":"t","pid":1,"start_time":1,"boot_id":"another-boot","host":"elsewhere","command":"crashed","acquired_at":0,"fence":5}"#;
+    let record = r#"{"name":"crash","token":"t","pid":1,"start_time":1,"boot_id":"another-boot","host":"elsewhere","command":"crashed","acquired_at":0,"fence":5}"#;
     let _: () = redis::cmd("SET")
         .arg("lockrun:{crash}:slot:0")
         .arg(record)
@@ -314,7 +316,8 @@ fn a_frozen_holder_loses_its_slot_and_exits_76_when_continued() {
         .arg(&marker));
     assert_status(&output, 0);
     for group in groups {
-        killpg(group, Signal::SIGCONT).unwrap();
+        // The command may be gone already: a loaded machine can delay a renewal past the stop.
+        let _ = killpg(group, Signal::SIGCONT);
     }
     let continued = Instant::now();
     assert_eq!(wait(&mut holder).code(), Some(76));

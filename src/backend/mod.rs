@@ -1,92 +1,162 @@
-//! Where locks live. Each backend implements [`Backend`]; the acquire loop,
-//! the supervisor and the operator commands only talk to this trait.
+//! Where locks live. A backend is one folder below this one. It declares what it
+//! can do ([`Abilities`]); the rest of lockrun asks that, never which backend it is.
+//!
+//! A backend provides its command-line options (a clap `Args` struct named
+//! `Options`, with an `open` method that gives a [`Store`]), the [`Store`] — one
+//! look at a name's waiting line, a wait for it to move, the operators' views —
+//! and the [`Slot`] a waiter gets, which renews and releases itself. Waiting,
+//! backoff, same-host reclaim of dead holders and waiters, the lease's
+//! timekeeping and the holder record are written once, outside the backends
+//! (`acquire.rs`, `lease.rs`, `backend/record.rs`).
+//!
+//! Adding a backend: a new folder here, one line in the `backends!` list below,
+//! one line in the per-backend test list (`tests/core.rs`).
 
 mod file;
+pub mod record;
+#[cfg(feature = "redis")]
 mod redis;
 mod sqlite;
 
-use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
-use serde::{Deserialize, Serialize};
-
 use crate::error::Result;
-use crate::identity::Process;
 use crate::name::Name;
 use crate::platform::clock::Moment;
 
-pub use file::FileBackend;
-pub use redis::RedisBackend;
-pub use sqlite::SqliteBackend;
+pub use record::{Entry, Owner};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Kind {
-    File,
-    Sqlite,
-    Redis,
-}
+/// Generates [`StoreArgs`] (every backend's options, flattened into one clap
+/// `Args`) and the table that opens the backend `--backend` names.
+macro_rules! backends {
+    ($($(#[$cfg:meta])* $name:ident => $module:ident,)+) => {
+        /// Where locks live; shared by running, `status` and `release`.
+        #[derive(Debug, clap::Args)]
+        pub struct StoreArgs {
+            /// Where the lock lives
+            #[arg(short = 'b', long, env = "LOCKRUN_BACKEND", default_value = "file",
+                  value_parser = clap::builder::PossibleValuesParser::new(NAMES))]
+            pub backend: String,
 
-impl Kind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::File => "file",
-            Self::Sqlite => "sqlite",
-            Self::Redis => "redis",
+            /// Key prefix on redis (keys start with PREFIX:) and etcd (/PREFIX/); schema on postgres
+            #[arg(long, env = "LOCKRUN_PREFIX", default_value = "lockrun", value_name = "PREFIX")]
+            pub prefix: String,
+
+            $(
+                $(#[$cfg])*
+                #[command(flatten)]
+                pub $name: $module::Options,
+            )+
         }
-    }
 
-    /// Lease backends expire a holder after its TTL; file locks die with their holder.
-    pub fn uses_leases(self) -> bool {
-        self != Self::File
-    }
+        /// The names `--backend` accepts, in the order of the list.
+        pub const NAMES: &[&str] = &[$($(#[$cfg])* stringify!($name),)+];
+
+        impl StoreArgs {
+            /// Opens the store of the backend `--backend` names, creating it
+            /// (a directory, a database, a schema) when missing only if `create`.
+            pub fn open(&self, create: bool) -> Result<Box<dyn Store>> {
+                let common = Common { prefix: &self.prefix, create };
+                $(
+                    $(#[$cfg])*
+                    if self.backend == stringify!($name) {
+                        return self.$name.open(&common);
+                    }
+                )+
+                unreachable!("clap accepts only the names of built-in backends")
+            }
+        }
+    };
 }
 
-/// Everything a backend needs to find its store.
-#[derive(Clone, Debug)]
-pub struct Location {
-    pub kind: Kind,
-    pub dir: Option<PathBuf>,
-    pub db: Option<PathBuf>,
-    pub redis_url: String,
-    pub prefix: String,
+backends! {
+    file => file,
+    sqlite => sqlite,
+    #[cfg(feature = "redis")]
+    redis => redis,
 }
 
-/// One attempt to take a slot of `name`.
+/// What every backend is told when it opens its store.
+pub struct Common<'a> {
+    /// `--prefix`, for backends that name keys or a schema.
+    pub prefix: &'a str,
+    /// Whether a missing store may be created: running does, `status` and `release` only look.
+    pub create: bool,
+}
+
+/// What a backend can do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Abilities {
+    /// A slot is a lease that lapses unless renewed; otherwise the kernel or the
+    /// server holds it for exactly as long as lockrun lives, with nothing to renew.
+    pub leases: bool,
+    /// `release --force` can take a slot away from its holder.
+    pub breakable: bool,
+    /// How a waiter learns that the line moved.
+    pub wakeup: Wakeup,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wakeup {
+    /// [`Store::wait`] blocks until the line moves (in the kernel): no polling, no backoff.
+    Blocks,
+    /// [`Store::wait`] returns when told that the line moved; backoff steps only
+    /// bound how long a lost notice could keep a waiter asleep.
+    Told,
+}
+
+/// One waiter's request for a slot of `name`.
 #[derive(Clone, Debug)]
 pub struct Request {
     pub name: Name,
     pub parallelism: u32,
-    /// Lease length on lease backends.
+    /// Lease length on lease backends; also how long a waiter's place outlives it
+    /// when it stops asking (a crash on another host).
     pub ttl: Duration,
     pub owner: Owner,
+    /// Joins the waiting line when no slot is free; `--no-wait` only looks.
+    pub queue: bool,
 }
 
-/// Who is asking: written into the slot for `status` and for same-host reclaim.
-#[derive(Clone, Debug)]
-pub struct Owner {
-    pub token: String,
-    pub process: Process,
-    pub command: String,
+/// What one look at the line found.
+pub enum Attempt {
+    /// A slot is ours.
+    Taken(Box<dyn Slot>),
+    /// Not yet (or, without `queue`, not at all).
+    Waiting(Line),
 }
 
-/// A slot this lockrun now holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Acquired {
-    pub slot: u32,
-    pub fence: u64,
-    /// When the request that took the slot was sent: a lease runs from no earlier than this.
-    pub sent: Moment,
+/// Where a waiter stands.
+#[derive(Debug, Default)]
+pub struct Line {
+    /// Our place among the waiters, from 1; 0 when we are not in line (`--no-wait`).
+    pub position: u32,
+    /// Entries ahead of us (holders and waiters) whose owners run on this host:
+    /// when one's process is gone, it can be dropped at once.
+    pub local_ahead: Vec<Owner>,
+    /// When the line moves by itself at the latest (a lease running out), without anyone telling us.
+    pub moves_by: Option<Moment>,
 }
 
-/// How long one wait may last.
-#[derive(Clone, Copy, Debug)]
-pub struct Wait {
-    /// Return (`Ok(None)`) by then at the latest: the end of a backoff step, after
-    /// which a polling backend tries again, or sooner when the live waiting line
-    /// needs redrawing.
-    pub step_until: Moment,
-    /// The `--timeout` deadline; `None` waits forever.
-    pub deadline: Option<Moment>,
+/// A slot this lockrun holds. Dropping it without [`Slot::release`] leaves the
+/// slot to its lease (or to the kernel, when lockrun exits).
+pub trait Slot {
+    /// Its number, from 0.
+    fn number(&self) -> u32;
+
+    /// The fence of this acquisition (`LOCKRUN_FENCE`).
+    fn fence(&self) -> u64;
+
+    /// When the request that took the slot was sent: its lease runs from no earlier than this.
+    fn taken_at(&self) -> Moment;
+
+    /// Extends the lease by the request's TTL; never re-creates a lapsed one.
+    /// Gives up with an error when the answer does not come `within` this long.
+    fn renew(&mut self, within: Duration) -> Result<Renewal>;
+
+    /// Gives the slot up. With `keep_until` in the future the slot stays taken
+    /// until then (`--min-hold`), though lockrun exits.
+    fn release(self: Box<Self>, keep_until: Option<SystemTime>) -> Result<()>;
 }
 
 /// What a renewal found.
@@ -105,59 +175,40 @@ impl Renewal {
     }
 }
 
-/// A current holder, as `status` shows it (SPEC §5).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Holder {
-    pub name: String,
-    pub slot: u32,
-    pub pid: u32,
-    pub host: String,
-    pub command: String,
-    /// Milliseconds since the Unix epoch.
-    pub acquired_at: u64,
-    /// Milliseconds since the Unix epoch; `None` for file locks.
-    pub expires_at: Option<u64>,
-    pub fence: u64,
-}
+/// A backend's handle on its store.
+pub trait Store {
+    fn abilities(&self) -> Abilities;
 
-pub trait Backend {
-    /// Takes a free slot if there is one, without waiting.
-    fn try_acquire(&mut self, request: &Request) -> Result<Option<Acquired>>;
+    /// Looks at the line of `request.name`: takes a slot when the line lets us
+    /// (a free slot, and no live waiter ahead of us), else joins the line (once,
+    /// and only with `request.queue`) and says where we stand.
+    fn attempt(&mut self, request: &Request) -> Result<Attempt>;
 
-    /// Waits until a slot may have been freed, at most as long as `wait` allows.
-    /// A backend that can wait in the kernel takes the slot itself and returns it.
-    fn wait(&mut self, request: &Request, wait: Wait) -> Result<Option<Acquired>>;
+    /// Drops the entries of `owners` (holders or waiters of `request.name`)
+    /// whose processes are known to be gone, each only if it is still theirs.
+    fn evict(&mut self, request: &Request, owners: &[Owner]) -> Result<()>;
 
-    /// Extends the held lease by the request's TTL; never re-creates a lapsed one.
-    /// Gives up with an error when the renewal cannot be confirmed `within` this
-    /// long: the supervisor must stop the command then, so it may not be kept waiting.
-    fn renew(&mut self, within: Duration) -> Result<Renewal>;
+    /// Waits until the line may have moved for us, `until` at the latest.
+    /// A backend that [`Wakeup::Blocks`] may take the slot here and return it.
+    fn wait(&mut self, request: &Request, until: Moment) -> Result<Option<Box<dyn Slot>>>;
 
-    /// Gives the held slot up. With `keep_until` in the future, the slot stays
-    /// taken until then (`--min-hold`); only lease backends can do that without
-    /// lockrun staying alive.
-    fn release(&mut self, keep_until: Option<SystemTime>) -> Result<()>;
+    /// Leaves the line: we stop waiting without a slot.
+    fn leave(&mut self, request: &Request) -> Result<()>;
 
-    /// Current holders of `name`, or of every name.
-    fn holders(&mut self, name: Option<&Name>) -> Result<Vec<Holder>>;
+    /// The holders, then the waiters in line order, of `name` (or of every
+    /// name). Only reads: never takes a lock or writes.
+    fn list(&mut self, name: Option<&Name>) -> Result<Vec<Entry>>;
 
-    /// Breaks the leases of `name` (one slot or all) and returns what it broke.
-    fn break_leases(&mut self, name: &Name, slot: Option<u32>) -> Result<Vec<Holder>>;
+    /// Takes the slots of `name` (one, or all) away from their holders
+    /// (`release --force`) and returns what it broke. Only where
+    /// [`Abilities::breakable`]: elsewhere nothing can be broken.
+    fn break_slots(&mut self, name: &Name, slot: Option<u32>) -> Result<Vec<Entry>> {
+        let _ = (name, slot);
+        Ok(Vec::new())
+    }
 
     /// Problems with the store's setup worth a warning (shown with `-v`); may ask the server.
     fn warnings(&mut self) -> Vec<String> {
         Vec::new()
-    }
-}
-
-/// Opens the backend at `location`.
-pub fn open(location: &Location) -> Result<Box<dyn Backend>> {
-    match location.kind {
-        Kind::File => Ok(Box::new(FileBackend::open(location.dir.clone())?)),
-        Kind::Redis => Ok(Box::new(RedisBackend::open(
-            &location.redis_url,
-            &location.prefix,
-        )?)),
-        Kind::Sqlite => Ok(Box::new(SqliteBackend::open(location.db.clone())?)),
     }
 }

@@ -16,6 +16,11 @@ impl Moment {
         Self(Duration::new(ts.tv_sec() as u64, ts.tv_nsec() as u32))
     }
 
+    /// Time since the machine booted (suspended time included).
+    pub fn since_boot(self) -> Duration {
+        self.0
+    }
+
     /// Time left until `self`, zero when it has passed.
     pub fn remaining(self) -> Duration {
         self.0.saturating_sub(Self::now().0)

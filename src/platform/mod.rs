@@ -17,4 +17,5 @@ pub mod proc;
 pub mod signals;
 pub mod spawn;
 pub mod terminal;
+pub mod watch;
 pub mod watchdog;

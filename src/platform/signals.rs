@@ -10,7 +10,7 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 
 use crate::error::{Error, Result};
 
-/// Signals that reach the command (SPEC §3).
+/// Signals that reach the command (README: "What the command gets").
 pub const FORWARDED: [Signal; 6] = [
     Signal::SIGINT,
     Signal::SIGTERM,

@@ -1,4 +1,4 @@
-//! Runs the command while the lock is held (SPEC §3): argv as given, the
+//! Runs the command while the lock is held (README: "What the command gets"): argv as given, the
 //! `LOCKRUN_*` environment, signals forwarded exactly once, the command killed
 //! if lockrun dies, the whole process group stopped (TERM, then KILL after the
 //! grace) on `--max-runtime`, a lost lease or a second SIGTERM/SIGINT.
@@ -12,9 +12,8 @@ use nix::sys::signal::{Signal, kill, killpg};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{Pid, getpgid, getpid};
 
-use crate::backend::{Backend, Renewal};
 use crate::error::{Error, Result, status};
-use crate::lease::Lease;
+use crate::lease::{Held, Verdict};
 use crate::platform::clock::Moment;
 use crate::report::{Event, Reporter};
 
@@ -95,13 +94,12 @@ pub struct Limits {
     pub kill_grace: Duration,
 }
 
-/// Runs `program` to its end, keeping `lease` (if any) renewed through `backend`.
+/// Runs `program` to its end, keeping `held` (renewing its lease, if it has one).
 pub fn supervise(
     program: &Program,
     env: &[(&str, String)],
     signals: &Signals,
-    backend: &mut dyn Backend,
-    lease: Option<Lease>,
+    held: &mut Held,
     limits: &Limits,
     reporter: &Reporter,
 ) -> Result<Ending> {
@@ -111,8 +109,7 @@ pub fn supervise(
     let mut run = Run {
         child,
         terminal,
-        backend,
-        lease,
+        held,
         reporter,
         kill_grace: limits.kill_grace,
         max_runtime_at: limits.max_runtime.map(|max| (Moment::now() + max, max)),
@@ -176,8 +173,7 @@ enum Stop {
 struct Run<'a> {
     child: Pid,
     terminal: Option<Terminal>,
-    backend: &'a mut dyn Backend,
-    lease: Option<Lease>,
+    held: &'a mut Held,
     reporter: &'a Reporter,
     kill_grace: Duration,
     max_runtime_at: Option<(Moment, Duration)>,
@@ -209,20 +205,15 @@ impl Run<'_> {
     }
 
     fn next_wakeup(&self) -> Option<Moment> {
-        let lease = self.lease.as_ref().filter(|_| !self.lease_lost());
+        let lease_due = self.held.due().filter(|_| !self.lease_lost());
         let kill_at = match self.stop {
             Stop::Terminating { kill_at } => Some(kill_at),
             Stop::No | Stop::Killed => None,
         };
-        [
-            kill_at,
-            self.max_runtime_at.map(|(at, _)| at),
-            lease.map(Lease::renewal_due),
-            lease.map(Lease::stop_at),
-        ]
-        .into_iter()
-        .flatten()
-        .min()
+        [kill_at, self.max_runtime_at.map(|(at, _)| at), lease_due]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     fn on_signal(&mut self, signal: Signal) {
@@ -280,11 +271,7 @@ impl Run<'_> {
             terminal.take_back_from(self.child);
         }
         let _ = kill(getpid(), Signal::SIGSTOP);
-        if self
-            .lease
-            .as_ref()
-            .is_some_and(|lease| lease.deadline().has_passed())
-        {
+        if !self.lease_lost() && self.held.deadline().is_some_and(Moment::has_passed) {
             // Stopped past the lease: the command must not run another moment.
             return self.lose_lease(
                 "its deadline passed while the job was stopped",
@@ -321,45 +308,8 @@ impl Run<'_> {
     }
 
     fn keep_lease(&mut self) {
-        let Some(lease) = &mut self.lease else { return };
-        if lease.deadline().has_passed() {
-            // Paused (SIGSTOP, a frozen VM) past the deadline: another holder may run already.
-            return self.lose_lease(
-                "its deadline passed while lockrun was paused",
-                Duration::ZERO,
-            );
-        }
-        if lease.renewal_due().has_passed() {
-            let sent = Moment::now();
-            // An answer after the stop is due would come too late to spare the command.
-            match self.backend.renew(lease.stop_at().remaining()) {
-                Ok(Renewal::Renewed) => {
-                    lease.renewed(sent);
-                    self.reporter.event(&Event::Renewed { ttl: lease.ttl() });
-                }
-                Ok(Renewal::Lost) => {
-                    // Another holder may have the slot already: never past the old deadline.
-                    let grace = self.kill_grace.min(lease.deadline().remaining());
-                    return self.lose_lease("it was broken or expired", grace);
-                }
-                Err(err) => {
-                    lease.renewal_failed(Moment::now());
-                    self.reporter.event(&Event::Notice {
-                        message: &format!("could not renew the lease: {err}"),
-                    });
-                }
-            }
-        }
-        // Checked even when no renewal was due: a failed one is retried later than the stop may be.
-        let lease = self.lease.as_ref().expect("checked above");
-        if lease.deadline().has_passed() {
-            self.lose_lease(
-                "its deadline passed before a renewal was confirmed",
-                Duration::ZERO,
-            );
-        } else if lease.stop_at().has_passed() {
-            let left = lease.deadline().remaining();
-            self.lose_lease("no renewal was confirmed in time", left);
+        if let Verdict::Stop { reason, grace } = self.held.check(self.reporter) {
+            self.lose_lease(reason, grace);
         }
     }
 
@@ -420,9 +370,9 @@ impl Run<'_> {
             Stop::No => Moment::now() + self.kill_grace,
             Stop::Killed => Moment::now(),
         };
-        if let Some(lease) = &self.lease {
+        if let Some(deadline) = self.held.deadline() {
             // No renewals now: whatever is left must be gone before the lease could pass on.
-            kill_at = kill_at.min(lease.deadline());
+            kill_at = kill_at.min(deadline);
         }
         let _ = killpg(self.child, Signal::SIGTERM);
         let _ = killpg(self.child, Signal::SIGCONT);

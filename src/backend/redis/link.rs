@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use redis::{Connection, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Trouble};
 
 /// Longest wait for a connection or a reply: an unreachable server, or
 /// something that is not Redis, must fail within a few seconds.
@@ -113,21 +113,45 @@ impl Link {
         result
     }
 
+    /// The error as the user should read it: trouble that may pass (the server
+    /// unreachable, restarting, failing over) or a refusal that will not.
     fn error(&self, what: &str, err: &RedisError) -> Error {
-        let why = match err.kind() {
-            _ if err.is_timeout() => "no answer in time".to_owned(),
-            _ if err.is_connection_refusal() => "connection refused".to_owned(),
-            ErrorKind::AuthenticationFailed => "authentication failed".to_owned(),
-            ErrorKind::Parse => "the server does not speak the Redis protocol".to_owned(),
-            _ if err.code() == Some("NOAUTH") => "the server requires a password".to_owned(),
-            _ if err.code() == Some("WRONGPASS") => "authentication failed".to_owned(),
-            _ => err.to_string(),
+        let (why, passing) = match err.kind() {
+            _ if err.is_timeout() => ("no answer in time".to_owned(), true),
+            _ if err.is_connection_refusal() => ("connection refused".to_owned(), true),
+            ErrorKind::AuthenticationFailed => ("authentication failed".to_owned(), false),
+            ErrorKind::Parse => (
+                "the server does not speak the Redis protocol".to_owned(),
+                false,
+            ),
+            // Redis refuses a long command from a client that has not authenticated as a protocol error.
+            _ if err.code() == Some("NOAUTH") || err.to_string().contains("unauthenticated") => {
+                ("the server requires a password".to_owned(), false)
+            }
+            _ if err.code() == Some("WRONGPASS") => ("authentication failed".to_owned(), false),
+            // Loading its data, a replica, no primary yet, a cluster moving slots, a busy script.
+            _ if matches!(
+                err.code(),
+                Some("LOADING" | "READONLY" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN" | "BUSY")
+            ) =>
+            {
+                (err.to_string(), true)
+            }
+            _ => (
+                err.to_string(),
+                err.is_connection_dropped() || err.is_io_error(),
+            ),
         };
-        Error::Unavailable(format!(
+        let message = format!(
             "Redis at {}: {what} failed: {}",
             self.shown,
             scrub(&why, self.secret.as_deref())
-        ))
+        );
+        if passing {
+            Error::trouble(Trouble::Unavailable, message)
+        } else {
+            Error::Unavailable(message)
+        }
     }
 }
 

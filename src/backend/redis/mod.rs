@@ -1,230 +1,82 @@
-//! The Redis backend (SPEC §4): leases as slot keys with a PX TTL kept by the
-//! server, changed only by atomic Lua scripts that check the holder's token;
-//! a release wakes one waiter at once through a list the waiters BLPOP.
+//! The Redis backend (README: "Redis backend"): leases as slot keys with a PX
+//! TTL kept by the server, a waiting line as a sorted set by ticket, changed
+//! only by atomic Lua scripts that check tokens; a release wakes the one
+//! waiter the freed slot is for, through a list it BLPOPs.
 
 mod link;
 mod scripts;
 
+use std::cell::RefCell;
+use std::rc::Rc;
 use std::time::{Duration, SystemTime};
 
-use rand::RngExt;
-use serde::{Deserialize, Serialize};
-
-use super::{Acquired, Backend, Holder, Renewal, Request, Wait};
+use super::record::{HolderRecord, WaiterRecord, local_ahead, sort};
+use super::{
+    Abilities, Attempt, Common, Entry, Line, Owner, Renewal, Request, Slot, Store, Wakeup,
+};
 use crate::error::{Error, Result};
-use crate::identity::{Process, epoch_millis};
+use crate::identity::epoch_millis;
 use crate::name::Name;
 use crate::platform::clock::Moment;
 use link::{Link, MAX_CALL_TIMEOUT};
 use scripts::{Keys, Scripts};
 
-/// How long a wake-up waits in its list for a waiter: long enough to cover a
-/// waiter between its failed attempt and its BLPOP, short enough that stale
-/// wake-ups do not pile up.
+/// Its command-line options (a group of their own is not needed: clap flattens them).
+#[derive(Debug, clap::Args)]
+#[group(skip)]
+pub struct Options {
+    /// Redis server: `redis://[user:pass@]host:port[/db]`, `rediss://` (TLS) or `redis+unix:///path`
+    #[arg(
+        long,
+        env = "LOCKRUN_REDIS_URL",
+        default_value = "redis://127.0.0.1:6379",
+        value_name = "URL",
+        hide_env_values = true
+    )]
+    pub redis_url: String,
+}
+
+impl Options {
+    pub fn open(&self, common: &Common) -> Result<Box<dyn Store>> {
+        Ok(Box::new(RedisStore {
+            link: Rc::new(RefCell::new(Link::new(&self.redis_url)?)),
+            prefix: common.prefix.to_owned(),
+            scripts: Rc::new(Scripts::new()),
+            since: None,
+        }))
+    }
+}
+
+/// How long a wake-up waits in its list for its waiter: long enough to cover
+/// a waiter between its look at the line and its BLPOP.
 const WAKE_TTL: Duration = Duration::from_secs(2);
-/// The most slots a name can have (`--parallelism`), used to cap wake lists.
-const MAX_SLOTS: u32 = 1024;
 /// Keys asked for per SCAN step.
 const SCAN_COUNT: usize = 1000;
 
-/// What a slot key holds: the holder's token and what `status` shows.
-#[derive(Debug, Serialize, Deserialize)]
-struct Record {
-    token: String,
-    pid: u32,
-    start_time: u64,
-    boot_id: String,
-    host: String,
-    command: String,
-    /// Milliseconds since the Unix epoch, by the holder's clock (shown, never compared).
-    acquired_at: u64,
-    /// Set by the acquire script, which writes it first.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    fence: u64,
-    /// Kept taken by `--min-hold` after its holder released it; set by the release script.
-    #[serde(default, skip_serializing_if = "is_false")]
-    kept: bool,
-}
-
-impl Record {
-    fn process(&self) -> Process {
-        Process {
-            pid: self.pid,
-            start_time: self.start_time,
-            boot_id: self.boot_id.clone(),
-            host: self.host.clone(),
-        }
-    }
-
-    fn holder(self, name: &str, slot: u32, pttl: i64) -> Holder {
-        Holder {
-            name: name.to_owned(),
-            slot,
-            pid: self.pid,
-            host: self.host,
-            command: self.command,
-            acquired_at: self.acquired_at,
-            expires_at: u64::try_from(pttl)
-                .ok()
-                .map(|ttl| epoch_millis(SystemTime::now()) + ttl),
-            fence: self.fence,
-        }
-    }
-}
-
-#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
-fn is_zero(n: &u64) -> bool {
-    *n == 0
-}
-
-#[allow(clippy::trivially_copy_pass_by_ref)]
-fn is_false(b: &bool) -> bool {
-    !*b
-}
-
-/// The slot this lockrun holds.
-struct Held {
-    keys: Keys,
-    slot: u32,
-    token: String,
-    ttl: Duration,
-    parallelism: u32,
-}
-
-pub struct RedisBackend {
-    link: Link,
+struct RedisStore {
+    link: Rc<RefCell<Link>>,
     prefix: String,
-    scripts: Scripts,
-    held: Option<Held>,
-    /// When the first current holder's lease runs out, as the last failed attempt saw it.
-    earliest_expiry: Option<Moment>,
-    /// Holders on this host seen by the last failed attempt: (slot, record).
-    same_host: Vec<(u32, Record)>,
-    /// The name and parallelism of the last request, so its holders can be read without SCAN.
-    requested: Option<(Name, u32)>,
+    scripts: Rc<Scripts>,
+    /// When our first look at the line was: a waiter's record says it began waiting then.
+    since: Option<u64>,
 }
 
-/// What the acquire script answered.
-enum Attempt {
-    Taken(Acquired),
-    Busy {
-        earliest_pttl: Option<u64>,
-        same_host: Vec<(u32, Record)>,
-    },
+/// The timeout of one call made for a lease of `ttl`: well inside a renewal interval.
+fn call_timeout(ttl: Duration) -> Duration {
+    (ttl / 5).min(MAX_CALL_TIMEOUT)
 }
 
-impl RedisBackend {
-    pub fn open(url: &str, prefix: &str) -> Result<Self> {
-        Ok(Self {
-            link: Link::new(url)?,
-            prefix: prefix.to_owned(),
-            scripts: Scripts::new(),
-            held: None,
-            earliest_expiry: None,
-            same_host: Vec::new(),
-            requested: None,
-        })
+fn json<T: serde::Serialize>(value: &T) -> Result<String> {
+    serde_json::to_string(value).map_err(|err| Error::internal("encoding a record", err))
+}
+
+impl RedisStore {
+    fn keys(&self, name: &Name) -> Keys {
+        Keys::new(&self.prefix, name)
     }
 
-    /// The timeout of one call made for a lease of `ttl`: well inside a renewal interval.
-    fn call_timeout(ttl: Duration) -> Duration {
-        (ttl / 5).min(MAX_CALL_TIMEOUT)
-    }
-
-    fn meta(request: &Request) -> Result<String> {
-        let process = &request.owner.process;
-        let record = Record {
-            token: request.owner.token.clone(),
-            pid: process.pid,
-            start_time: process.start_time,
-            boot_id: process.boot_id.clone(),
-            host: process.host.clone(),
-            command: request.owner.command.clone(),
-            acquired_at: epoch_millis(SystemTime::now()),
-            fence: 0,
-            kept: false,
-        };
-        serde_json::to_string(&record)
-            .map_err(|err| Error::internal("encoding holder metadata", err))
-    }
-
-    fn attempt(&mut self, request: &Request) -> Result<Attempt> {
-        let keys = Keys::new(&self.prefix, &request.name);
-        let start = rand::rng().random_range(0..request.parallelism);
-        let mut invocation = self.scripts.acquire.key(keys.fence());
-        for slot in 0..request.parallelism {
-            invocation.key(keys.slot(slot));
-        }
-        invocation
-            .arg(Self::meta(request)?)
-            .arg(request.ttl.as_millis() as u64)
-            .arg(start)
-            .arg(&request.owner.process.boot_id);
-        let sent = Moment::now();
-        let (taken, first, second, same_host): (i64, i64, i64, Vec<(u32, String)>) = self
-            .link
-            .call("acquiring a slot", Self::call_timeout(request.ttl), |c| {
-                invocation.invoke(c)
-            })?;
-        if taken == 1 {
-            self.held = Some(Held {
-                keys,
-                slot: first as u32,
-                token: request.owner.token.clone(),
-                ttl: request.ttl,
-                parallelism: request.parallelism,
-            });
-            return Ok(Attempt::Taken(Acquired {
-                slot: first as u32,
-                fence: second as u64,
-                sent,
-            }));
-        }
-        Ok(Attempt::Busy {
-            earliest_pttl: u64::try_from(first).ok(),
-            same_host: same_host
-                .into_iter()
-                .filter_map(|(slot, json)| Some((slot, serde_json::from_str(&json).ok()?)))
-                .collect(),
-        })
-    }
-
-    /// Takes over a slot whose holder ran on this host and whose process is gone.
-    fn reclaim_dead(&mut self, request: &Request) -> Result<Option<Acquired>> {
-        let dead: Vec<(u32, Record)> = std::mem::take(&mut self.same_host)
-            .into_iter()
-            .filter(|(_, record)| !record.kept && record.process().is_gone())
-            .collect();
-        let keys = Keys::new(&self.prefix, &request.name);
-        for (slot, record) in dead {
-            let mut invocation = self.scripts.take_over.key(keys.fence());
-            invocation
-                .key(keys.slot(slot))
-                .arg(&record.token)
-                .arg(Self::meta(request)?)
-                .arg(request.ttl.as_millis() as u64);
-            let sent = Moment::now();
-            let fence: u64 = self.link.call(
-                "taking over a dead holder's slot",
-                Self::call_timeout(request.ttl),
-                |c| invocation.invoke(c),
-            )?;
-            if fence > 0 {
-                self.held = Some(Held {
-                    keys,
-                    slot,
-                    token: request.owner.token.clone(),
-                    ttl: request.ttl,
-                    parallelism: request.parallelism,
-                });
-                return Ok(Some(Acquired { slot, fence, sent }));
-            }
-        }
-        Ok(None)
-    }
-
-    /// The holders in `keys`, read in one round trip.
-    fn read_holders(&mut self, keys: &[String]) -> Result<Vec<Holder>> {
+    /// The holders in `keys` (slot keys) and their leases' ends, read in one round trip.
+    fn read_holders(&self, keys: &[String]) -> Result<Vec<Entry>> {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
@@ -234,36 +86,77 @@ impl RedisBackend {
         }
         let replies: Vec<(Option<String>, i64)> =
             self.link
+                .borrow_mut()
                 .call_idempotent("reading holders", MAX_CALL_TIMEOUT, |c| pipe.query(c))?;
-        let mut holders: Vec<Holder> = keys
+        let now = now_millis();
+        Ok(keys
             .iter()
             .zip(replies)
             .filter_map(|(key, (value, pttl))| {
-                let (name, slot) = scripts::parse_slot_key(&self.prefix, key)?;
-                let record: Record = serde_json::from_str(&value?).ok()?;
-                Some(record.holder(name, slot, pttl))
+                let (_, slot) = scripts::parse_slot_key(&self.prefix, key)?;
+                let record: HolderRecord = serde_json::from_str(&value?).ok()?;
+                let live = record.kept_until.is_some() || !record.owner.process.is_gone();
+                live.then(|| record.entry(slot).expiring(expiry(now, pttl)))
             })
-            .collect();
-        holders.sort_by(|a, b| (&a.name, a.slot).cmp(&(&b.name, b.slot)));
-        Ok(holders)
+            .collect())
+    }
+
+    /// The live waiters of the line at `keys`, in line order.
+    fn read_line(&self, keys: &Keys) -> Result<Vec<Entry>> {
+        let tokens: Vec<String> =
+            self.link
+                .borrow_mut()
+                .call_idempotent("reading the line", MAX_CALL_TIMEOUT, |c| {
+                    redis::cmd("ZRANGE")
+                        .arg(keys.line())
+                        .arg(0)
+                        .arg(-1)
+                        .query(c)
+                })?;
+        if tokens.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for token in &tokens {
+            let key = keys.waiter(token);
+            pipe.cmd("GET").arg(&key).cmd("PTTL").arg(&key);
+        }
+        let replies: Vec<(Option<String>, i64)> =
+            self.link
+                .borrow_mut()
+                .call_idempotent("reading waiters", MAX_CALL_TIMEOUT, |c| pipe.query(c))?;
+        let now = now_millis();
+        let records = replies.into_iter().filter_map(|(value, pttl)| {
+            let record: WaiterRecord = serde_json::from_str(&value?).ok()?;
+            (!record.owner.process.is_gone()).then_some((record, pttl))
+        });
+        Ok(records
+            .zip(1..)
+            .map(|((record, pttl), position)| {
+                Entry::waiter(&record.name, position, &record.owner, Some(record.since))
+                    .expiring(expiry(now, pttl))
+            })
+            .collect())
     }
 
     /// Every key matching `pattern`, by SCAN (never KEYS, which blocks the server).
-    fn scan(&mut self, pattern: &str) -> Result<Vec<String>> {
+    fn scan(&self, pattern: &str) -> Result<Vec<String>> {
         let mut keys = Vec::new();
         let mut cursor = 0u64;
         loop {
-            let (next, batch): (u64, Vec<String>) =
-                self.link
-                    .call_idempotent("listing lock keys", MAX_CALL_TIMEOUT, |c| {
-                        redis::cmd("SCAN")
-                            .arg(cursor)
-                            .arg("MATCH")
-                            .arg(pattern)
-                            .arg("COUNT")
-                            .arg(SCAN_COUNT)
-                            .query(c)
-                    })?;
+            let (next, batch): (u64, Vec<String>) = self.link.borrow_mut().call_idempotent(
+                "listing lock keys",
+                MAX_CALL_TIMEOUT,
+                |c| {
+                    redis::cmd("SCAN")
+                        .arg(cursor)
+                        .arg("MATCH")
+                        .arg(pattern)
+                        .arg("COUNT")
+                        .arg(SCAN_COUNT)
+                        .query(c)
+                },
+            )?;
             keys.extend(batch);
             if next == 0 {
                 break;
@@ -275,36 +168,12 @@ impl RedisBackend {
         Ok(keys)
     }
 
-    /// Frees `slot_key` if it is still held with `token`, waking one waiter.
-    fn release_slot(
-        &mut self,
-        keys: &Keys,
-        slot_key: &str,
-        token: &str,
-        keep: Duration,
-        parallelism: u32,
-        timeout: Duration,
-    ) -> Result<bool> {
-        let mut invocation = self.scripts.release.key(slot_key);
-        invocation
-            .key(keys.wake())
-            .arg(token)
-            .arg(keep.as_millis() as u64)
-            .arg(parallelism)
-            .arg(WAKE_TTL.as_millis() as u64);
-        let released: i64 = self
-            .link
-            .call_idempotent("releasing the lock", timeout, |c| invocation.invoke(c))?;
-        Ok(released == 1)
-    }
-
     /// Warnings about the server's setup that can break locks (shown with `-v`).
-    fn eviction_warning(&mut self) -> Result<Option<String>> {
-        let info: String =
-            self.link
-                .call("reading the server's settings", MAX_CALL_TIMEOUT, |c| {
-                    redis::cmd("INFO").arg("memory").query(c)
-                })?;
+    fn eviction_warning(&self) -> Result<Option<String>> {
+        let mut link = self.link.borrow_mut();
+        let info: String = link.call("reading the server's settings", MAX_CALL_TIMEOUT, |c| {
+            redis::cmd("INFO").arg("memory").query(c)
+        })?;
         let policy = info
             .lines()
             .find_map(|line| line.strip_prefix("maxmemory_policy:"))
@@ -313,134 +182,183 @@ impl RedisBackend {
             Some("noeviction") | None => None,
             Some(policy) => Some(format!(
                 "Redis at {} has maxmemory-policy {policy}: when it runs out of memory it may evict lock keys, letting a second holder in; use noeviction",
-                self.link.shown()
+                link.shown()
             )),
         })
     }
 }
 
-impl Backend for RedisBackend {
-    fn try_acquire(&mut self, request: &Request) -> Result<Option<Acquired>> {
-        self.requested = Some((request.name.clone(), request.parallelism));
+impl Store for RedisStore {
+    fn abilities(&self) -> Abilities {
+        Abilities {
+            leases: true,
+            breakable: true,
+            wakeup: Wakeup::Told,
+        }
+    }
+
+    fn attempt(&mut self, request: &Request) -> Result<Attempt> {
+        let keys = self.keys(&request.name);
+        let owner = &request.owner;
+        let now = epoch_millis(SystemTime::now());
+        let since = *self.since.get_or_insert(now);
+        let holder = json(&HolderRecord {
+            name: request.name.to_string(),
+            owner: owner.clone(),
+            acquired_at: now,
+            fence: 0,
+            kept_until: None,
+        })?;
+        let waiter = json(&WaiterRecord {
+            name: request.name.to_string(),
+            owner: owner.clone(),
+            since,
+        })?;
+        let mut invocation = self.scripts.acquire.key(keys.fence());
+        invocation.key(keys.line()).key(keys.ticket());
+        for slot in keys.slots(request.parallelism) {
+            invocation.key(slot);
+        }
+        invocation
+            .arg(&owner.token)
+            .arg(holder)
+            .arg(waiter)
+            .arg(request.ttl.as_millis() as u64)
+            .arg(u8::from(request.queue))
+            .arg(keys.base())
+            .arg(&owner.process.boot_id);
         let sent = Moment::now();
-        match self.attempt(request)? {
-            Attempt::Taken(acquired) => Ok(Some(acquired)),
-            Attempt::Busy {
-                earliest_pttl,
-                same_host,
-            } => {
-                // PTTL rounds down: one more millisecond and the key has certainly expired.
-                self.earliest_expiry =
-                    earliest_pttl.map(|pttl| sent + Duration::from_millis(pttl + 1));
-                self.same_host = same_host;
-                self.reclaim_dead(request)
-            }
-        }
-    }
-
-    fn wait(&mut self, request: &Request, wait: Wait) -> Result<Option<Acquired>> {
-        let until = [
-            Some(wait.step_until),
-            wait.deadline,
-            self.earliest_expiry.take(),
-        ]
-        .into_iter()
-        .flatten()
-        .min()
-        .unwrap_or(wait.step_until);
-        let block = until.remaining();
-        if block < Duration::from_millis(1) {
-            return Ok(None);
-        }
-        let wake = Keys::new(&self.prefix, &request.name).wake();
-        // BLPOP's own timeout ends the wait; the socket's only catches a server that went silent.
-        let socket_timeout = block + MAX_CALL_TIMEOUT;
-        let _woken: Option<(String, String)> =
-            self.link
-                .call_idempotent("waiting for a release", socket_timeout, |c| {
-                    redis::cmd("BLPOP")
-                        .arg(&wake)
-                        .arg(format!("{:.3}", block.as_secs_f64()))
-                        .query(c)
-                })?;
-        // Woken or not, the acquire loop tries again now.
-        Ok(None)
-    }
-
-    fn renew(&mut self, within: Duration) -> Result<Renewal> {
-        let Some(held) = &self.held else {
-            return Ok(Renewal::Lost);
-        };
-        let mut invocation = self.scripts.renew.key(held.keys.slot(held.slot));
-        invocation.arg(&held.token).arg(held.ttl.as_millis() as u64);
-        let timeout = Self::call_timeout(held.ttl).min(within);
-        let renewed: i64 = self
+        // Safe to repeat after a lost reply: a second run finds our slot taken, or our place kept.
+        let (taken, first, second, local): (i64, i64, i64, Vec<String>) = self
             .link
-            .call_idempotent("renewing the lease", timeout, |c| invocation.invoke(c))?;
-        Ok(Renewal::confirmed(renewed == 1))
+            .borrow_mut()
+            .call_idempotent("acquiring a slot", call_timeout(request.ttl), |c| {
+                invocation.invoke(c)
+            })?;
+        if taken == 1 {
+            return Ok(Attempt::Taken(Box::new(RedisSlot {
+                link: Rc::clone(&self.link),
+                scripts: Rc::clone(&self.scripts),
+                keys,
+                slot: first as u32,
+                fence: second as u64,
+                token: owner.token.clone(),
+                ttl: request.ttl,
+                parallelism: request.parallelism,
+                taken_at: sent,
+            })));
+        }
+        let local: Vec<Owner> = local
+            .iter()
+            .filter_map(|record| serde_json::from_str(record).ok())
+            .collect();
+        let position = first as u32;
+        Ok(Attempt::Waiting(Line {
+            position,
+            local_ahead: local_ahead(&owner.process, position, local.iter(), None),
+            // PTTL rounds down: one more millisecond and the key has certainly expired.
+            moves_by: u64::try_from(second)
+                .ok()
+                .map(|pttl| sent + Duration::from_millis(pttl + 1)),
+        }))
     }
 
-    fn release(&mut self, keep_until: Option<SystemTime>) -> Result<()> {
-        let Some(held) = self.held.take() else {
-            return Ok(());
-        };
-        // A duration from now, not a time: only the server's clock decides expiry.
-        let keep = keep_until
-            .and_then(|until| until.duration_since(SystemTime::now()).ok())
-            .filter(|keep| keep.as_millis() > 0)
-            .unwrap_or_default();
-        self.release_slot(
-            &held.keys,
-            &held.keys.slot(held.slot),
-            &held.token,
-            keep,
-            held.parallelism,
-            Self::call_timeout(held.ttl),
+    fn evict(&mut self, request: &Request, owners: &[Owner]) -> Result<()> {
+        let keys = self.keys(&request.name);
+        let mut invocation = self.scripts.evict.key(keys.line());
+        for slot in keys.slots(request.parallelism) {
+            invocation.key(slot);
+        }
+        invocation.arg(keys.base()).arg(WAKE_TTL.as_millis() as u64);
+        for owner in owners {
+            invocation.arg(&owner.token);
+        }
+        let _: i64 = self.link.borrow_mut().call_idempotent(
+            "dropping dead entries",
+            call_timeout(request.ttl),
+            |c| invocation.invoke(c),
         )?;
         Ok(())
     }
 
-    fn holders(&mut self, name: Option<&Name>) -> Result<Vec<Holder>> {
-        let keys = match (name, &self.requested) {
-            (Some(name), Some((requested, parallelism))) if name == requested => {
-                let keys = Keys::new(&self.prefix, name);
-                (0..*parallelism).map(|slot| keys.slot(slot)).collect()
-            }
-            (Some(name), _) => self.scan(&Keys::new(&self.prefix, name).slot_pattern())?,
-            (None, _) => self.scan(&scripts::all_slots_pattern(&self.prefix))?,
-        };
-        self.read_holders(&keys)
+    fn wait(&mut self, request: &Request, until: Moment) -> Result<Option<Box<dyn Slot>>> {
+        let block = until.remaining();
+        if block < Duration::from_millis(1) {
+            return Ok(None);
+        }
+        let wake = self.keys(&request.name).wake(&request.owner.token);
+        // BLPOP's own timeout ends the wait; the socket's only catches a server that went silent.
+        let socket_timeout = block + MAX_CALL_TIMEOUT;
+        let _woken: Option<(String, String)> = self.link.borrow_mut().call_idempotent(
+            "waiting for a release",
+            socket_timeout,
+            |c| {
+                redis::cmd("BLPOP")
+                    .arg(&wake)
+                    .arg(format!("{:.3}", block.as_secs_f64()))
+                    .query(c)
+            },
+        )?;
+        // Woken or not, the waiting loop looks at the line again now.
+        Ok(None)
     }
 
-    fn break_leases(&mut self, name: &Name, slot: Option<u32>) -> Result<Vec<Holder>> {
-        let keys = Keys::new(&self.prefix, name);
+    fn leave(&mut self, request: &Request) -> Result<()> {
+        // Dropping our place is what a dead waiter's eviction does; the slot we do not take is nobody's to free.
+        self.evict(request, std::slice::from_ref(&request.owner))
+    }
+
+    fn list(&mut self, name: Option<&Name>) -> Result<Vec<Entry>> {
+        let mut entries = if let Some(name) = name {
+            let keys = self.keys(name);
+            let mut entries = self.read_holders(&self.scan(&keys.slot_pattern())?)?;
+            entries.extend(self.read_line(&keys)?);
+            entries
+        } else {
+            let mut entries =
+                self.read_holders(&self.scan(&scripts::every_name(&self.prefix, "slot:*"))?)?;
+            for line in self.scan(&scripts::every_name(&self.prefix, "line"))? {
+                let base = line.strip_suffix("line").unwrap_or(&line);
+                entries.extend(self.read_line(&Keys::from_base(base))?);
+            }
+            entries
+        };
+        sort(&mut entries);
+        Ok(entries)
+    }
+
+    fn break_slots(&mut self, name: &Name, slot: Option<u32>) -> Result<Vec<Entry>> {
+        let keys = self.keys(name);
         let wanted: Vec<String> = match slot {
             Some(slot) => vec![keys.slot(slot)],
             None => self.scan(&keys.slot_pattern())?,
         };
         let mut broken = Vec::new();
         for key in wanted {
-            let value: Option<String> =
-                self.link
-                    .call_idempotent("reading a holder", MAX_CALL_TIMEOUT, |c| {
-                        redis::cmd("GET").arg(&key).query(c)
-                    })?;
-            let Some(record) = value.and_then(|v| serde_json::from_str::<Record>(&v).ok()) else {
+            let value: Option<String> = self.link.borrow_mut().call_idempotent(
+                "reading a holder",
+                MAX_CALL_TIMEOUT,
+                |c| redis::cmd("GET").arg(&key).query(c),
+            )?;
+            let Some(record) = value.and_then(|v| serde_json::from_str::<HolderRecord>(&v).ok())
+            else {
                 continue;
             };
             let Some((_, slot)) = scripts::parse_slot_key(&self.prefix, &key) else {
                 continue;
             };
-            let token = record.token.clone();
-            if self.release_slot(
+            let freed = std::slice::from_ref(&key);
+            if release(
+                &self.link,
+                &self.scripts,
                 &keys,
                 &key,
-                &token,
+                freed,
+                &record.owner.token,
                 Duration::ZERO,
-                MAX_SLOTS,
                 MAX_CALL_TIMEOUT,
             )? {
-                broken.push(record.holder(name.as_str(), slot, -1));
+                broken.push(record.entry(slot));
             }
         }
         Ok(broken)
@@ -451,4 +369,102 @@ impl Backend for RedisBackend {
         // warning here: the acquire right after reports any real failure.
         self.eviction_warning().ok().flatten().into_iter().collect()
     }
+}
+
+/// A slot of the Redis backend: a key with a PX TTL.
+struct RedisSlot {
+    link: Rc<RefCell<Link>>,
+    scripts: Rc<Scripts>,
+    keys: Keys,
+    slot: u32,
+    fence: u64,
+    token: String,
+    ttl: Duration,
+    parallelism: u32,
+    taken_at: Moment,
+}
+
+impl Slot for RedisSlot {
+    fn number(&self) -> u32 {
+        self.slot
+    }
+
+    fn fence(&self) -> u64 {
+        self.fence
+    }
+
+    fn taken_at(&self) -> Moment {
+        self.taken_at
+    }
+
+    fn renew(&mut self, within: Duration) -> Result<Renewal> {
+        let mut invocation = self.scripts.renew.key(self.keys.slot(self.slot));
+        invocation.arg(&self.token).arg(self.ttl.as_millis() as u64);
+        let timeout = call_timeout(self.ttl).min(within);
+        let renewed: i64 =
+            self.link
+                .borrow_mut()
+                .call_idempotent("renewing the lease", timeout, |c| invocation.invoke(c))?;
+        Ok(Renewal::confirmed(renewed == 1))
+    }
+
+    fn release(self: Box<Self>, keep_until: Option<SystemTime>) -> Result<()> {
+        // A duration from now, not a time: only the server's clock decides expiry.
+        let keep = keep_until
+            .and_then(|until| until.duration_since(SystemTime::now()).ok())
+            .filter(|keep| keep.as_millis() > 0)
+            .unwrap_or_default();
+        let slots: Vec<String> = self.keys.slots(self.parallelism).collect();
+        release(
+            &self.link,
+            &self.scripts,
+            &self.keys,
+            &self.keys.slot(self.slot),
+            &slots,
+            &self.token,
+            keep,
+            call_timeout(self.ttl),
+        )?;
+        Ok(())
+    }
+}
+
+/// Frees the slot at `key` if it is held with `token` (or keeps it taken for
+/// `keep`), waking the waiter it is for; `slots` are the name's slot keys, to
+/// count the free ones. False when the slot was not (any longer) held with it.
+#[allow(clippy::too_many_arguments)]
+fn release(
+    link: &RefCell<Link>,
+    scripts: &Scripts,
+    keys: &Keys,
+    key: &str,
+    slots: &[String],
+    token: &str,
+    keep: Duration,
+    timeout: Duration,
+) -> Result<bool> {
+    let mut invocation = scripts.release.key(key);
+    invocation.key(keys.line());
+    for slot in slots {
+        invocation.key(slot);
+    }
+    invocation
+        .arg(token)
+        .arg(keep.as_millis() as u64)
+        .arg(epoch_millis(SystemTime::now() + keep))
+        .arg(keys.base())
+        .arg(WAKE_TTL.as_millis() as u64);
+    let released: i64 = link
+        .borrow_mut()
+        .call_idempotent("releasing the lock", timeout, |c| invocation.invoke(c))?;
+    Ok(released == 1)
+}
+
+fn now_millis() -> u64 {
+    epoch_millis(SystemTime::now())
+}
+
+/// When a key with `pttl` milliseconds left expires; `None` for a key without a TTL.
+fn expiry(now: u64, pttl: i64) -> Option<u64> {
+    u64::try_from(pttl).ok().map(|left| now + left)
 }

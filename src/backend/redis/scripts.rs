@@ -1,37 +1,69 @@
 //! Key names and the Lua scripts that change them. Every change is one atomic
 //! script run with EVALSHA (the `redis` crate loads a script on NOSCRIPT).
 //!
-//! Keys of a name share the hash tag `{NAME}`, so Redis Cluster keeps them in one slot:
-//! - `PREFIX:{NAME}:slot:N`: the holder of slot N, a JSON record with a PX TTL;
-//! - `PREFIX:{NAME}:fence`: the fence counter, without TTL;
-//! - `PREFIX:{NAME}:wake`: a short-lived list that release pushes to and waiters BLPOP.
+//! Keys of a name share the hash tag `{STEM}` (the name's escaped stem, which
+//! holds no `{`, `}`, `:` or glob character), so Redis Cluster keeps them in
+//! one slot and no name's keys or patterns can reach another name's:
+//! - `PREFIX:{STEM}:slot:N`: the holder of slot N, a JSON record with a PX TTL;
+//! - `PREFIX:{STEM}:fence`: the fence counter, without TTL;
+//! - `PREFIX:{STEM}:line`: the waiting line, a sorted set of waiters' tokens by ticket;
+//! - `PREFIX:{STEM}:ticket`: the ticket counter;
+//! - `PREFIX:{STEM}:waiter:TOKEN`: a waiter's JSON record, with a PX TTL its waiter refreshes;
+//! - `PREFIX:{STEM}:wake:TOKEN`: a short-lived list a waiter BLPOPs, pushed to when it may go.
 
 use redis::Script;
 
 use crate::name::Name;
 
 pub struct Keys {
-    /// `PREFIX:{NAME}:`
+    /// `PREFIX:{STEM}:`
     base: String,
 }
 
 impl Keys {
     pub fn new(prefix: &str, name: &Name) -> Self {
         Self {
-            base: format!("{prefix}:{{{name}}}:"),
+            base: format!("{prefix}:{{{}}}:", name.stem()),
         }
+    }
+
+    /// The keys whose base (`PREFIX:{STEM}:`) is `base`, as found by a SCAN.
+    pub fn from_base(base: &str) -> Self {
+        Self {
+            base: base.to_owned(),
+        }
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
     }
 
     pub fn slot(&self, slot: u32) -> String {
         format!("{}slot:{slot}", self.base)
     }
 
+    pub fn slots(&self, parallelism: u32) -> impl Iterator<Item = String> + '_ {
+        (0..parallelism).map(|slot| self.slot(slot))
+    }
+
     pub fn fence(&self) -> String {
         format!("{}fence", self.base)
     }
 
-    pub fn wake(&self) -> String {
-        format!("{}wake", self.base)
+    pub fn line(&self) -> String {
+        format!("{}line", self.base)
+    }
+
+    pub fn ticket(&self) -> String {
+        format!("{}ticket", self.base)
+    }
+
+    pub fn waiter(&self, token: &str) -> String {
+        format!("{}waiter:{token}", self.base)
+    }
+
+    pub fn wake(&self, token: &str) -> String {
+        format!("{}wake:{token}", self.base)
     }
 
     /// A SCAN pattern for the slot keys of this name.
@@ -40,17 +72,17 @@ impl Keys {
     }
 }
 
-/// A SCAN pattern for the slot keys of every name under `prefix`.
-pub fn all_slots_pattern(prefix: &str) -> String {
-    format!("{}:{{*}}:slot:*", glob_escape(prefix))
+/// A SCAN pattern for the keys of every name under `prefix` that end in `suffix` (`slot:*`, `line`).
+pub fn every_name(prefix: &str, suffix: &str) -> String {
+    format!("{}:{{*}}:{suffix}", glob_escape(prefix))
 }
 
-/// (name, slot) of a slot key under `prefix`.
+/// The base (`PREFIX:{STEM}:`) and slot of a slot key under `prefix`.
 pub fn parse_slot_key<'k>(prefix: &str, key: &'k str) -> Option<(&'k str, u32)> {
     let rest = key.strip_prefix(prefix)?.strip_prefix(":{")?;
-    // The name may itself contain "}:slot:"; the slot number never does.
-    let (name, slot) = rest.rsplit_once("}:slot:")?;
-    Some((name, slot.parse().ok()?))
+    let (stem, slot) = rest.split_once("}:slot:")?;
+    let base = &key[..prefix.len() + 2 + stem.len() + 2];
+    Some((base, slot.parse().ok()?))
 }
 
 fn glob_escape(text: &str) -> String {
@@ -66,10 +98,10 @@ fn glob_escape(text: &str) -> String {
 
 /// Shared by the scripts below.
 const PRELUDE: &str = r#"
-local function token_of(value)
+local function decoded(value)
   local ok, record = pcall(cjson.decode, value)
-  if ok and type(record) == 'table' then return record.token end
-  return nil
+  if ok and type(record) == 'table' then return record end
+  return {}
 end
 
 -- One more than the last fence, and never below the server clock in microseconds:
@@ -93,82 +125,147 @@ local function take(key, fence_key, meta, ttl)
   return fence
 end
 
+-- The numbers of the free slots among `keys[first..]`, slot 0 first.
+local function free_slots(keys, first)
+  local free = {}
+  for i = first, #keys do
+    if redis.call('EXISTS', keys[i]) == 0 then table.insert(free, i - first) end
+  end
+  return free
+end
+
+-- Wakes the waiter that a slot freed just now is for: with `free` slots free,
+-- the one at place `free` in line (those before it were woken already). Waiters
+-- whose places lapsed (they stopped asking) leave the line on the way.
+local function wake(line, base, free, wake_ttl)
+  local rank = free - 1
+  while rank >= 0 do
+    local token = redis.call('ZRANGE', line, rank, rank)[1]
+    if not token then return end
+    if redis.call('EXISTS', base .. 'waiter:' .. token) == 1 then
+      redis.call('LPUSH', base .. 'wake:' .. token, '1')
+      redis.call('PEXPIRE', base .. 'wake:' .. token, wake_ttl)
+      return
+    end
+    redis.call('ZREM', line, token)
+  end
+end
+
 -- Redis before 5 replicates scripts, not their effects, and refuses writes after TIME.
 if redis.replicate_commands then redis.replicate_commands() end
 "#;
 
-/// KEYS: fence, slot 0 .. slot N-1. ARGV: holder JSON, TTL ms, first slot to try, our boot id.
-/// Returns {1, slot, fence, {}} when a slot was taken, else {0, earliest PTTL
-/// or -1, 0, {{slot, record}...}} with the records of holders on our boot, whose
-/// processes the caller can check.
+/// KEYS: fence, line, ticket, slot 0 .. slot N-1. ARGV: token, holder JSON,
+/// waiter JSON, TTL ms, 1 to join the line (0: only look), key base, our boot id.
+/// Takes a slot when as many are free as there are waiters ahead of us, plus
+/// one: returns {1, slot, fence}. Else joins (or stays in) the line, keeping
+/// our place for another TTL, and returns {0, place (0: not in line), earliest
+/// holder PTTL or -1, {records of the entries ahead whose owners share our boot}}:
+/// the holders when we are next in line, and the waiter just ahead of us.
 const ACQUIRE: &str = r#"
-local n = #KEYS - 1
-local start = tonumber(ARGV[3])
-for i = 0, n - 1 do
-  local slot = (start + i) % n
-  local key = KEYS[slot + 2]
-  if redis.call('EXISTS', key) == 0 then
-    return {1, slot, take(key, KEYS[1], ARGV[1], ARGV[2]), {}}
+local token, base, ttl = ARGV[1], ARGV[6], ARGV[4]
+local line = KEYS[2]
+local free = free_slots(KEYS, 4)
+local rank = redis.call('ZRANK', line, token)
+local ahead = rank or redis.call('ZCARD', line)
+-- Places of waiters that stopped asking lapse here, before anyone counts them.
+while ahead > 0 do
+  local first = redis.call('ZRANGE', line, 0, 0)[1]
+  if redis.call('EXISTS', base .. 'waiter:' .. first) == 1 then break end
+  redis.call('ZREM', line, first)
+  ahead = ahead - 1
+end
+if ahead < #free then
+  if rank then
+    redis.call('ZREM', line, token)
+    redis.call('DEL', base .. 'waiter:' .. token)
   end
+  redis.call('DEL', base .. 'wake:' .. token)
+  local slot = free[1]
+  return {1, slot, take(KEYS[slot + 4], KEYS[1], ARGV[2], ttl), {}}
+end
+local place = 0
+if rank or ARGV[5] == '1' then
+  if not rank then
+    redis.call('ZADD', line, redis.call('INCR', KEYS[3]), token)
+  end
+  redis.call('SET', base .. 'waiter:' .. token, ARGV[3], 'PX', ttl)
+  place = ahead + 1
 end
 local earliest = -1
 local ours = {}
-local marker = '"boot_id":"' .. ARGV[4] .. '"'
-for slot = 0, n - 1 do
-  local key = KEYS[slot + 2]
-  local ttl = redis.call('PTTL', key)
-  if ttl >= 0 and (earliest < 0 or ttl < earliest) then earliest = ttl end
-  if ARGV[4] ~= '' then
-    local value = redis.call('GET', key)
-    if value and string.find(value, marker, 1, true) then
-      table.insert(ours, {slot, value})
-    end
+local marker = '"boot_id":"' .. ARGV[7] .. '"'
+local function mark(value)
+  if ARGV[7] ~= '' and value and string.find(value, marker, 1, true) then
+    table.insert(ours, value)
   end
 end
-return {0, earliest, 0, ours}
+if place <= 1 then
+  for i = 4, #KEYS do
+    local left = redis.call('PTTL', KEYS[i])
+    if left >= 0 and (earliest < 0 or left < earliest) then earliest = left end
+    local value = redis.call('GET', KEYS[i])
+    if value and not decoded(value).kept_until then mark(value) end
+  end
+end
+if place > 1 then
+  local before = redis.call('ZRANGE', line, place - 2, place - 2)[1]
+  if before then mark(redis.call('GET', base .. 'waiter:' .. before)) end
+end
+return {0, place, earliest, ours}
 "#;
 
-/// KEYS: fence, slot. ARGV: the dead holder's token, holder JSON, TTL ms.
-/// Takes the slot if it is still the dead holder's (or free); returns the fence, or 0.
-const TAKE_OVER: &str = r"
-local value = redis.call('GET', KEYS[2])
-if value and token_of(value) ~= ARGV[1] then return 0 end
-return take(KEYS[2], KEYS[1], ARGV[2], ARGV[3])
+/// KEYS: line, slot 0 .. slot N-1. ARGV: key base, wake TTL ms, then the tokens
+/// of dead entries. Drops each from the line and from any slot it holds (not
+/// one kept by `--min-hold`), then wakes the waiter a freed slot is for.
+const EVICT: &str = r"
+local base = ARGV[1]
+for t = 3, #ARGV do
+  local token = ARGV[t]
+  redis.call('ZREM', KEYS[1], token)
+  redis.call('DEL', base .. 'waiter:' .. token, base .. 'wake:' .. token)
+  for i = 2, #KEYS do
+    local record = decoded(redis.call('GET', KEYS[i]) or '')
+    if record.token == token and not record.kept_until then redis.call('DEL', KEYS[i]) end
+  end
+end
+local free = #free_slots(KEYS, 2)
+if free > 0 then wake(KEYS[1], base, free, ARGV[2]) end
+return 1
 ";
 
 /// KEYS: slot. ARGV: token, TTL ms. 1 when renewed; 0 when the lease is gone
 /// (expired or taken over): a lapsed lease is never re-created.
 const RENEW: &str = r"
 local value = redis.call('GET', KEYS[1])
-if value and token_of(value) == ARGV[1] then
+if value and decoded(value).token == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 end
 return 0
 ";
 
-/// KEYS: slot, wake list. ARGV: token, keep ms (0: free now), wake list length cap, wake list TTL ms.
-/// With keep, the slot stays taken that long, marked kept so that no one reclaims
-/// it for its holder's process being gone. Otherwise it is freed and one waiter woken.
-/// Returns 1, or 0 when the slot was not (any longer) held with that token.
+/// KEYS: our slot, line, slot 0 .. slot N-1. ARGV: token, keep ms (0: free
+/// now), kept-until (epoch ms, for `status`), key base, wake TTL ms.
+/// With keep, the slot stays taken that long, marked kept so that no one
+/// reclaims it for its holder's process being gone. Otherwise it is freed and
+/// the waiter it is for woken. Returns 1, or 0 when the slot was not (any
+/// longer) held with that token.
 const RELEASE: &str = r#"
 local value = redis.call('GET', KEYS[1])
-if not value or token_of(value) ~= ARGV[1] then return 0 end
-local keep = tonumber(ARGV[2])
-if keep > 0 then
-  redis.call('SET', KEYS[1], '{"kept":true,' .. string.sub(value, 2), 'PX', keep)
+if not value or decoded(value).token ~= ARGV[1] then return 0 end
+if tonumber(ARGV[2]) > 0 then
+  redis.call('SET', KEYS[1], '{"kept_until":' .. ARGV[3] .. ',' .. string.sub(value, 2), 'PX', ARGV[2])
   return 1
 end
 redis.call('DEL', KEYS[1])
-redis.call('LPUSH', KEYS[2], '1')
-redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[3]) - 1)
-redis.call('PEXPIRE', KEYS[2], ARGV[4])
+wake(KEYS[2], ARGV[4], #free_slots(KEYS, 3), ARGV[5])
 return 1
 "#;
 
 pub struct Scripts {
     pub acquire: Script,
-    pub take_over: Script,
+    pub evict: Script,
     pub renew: Script,
     pub release: Script,
 }
@@ -178,7 +275,7 @@ impl Scripts {
         let script = |body: &str| Script::new(&format!("{PRELUDE}{body}"));
         Self {
             acquire: script(ACQUIRE),
-            take_over: script(TAKE_OVER),
+            evict: script(EVICT),
             renew: script(RENEW),
             release: script(RELEASE),
         }
@@ -190,17 +287,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn keys_share_the_hash_tag_and_parse_back() {
-        let name = Name::parse("nightly}:slot:7 [x]").unwrap();
+    fn no_name_reaches_another_names_keys() {
+        let name = Name::parse("nightly}:slot:7 [x]*?").unwrap();
         let keys = Keys::new("app*", &name);
-        assert_eq!(keys.fence(), "app*:{nightly}:slot:7 [x]}:fence");
         let slot = keys.slot(12);
+        assert_eq!(slot, "app*:{nightly%7D%3Aslot%3A7%20%5Bx%5D%2A%3F}:slot:12");
+        assert_eq!(parse_slot_key("app*", &slot), Some((keys.base(), 12)));
         assert_eq!(
-            parse_slot_key("app*", &slot),
-            Some(("nightly}:slot:7 [x]", 12))
+            keys.slot_pattern(),
+            r"app\*:{nightly%7D%3Aslot%3A7%20%5Bx%5D%2A%3F}:slot:*"
         );
-        assert_eq!(keys.slot_pattern(), r"app\*:{nightly}:slot:7 \[x\]}:slot:*");
-        assert_eq!(all_slots_pattern("a?"), r"a\?:{*}:slot:*");
+        assert_eq!(every_name("a?", "line"), r"a\?:{*}:line");
         assert_eq!(parse_slot_key("other", &slot), None);
+        let short = Keys::new("p", &Name::parse("x").unwrap());
+        assert!(!keys.slot(0).starts_with(short.base()));
     }
 }

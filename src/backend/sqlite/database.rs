@@ -9,12 +9,12 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use rusqlite::{Connection, ErrorCode, OpenFlags, TransactionBehavior};
+use rusqlite::{Connection, ErrorCode, OpenFlags, Transaction, TransactionBehavior};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Trouble};
 
 /// Bumped when the tables change, so a later lockrun can migrate (stored in `PRAGMA user_version`).
-const SCHEMA_VERSION: u32 = 1;
+const SCHEMA_VERSION: u32 = 2;
 /// Marks the file as lockrun's in the SQLite header (`PRAGMA application_id`): "LKRN".
 const APPLICATION_ID: u32 = 0x4c4b_524e;
 
@@ -44,23 +44,106 @@ CREATE TABLE fences (
 ) WITHOUT ROWID;
 ";
 
-/// Opens the lockrun database at `path` (or the default), creating it when missing.
-pub fn open(path: Option<PathBuf>) -> Result<(PathBuf, Connection)> {
+/// Version 2: the waiting line. AUTOINCREMENT: a ticket is never handed out twice.
+const WAITERS: &str = "
+CREATE TABLE waiters (
+    ticket INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT NOT NULL,
+    token TEXT NOT NULL UNIQUE,
+    pid INTEGER NOT NULL,
+    start_time INTEGER NOT NULL,
+    boot_id TEXT NOT NULL,
+    host TEXT NOT NULL,
+    command TEXT NOT NULL,
+    since INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL
+);
+CREATE INDEX waiters_by_name ON waiters (name, ticket);
+";
+
+/// An open lockrun database.
+pub struct Database {
+    pub path: PathBuf,
+    conn: Connection,
+}
+
+impl Database {
+    /// Runs `body` in one `BEGIN IMMEDIATE` transaction, waiting at most `busy` for the write lock.
+    pub fn write<T>(
+        &self,
+        what: &str,
+        busy: Duration,
+        body: impl FnOnce(&Connection) -> rusqlite::Result<T>,
+    ) -> Result<T> {
+        self.transaction(what, TransactionBehavior::Immediate, busy, body)
+    }
+
+    /// Runs `body` in one read transaction: it sees one state of the database and changes nothing.
+    pub fn read<T>(
+        &self,
+        what: &str,
+        body: impl FnOnce(&Connection) -> rusqlite::Result<T>,
+    ) -> Result<T> {
+        self.transaction(what, TransactionBehavior::Deferred, BUSY_TIMEOUT, body)
+    }
+
+    fn transaction<T>(
+        &self,
+        what: &str,
+        behavior: TransactionBehavior,
+        busy: Duration,
+        body: impl FnOnce(&Connection) -> rusqlite::Result<T>,
+    ) -> Result<T> {
+        let fail = |err| failure(&self.path, what, &err);
+        self.conn.busy_timeout(busy).map_err(fail)?;
+        let tx = Transaction::new_unchecked(&self.conn, behavior).map_err(fail)?;
+        let value = body(&tx).map_err(fail)?;
+        tx.commit().map_err(fail)?;
+        Ok(value)
+    }
+
+    /// Changes whenever another connection commits: answered from shared memory, without disk access.
+    pub fn data_version(&self) -> Result<i64> {
+        self.conn
+            .query_row("PRAGMA data_version", [], |row| row.get(0))
+            .map_err(|err| failure(&self.path, "watch for changes", &err))
+    }
+
+    /// The write-ahead log, which every commit writes to.
+    pub fn wal_path(&self) -> PathBuf {
+        let mut wal = self.path.clone().into_os_string();
+        wal.push("-wal");
+        PathBuf::from(wal)
+    }
+}
+
+/// Opens the lockrun database at `path` (or the default), creating it when
+/// missing if `create`; without, a missing database is an error.
+pub fn open(path: Option<&Path>, create: bool) -> Result<Database> {
     let path = match path {
-        Some(path) => path,
+        Some(path) => path.to_owned(),
         None => default_path()?,
     };
-    create_parent(&path)?;
+    if create {
+        create_parent(&path)?;
+    }
     let existing = inspect(&path)?;
+    if !existing && !create {
+        return Err(Error::Unavailable(format!(
+            "there is no lockrun database at {}",
+            path.display()
+        )));
+    }
     // No URI flag: a path that looks like `file:...?mode=...` is still just a path.
-    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
-        | OpenFlags::SQLITE_OPEN_CREATE
-        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    if create {
+        flags |= OpenFlags::SQLITE_OPEN_CREATE;
+    }
     let mut conn =
         Connection::open_with_flags(&path, flags).map_err(|err| failure(&path, "open", &err))?;
     conn.busy_timeout(BUSY_TIMEOUT)
         .map_err(|err| failure(&path, "configure", &err))?;
-    if !existing {
+    if create {
         initialize(&mut conn, &path)?;
     }
     let mode: String = conn
@@ -74,7 +157,7 @@ pub fn open(path: Option<PathBuf>) -> Result<(PathBuf, Connection)> {
     }
     conn.pragma_update(None, "synchronous", "FULL")
         .map_err(|err| failure(&path, "configure", &err))?;
-    Ok((path, conn))
+    Ok(Database { path, conn })
 }
 
 /// `$XDG_STATE_HOME/lockrun/locks.sqlite3`, else `~/.local/state/lockrun/locks.sqlite3`.
@@ -150,15 +233,16 @@ fn inspect(path: &Path) -> Result<bool> {
         ));
     }
     match field(60) {
-        SCHEMA_VERSION => Ok(true),
+        1..=SCHEMA_VERSION => Ok(true),
         version => Err(refuse(format!(
             "has lockrun schema version {version}, which this lockrun (version {SCHEMA_VERSION}) does not know"
         ))),
     }
 }
 
-/// Creates the tables in a new, empty database. Another lockrun may be doing
-/// the same: the write lock orders them and the second finds the work done.
+/// Creates the tables in a new, empty database, or brings an older lockrun
+/// database up to date. Another lockrun may be doing the same: the write lock
+/// orders them and the second finds the work done.
 fn initialize(conn: &mut Connection, path: &Path) -> Result<()> {
     let fail = |err: rusqlite::Error| failure(path, "create the tables", &err);
     let tx = conn
@@ -173,18 +257,22 @@ fn initialize(conn: &mut Connection, path: &Path) -> Result<()> {
             |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
         )
         .map_err(fail)?;
-    if application_id == APPLICATION_ID && version == SCHEMA_VERSION {
-        return Ok(());
+    match (application_id, version) {
+        (APPLICATION_ID, SCHEMA_VERSION) => return Ok(()),
+        (APPLICATION_ID, 1) => tx.execute_batch(WAITERS).map_err(fail)?,
+        (0, 0) if objects == 0 => {
+            tx.execute_batch(SCHEMA).map_err(fail)?;
+            tx.execute_batch(WAITERS).map_err(fail)?;
+            tx.pragma_update(None, "application_id", APPLICATION_ID)
+                .map_err(fail)?;
+        }
+        _ => {
+            return Err(Error::Unavailable(format!(
+                "{} is another program's SQLite database, not lockrun's; refusing to touch it (choose another --db)",
+                path.display()
+            )));
+        }
     }
-    if application_id != 0 || version != 0 || objects != 0 {
-        return Err(Error::Unavailable(format!(
-            "{} is another program's SQLite database, not lockrun's; refusing to touch it (choose another --db)",
-            path.display()
-        )));
-    }
-    tx.execute_batch(SCHEMA).map_err(fail)?;
-    tx.pragma_update(None, "application_id", APPLICATION_ID)
-        .map_err(fail)?;
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)
         .map_err(fail)?;
     tx.commit().map_err(fail)
@@ -195,9 +283,10 @@ pub fn failure(path: &Path, what: &str, err: &rusqlite::Error) -> Error {
     let code = err.sqlite_error_code();
     let path = path.display();
     match code {
-        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => Error::Unavailable(format!(
-            "cannot {what}: the SQLite database {path} stayed locked by another process"
-        )),
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => Error::trouble(
+            Trouble::Busy,
+            format!("cannot {what}: the SQLite database {path} stayed locked by another process"),
+        ),
         Some(ErrorCode::ReadOnly) => Error::Unavailable(format!(
             "cannot {what}: the SQLite database {path} is read-only"
         )),
@@ -218,14 +307,17 @@ mod tests {
     fn a_database_from_a_newer_lockrun_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("locks.sqlite3");
-        let (_, conn) = open(Some(path.clone())).unwrap();
-        conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+        let db = open(Some(&path), true).unwrap();
+        db.conn
+            .pragma_update(None, "user_version", SCHEMA_VERSION + 1)
             .unwrap();
         // Closing the last connection checkpoints the WAL into the file's header.
-        drop(conn);
+        drop(db);
         let before = std::fs::read(&path).unwrap();
-        let err = open(Some(path.clone())).expect_err("refused");
-        assert!(err.to_string().contains("schema version 2"), "{err}");
+        let Err(err) = open(Some(&path), true) else {
+            panic!("a newer database was opened");
+        };
+        assert!(err.to_string().contains("schema version 3"), "{err}");
         assert_eq!(std::fs::read(&path).unwrap(), before);
     }
 }

@@ -1,0 +1,176 @@
+//! The waiting line of the file backend, kept by the kernel's file locks.
+//!
+//! A waiter holds a shared lock on `NAME.line` for as long as it is in line, so
+//! that a newcomer can tell in one call that someone waits and must not be
+//! overtaken. Its place is a file `NAME.TICKET.wait` (the ticket is the moment
+//! it began waiting on the host's monotonic clock, then its pid), locked by it
+//! and holding its record for `status`. A waiter waits for the one ahead of it
+//! to leave by blocking on that file's lock: the kernel wakes it the moment the
+//! one ahead takes a slot or dies, and no one else. Files of dead waiters are
+//! removed by the waiter behind them.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use super::dir::{open_existing, open_lock_file};
+use crate::backend::record::WaiterRecord;
+use crate::error::{Error, Result};
+use crate::platform::clock::Moment;
+
+pub const WAIT_SUFFIX: &str = ".wait";
+const LINE_SUFFIX: &str = ".line";
+
+/// Our place in line, held until we take a slot or give up.
+pub struct Place {
+    ticket: String,
+    path: PathBuf,
+    /// Our file, locked for as long as we wait.
+    _file: File,
+    /// `NAME.line`, locked shared for as long as we wait.
+    _line: File,
+}
+
+impl Place {
+    /// Joins the line of the name whose files start with `stem` in `dir`.
+    pub fn join(dir: &Path, stem: &str, record: &WaiterRecord) -> Result<Self> {
+        let line = open_lock_file(&dir.join(format!("{stem}{LINE_SUFFIX}")))?;
+        line.lock_shared()
+            .map_err(|err| Error::unavailable(format!("cannot join the line of {stem}"), err))?;
+        let ticket = format!(
+            "{:020}-{}",
+            Moment::now().since_boot().as_nanos(),
+            std::process::id()
+        );
+        let path = dir.join(format!("{stem}.{ticket}{WAIT_SUFFIX}"));
+        // Made under another name and locked before it is renamed into place:
+        // a waiter behind us must never find it unlocked and take us for dead.
+        let joining = dir.join(format!("{stem}.{ticket}.joining"));
+        let failed =
+            |err: io::Error| Error::unavailable(format!("cannot write {}", joining.display()), err);
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o666)
+            .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+            .open(&joining)
+            .map_err(failed)?;
+        let written = file
+            .lock()
+            .and_then(|()| {
+                serde_json::to_writer(&mut file, record).map_err(io::Error::other)?;
+                file.flush()
+            })
+            .and_then(|()| fs::rename(&joining, &path));
+        if let Err(err) = written {
+            let _ = fs::remove_file(&joining);
+            return Err(failed(err));
+        }
+        Ok(Self {
+            ticket,
+            path,
+            _file: file,
+            _line: line,
+        })
+    }
+
+    /// The waiters' files ahead of us, nearest first (dead ones included).
+    pub fn ahead(&self, dir: &Path, stem: &str) -> Result<Vec<PathBuf>> {
+        let mut tickets: Vec<String> = waiter_tickets(dir, stem)?
+            .into_iter()
+            .filter(|ticket| *ticket < self.ticket)
+            .collect();
+        tickets.sort_unstable_by(|a, b| b.cmp(a));
+        Ok(tickets
+            .into_iter()
+            .map(|ticket| dir.join(format!("{stem}.{ticket}{WAIT_SUFFIX}")))
+            .collect())
+    }
+
+    /// Leaves the line: the file goes first, so that the one behind us, woken by
+    /// the lock going with it, no longer finds it.
+    pub fn leave(self) {
+        let _ = fs::remove_file(&self.path);
+    }
+}
+
+/// The live waiter nearest ahead of us, opened (not locked) so that we can wait
+/// for it to leave, and how many files of dead waiters on the way were removed.
+pub fn nearest_live(ahead: &[PathBuf]) -> Result<(Option<File>, usize)> {
+    let mut dead = 0;
+    for path in ahead {
+        let Some(file) = open_existing(path)? else {
+            dead += 1;
+            continue;
+        };
+        match file.try_lock() {
+            Err(fs::TryLockError::WouldBlock) => return Ok((Some(file), dead)),
+            // Nobody holds it: its waiter died, or is leaving and removes it itself.
+            Ok(()) => {
+                dead += 1;
+                let _ = fs::remove_file(path);
+            }
+            Err(fs::TryLockError::Error(err)) => {
+                return Err(Error::unavailable(
+                    format!("cannot lock {}", path.display()),
+                    err,
+                ));
+            }
+        }
+    }
+    Ok((None, dead))
+}
+
+/// True when someone is in the line of `stem`: a newcomer must not overtake them.
+pub fn is_occupied(dir: &Path, stem: &str) -> Result<bool> {
+    let path = dir.join(format!("{stem}{LINE_SUFFIX}"));
+    let line = open_lock_file(&path)?;
+    match line.try_lock() {
+        Ok(()) => Ok(false),
+        Err(fs::TryLockError::WouldBlock) => Ok(true),
+        Err(fs::TryLockError::Error(err)) => Err(Error::unavailable(
+            format!("cannot lock {}", path.display()),
+            err,
+        )),
+    }
+}
+
+/// The tickets of every waiter's file of `stem`, in no order.
+pub fn waiter_tickets(dir: &Path, stem: &str) -> Result<Vec<String>> {
+    let entries = fs::read_dir(dir).map_err(|err| {
+        Error::unavailable(format!("cannot read lock directory {}", dir.display()), err)
+    })?;
+    Ok(entries
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name();
+            let (their_stem, ticket) = parse_waiter_file_name(name.to_str()?)?;
+            (their_stem == stem).then(|| ticket.to_owned())
+        })
+        .collect())
+}
+
+/// `STEM.TICKET.wait` → (STEM, TICKET).
+pub fn parse_waiter_file_name(file_name: &str) -> Option<(&str, &str)> {
+    let (stem, ticket) = file_name.strip_suffix(WAIT_SUFFIX)?.rsplit_once('.')?;
+    ticket
+        .bytes()
+        .all(|b| b.is_ascii_digit() || b == b'-')
+        .then_some((stem, ticket))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waiter_file_names_parse_from_the_right() {
+        assert_eq!(
+            parse_waiter_file_name("a.b.00000000000000000012-77.wait"),
+            Some(("a.b", "00000000000000000012-77"))
+        );
+        assert_eq!(parse_waiter_file_name("a.0.lock"), None);
+        assert_eq!(parse_waiter_file_name("a.x.wait"), None);
+    }
+}

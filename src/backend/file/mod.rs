@@ -1,0 +1,406 @@
+//! The file backend (README: "File backend"): one lock file per slot in a
+//! directory, held with flock(2), and a waiting line of files the kernel keeps
+//! in order. Nothing polls: waiters sleep in the kernel (or on inotify, for
+//! more than one slot) and wake when the line moves.
+
+mod dir;
+mod line;
+mod slots;
+
+use std::fs::{self, File};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::thread;
+use std::time::SystemTime;
+
+use super::record::{HolderRecord, WaiterRecord};
+use super::{Abilities, Attempt, Common, Entry, Line, Owner, Request, Slot, Store, Wakeup};
+use crate::error::{Error, Result};
+use crate::identity::epoch_millis;
+use crate::name::Name;
+use crate::platform::alarm::Alarm;
+use crate::platform::clock::Moment;
+use crate::platform::proc::live_flocks;
+use crate::platform::watch::Watch;
+use line::Place;
+use slots::Probe;
+
+/// Its command-line options (a group of their own is not needed: clap flattens them).
+#[derive(Debug, clap::Args)]
+#[group(skip)]
+pub struct Options {
+    /// File backend's directory [default: `$XDG_RUNTIME_DIR/lockrun`, else `/run/lock/lockrun`, else `$TMPDIR/lockrun-$UID`]
+    #[arg(long, env = "LOCKRUN_DIR", value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+}
+
+impl Options {
+    pub fn open(&self, common: &Common) -> Result<Box<dyn Store>> {
+        Ok(Box::new(FileStore {
+            dir: dir::choose(self.dir.as_deref(), common.create)?,
+            place: None,
+            ahead: None,
+            head: None,
+        }))
+    }
+}
+
+struct FileStore {
+    dir: PathBuf,
+    /// Our place in line, once we joined it.
+    place: Option<Place>,
+    /// The waiter just ahead of us, whose leaving we wait for.
+    ahead: Option<File>,
+    /// At the head of a line for more than one slot: every slot's file, kept
+    /// open (closing one would wake us), and the directory watched.
+    head: Option<Head>,
+}
+
+struct Head {
+    watch: Watch,
+    slots: Vec<File>,
+}
+
+/// What looking at the slots found, when none was ours.
+struct NoSlot {
+    /// The earliest a `--min-hold` lets a slot go.
+    kept_until: Option<SystemTime>,
+}
+
+impl FileStore {
+    /// A newcomer takes a free slot only when nobody waits: it would overtake them.
+    fn take_as_newcomer(
+        &mut self,
+        request: &Request,
+        stem: &str,
+    ) -> Result<Result<Box<dyn Slot>, NoSlot>> {
+        let mut kept_until = None;
+        for slot in 0..request.parallelism {
+            let path = slots::slot_path(&self.dir, stem, slot);
+            match slots::probe(dir::open_lock_file(&path)?, &path)? {
+                Probe::Free(file) => {
+                    if line::is_occupied(&self.dir, stem)? {
+                        let _ = file.unlock();
+                        // The head of the line may be watching this very file.
+                        let _ = file.set_modified(SystemTime::now());
+                        return Ok(Err(NoSlot { kept_until: None }));
+                    }
+                    return self.take(request, stem, slot, file).map(Ok);
+                }
+                Probe::Held => {}
+                Probe::Kept(until) => kept_until = Some(earliest(kept_until, until)),
+            }
+        }
+        Ok(Err(NoSlot { kept_until }))
+    }
+
+    /// At the head of the line: takes a free slot if there is one.
+    fn take_as_head(
+        &mut self,
+        request: &Request,
+        stem: &str,
+    ) -> Result<Result<Box<dyn Slot>, NoSlot>> {
+        if request.parallelism == 1 {
+            let path = slots::slot_path(&self.dir, stem, 0);
+            return match slots::probe(dir::open_lock_file(&path)?, &path)? {
+                Probe::Free(file) => self.take(request, stem, 0, file).map(Ok),
+                Probe::Held => Ok(Err(NoSlot { kept_until: None })),
+                Probe::Kept(until) => Ok(Err(NoSlot {
+                    kept_until: Some(until),
+                })),
+            };
+        }
+        if self.head.is_none() {
+            // Watched before the first look: a slot freed in between still wakes us.
+            let watch = Watch::closed_or_touched_in(&self.dir).map_err(|err| {
+                Error::unavailable(format!("cannot watch {}", self.dir.display()), err)
+            })?;
+            let files = (0..request.parallelism)
+                .map(|slot| dir::open_lock_file(&slots::slot_path(&self.dir, stem, slot)))
+                .collect::<Result<_>>()?;
+            self.head = Some(Head {
+                watch,
+                slots: files,
+            });
+        }
+        let head = self.head.as_ref().expect("set above");
+        let mut kept_until = None;
+        let mut free = None;
+        for (slot, open) in head.slots.iter().enumerate() {
+            let path = slots::slot_path(&self.dir, stem, slot as u32);
+            // A second descriptor of the same open file: dropping it closes nothing, so wakes nobody.
+            match slots::probe(open.try_clone().map_err(|err| unusable(&path, err))?, &path)? {
+                Probe::Free(locked) => {
+                    free = Some((slot as u32, locked));
+                    break;
+                }
+                Probe::Held => {}
+                Probe::Kept(until) => kept_until = Some(earliest(kept_until, until)),
+            }
+        }
+        match free {
+            Some((slot, locked)) => self.take(request, stem, slot, locked).map(Ok),
+            None => Ok(Err(NoSlot { kept_until })),
+        }
+    }
+
+    fn take(
+        &mut self,
+        request: &Request,
+        stem: &str,
+        slot: u32,
+        file: File,
+    ) -> Result<Box<dyn Slot>> {
+        let taken = slots::take(
+            &self.dir,
+            stem,
+            slot,
+            file,
+            request.name.as_str(),
+            &request.owner,
+        )?;
+        self.leave_line();
+        Ok(Box::new(taken))
+    }
+
+    fn leave_line(&mut self) {
+        self.head = None;
+        self.ahead = None;
+        if let Some(place) = self.place.take() {
+            place.leave();
+        }
+    }
+
+    /// Blocks on `file`'s lock until we get it or `until` passes; true when we got it.
+    fn lock_until(file: &File, until: Moment, path: &Path) -> Result<bool> {
+        if until.has_passed() {
+            return Ok(false);
+        }
+        // SIGALRM at `until` interrupts the wait without leaving our place in the kernel's queue for long.
+        let _alarm = Alarm::after(until.remaining())
+            .map_err(|err| Error::internal("arming the wait's alarm", err))?;
+        loop {
+            match file.lock() {
+                Ok(()) => return Ok(true),
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => {
+                    if until.has_passed() {
+                        return Ok(false);
+                    }
+                }
+                Err(err) => return Err(unusable(path, err)),
+            }
+        }
+    }
+}
+
+impl Store for FileStore {
+    fn abilities(&self) -> Abilities {
+        Abilities {
+            leases: false,
+            breakable: false,
+            wakeup: Wakeup::Blocks,
+        }
+    }
+
+    fn attempt(&mut self, request: &Request) -> Result<Attempt> {
+        let stem = request.name.stem();
+        if self.place.is_none() {
+            let no_slot = match self.take_as_newcomer(request, &stem)? {
+                Ok(slot) => return Ok(Attempt::Taken(slot)),
+                Err(no_slot) => no_slot,
+            };
+            if !request.queue {
+                return Ok(Attempt::Waiting(Line {
+                    moves_by: no_slot.kept_until.map(moment_of),
+                    ..Line::default()
+                }));
+            }
+            let record = WaiterRecord {
+                name: request.name.to_string(),
+                owner: request.owner.clone(),
+                since: epoch_millis(SystemTime::now()),
+            };
+            self.place = Some(Place::join(&self.dir, &stem, &record)?);
+        }
+        let ahead = self
+            .place
+            .as_ref()
+            .expect("joined above")
+            .ahead(&self.dir, &stem)?;
+        // Our own lock on a file ahead would make that waiter look alive.
+        self.ahead = None;
+        let (nearest, dead) = line::nearest_live(&ahead)?;
+        self.ahead = nearest;
+        let mut moves_by = None;
+        if self.ahead.is_none() {
+            match self.take_as_head(request, &stem)? {
+                Ok(slot) => return Ok(Attempt::Taken(slot)),
+                Err(no_slot) => moves_by = no_slot.kept_until.map(moment_of),
+            }
+        }
+        Ok(Attempt::Waiting(Line {
+            position: (ahead.len() - dead + 1) as u32,
+            local_ahead: Vec::new(),
+            moves_by,
+        }))
+    }
+
+    fn evict(&mut self, _request: &Request, _owners: &[Owner]) -> Result<()> {
+        // The kernel frees a dead process's locks by itself: nothing is ever left to evict.
+        Ok(())
+    }
+
+    fn wait(&mut self, request: &Request, until: Moment) -> Result<Option<Box<dyn Slot>>> {
+        let stem = request.name.stem();
+        if let Some(ahead) = self.ahead.take() {
+            // Woken when the waiter ahead of us takes a slot, gives up or dies.
+            Self::lock_until(&ahead, until, &self.dir)?;
+            return Ok(None);
+        }
+        if let Some(head) = &self.head {
+            let lock_file = |name: &std::ffi::OsString| {
+                name.to_str()
+                    .and_then(slots::parse_slot_file_name)
+                    .is_some_and(|(s, _)| s == stem)
+            };
+            while !until.has_passed() {
+                let changed = head.watch.changes(until.remaining()).map_err(|err| {
+                    Error::unavailable(format!("cannot watch {}", self.dir.display()), err)
+                })?;
+                if changed.iter().any(lock_file) {
+                    break;
+                }
+            }
+            return Ok(None);
+        }
+        // The head of a one-slot line waits in the kernel for the slot itself, as flock(1) does.
+        let path = slots::slot_path(&self.dir, &stem, 0);
+        let file = dir::open_lock_file(&path)?;
+        if !Self::lock_until(&file, until, &path)? {
+            return Ok(None);
+        }
+        match slots::free_or_kept(file) {
+            Probe::Free(file) => self.take(request, &stem, 0, file).map(Some),
+            Probe::Kept(kept_until) => {
+                thread::sleep(moment_of(kept_until).min(until).remaining());
+                Ok(None)
+            }
+            Probe::Held => unreachable!("the lock was just got"),
+        }
+    }
+
+    fn leave(&mut self, _request: &Request) -> Result<()> {
+        self.leave_line();
+        Ok(())
+    }
+
+    fn list(&mut self, name: Option<&Name>) -> Result<Vec<Entry>> {
+        let entries = fs::read_dir(&self.dir).map_err(|err| {
+            Error::unavailable(
+                format!("cannot read lock directory {}", self.dir.display()),
+                err,
+            )
+        })?;
+        let wanted = name.map(Name::stem);
+        let locked = live_flocks();
+        let now = epoch_millis(SystemTime::now());
+        let mut holders = Vec::new();
+        let mut waiters: Vec<(String, String, Entry)> = Vec::new();
+        for entry in entries.flatten() {
+            let file_name = entry.file_name();
+            let Some(file_name) = file_name.to_str() else {
+                continue;
+            };
+            let path = entry.path();
+            if let Some((stem, slot)) = slots::parse_slot_file_name(file_name) {
+                if wanted.as_deref().is_some_and(|wanted| wanted != stem) {
+                    continue;
+                }
+                let Ok(Some(file)) = dir::open_existing(&path) else {
+                    continue;
+                };
+                let lock_pid = file
+                    .metadata()
+                    .ok()
+                    .and_then(|meta| locked.iter().find(|l| l.is_on(&meta)).map(|l| l.pid));
+                let record = slots::read_record(&file);
+                if let Some(entry) = holder_entry(stem, slot, record, lock_pid, now) {
+                    holders.push(entry);
+                }
+            } else if let Some((stem, ticket)) = line::parse_waiter_file_name(file_name) {
+                if wanted.as_deref().is_some_and(|wanted| wanted != stem) {
+                    continue;
+                }
+                let Ok(Some(file)) = dir::open_existing(&path) else {
+                    continue;
+                };
+                let live = file
+                    .metadata()
+                    .is_ok_and(|meta| locked.iter().any(|l| l.is_on(&meta)));
+                let record: Option<WaiterRecord> = slots::first_json_value(&file);
+                if let (true, Some(record)) = (live, record) {
+                    let entry = Entry::waiter(&record.name, 0, &record.owner, Some(record.since));
+                    waiters.push((stem.to_owned(), ticket.to_owned(), entry));
+                }
+            }
+        }
+        waiters.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+        let mut position = 0;
+        let mut previous_stem = String::new();
+        for (stem, _, mut entry) in waiters {
+            position = if stem == previous_stem {
+                position + 1
+            } else {
+                1
+            };
+            previous_stem = stem;
+            entry.position = position;
+            holders.push(entry);
+        }
+        super::record::sort(&mut holders);
+        Ok(holders)
+    }
+}
+
+/// A slot file's holder as `status` shows it: the one whose lock is live, or
+/// the one whose `--min-hold` still keeps the slot.
+fn holder_entry(
+    stem: &str,
+    slot: u32,
+    record: Option<HolderRecord>,
+    lock_pid: Option<u32>,
+    now: u64,
+) -> Option<Entry> {
+    match (record, lock_pid) {
+        (Some(record), Some(_)) => Some(record.entry(slot)),
+        (Some(record), None) if record.kept_until.is_some_and(|until| until > now) => {
+            Some(record.entry(slot))
+        }
+        // Locked, but not (yet) by a holder that wrote its record.
+        (_, Some(pid)) => Some(Entry {
+            name: stem.to_owned(),
+            slot: Some(slot),
+            position: 0,
+            pid,
+            host: String::new(),
+            command: String::new(),
+            since: None,
+            expires_at: None,
+            fence: None,
+        }),
+        _ => None,
+    }
+}
+
+fn earliest(current: Option<SystemTime>, other: SystemTime) -> SystemTime {
+    current.map_or(other, |current| current.min(other))
+}
+
+/// The moment on the monotonic clock when the wall clock shows `time`.
+fn moment_of(time: SystemTime) -> Moment {
+    Moment::now() + time.duration_since(SystemTime::now()).unwrap_or_default()
+}
+
+fn unusable(path: &Path, err: io::Error) -> Error {
+    Error::unavailable(format!("cannot lock {}", path.display()), err)
+}

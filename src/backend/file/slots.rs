@@ -1,0 +1,201 @@
+//! Slot files: `NAME.SLOT.lock` is held with flock(2) by the slot's holder and,
+//! while held, names the holder; after a `--min-hold` release it says until when
+//! the slot stays taken though nobody holds its lock. `NAME.fence` counts the
+//! acquisitions. Files are never deleted: a waiter blocked on a deleted file's
+//! inode would never see the next holder.
+
+use std::fs::{self, File};
+use std::io::{self, Read};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use super::dir::open_lock_file;
+use crate::backend::record::HolderRecord;
+use crate::backend::{Owner, Renewal, Slot};
+use crate::error::{Error, Result};
+use crate::identity::epoch_millis;
+use crate::platform::clock::Moment;
+
+pub const LOCK_SUFFIX: &str = ".lock";
+const FENCE_SUFFIX: &str = ".fence";
+/// More than any record lockrun writes: a larger file is not read further.
+pub const MAX_RECORD: u64 = 64 * 1024;
+
+/// `STEM.SLOT.lock` → (STEM, SLOT).
+pub fn parse_slot_file_name(file_name: &str) -> Option<(&str, u32)> {
+    let (stem, slot) = file_name.strip_suffix(LOCK_SUFFIX)?.rsplit_once('.')?;
+    Some((stem, slot.parse().ok()?))
+}
+
+pub fn slot_path(dir: &Path, stem: &str, slot: u32) -> PathBuf {
+    dir.join(format!("{stem}.{slot}{LOCK_SUFFIX}"))
+}
+
+/// What trying a slot's lock found.
+pub enum Probe {
+    /// The lock is ours now and the slot is free: [`take`] it or let it go.
+    Free(File),
+    /// Someone holds the lock.
+    Held,
+    /// Nobody holds the lock, but a `--min-hold` keeps the slot taken until then.
+    Kept(SystemTime),
+}
+
+/// Tries the lock of an open slot file without waiting.
+pub fn probe(file: File, path: &Path) -> Result<Probe> {
+    match file.try_lock() {
+        Ok(()) => Ok(free_or_kept(file)),
+        Err(fs::TryLockError::WouldBlock) => Ok(Probe::Held),
+        Err(fs::TryLockError::Error(err)) => Err(Error::unavailable(
+            format!("cannot lock {}", path.display()),
+            err,
+        )),
+    }
+}
+
+/// A slot whose lock we just got: free, unless its last holder kept it (the lock is let go then).
+pub fn free_or_kept(file: File) -> Probe {
+    let kept = read_record(&file)
+        .and_then(|record| record.kept_until)
+        .map(|until| SystemTime::UNIX_EPOCH + Duration::from_millis(until))
+        .filter(|until| *until > SystemTime::now());
+    match kept {
+        Some(until) => {
+            let _ = file.unlock();
+            Probe::Kept(until)
+        }
+        None => Probe::Free(file),
+    }
+}
+
+/// The record in a slot file, if it holds one (it is read only so far).
+pub fn read_record(file: &File) -> Option<HolderRecord> {
+    first_json_value(file)
+}
+
+/// The first JSON value in `file`, read from its start whatever its offset.
+pub fn first_json_value<T: serde::de::DeserializeOwned>(file: &File) -> Option<T> {
+    let len = file.metadata().ok()?.len().min(MAX_RECORD);
+    let mut bytes = vec![0; len as usize];
+    file.read_exact_at(&mut bytes, 0).ok()?;
+    // A writer writes first, then trims: bytes past the first JSON value may be stale.
+    serde_json::Deserializer::from_slice(&bytes)
+        .into_iter()
+        .next()?
+        .ok()
+}
+
+/// Makes the slot whose lock `file` holds ours: bumps the fence, writes our record.
+pub fn take(
+    dir: &Path,
+    stem: &str,
+    slot: u32,
+    file: File,
+    name: &str,
+    owner: &Owner,
+) -> Result<FileSlot> {
+    let taken_at = Moment::now();
+    let record = HolderRecord {
+        name: name.to_owned(),
+        owner: owner.clone(),
+        acquired_at: epoch_millis(SystemTime::now()),
+        fence: bump_fence(&dir.join(format!("{stem}{FENCE_SUFFIX}")))?,
+        kept_until: None,
+    };
+    let path = slot_path(dir, stem, slot);
+    write_record(&file, &record, &path)?;
+    Ok(FileSlot {
+        file,
+        path,
+        slot,
+        record,
+        taken_at,
+    })
+}
+
+fn write_record(file: &File, record: &HolderRecord, path: &Path) -> Result<()> {
+    let json =
+        serde_json::to_vec(record).map_err(|err| Error::internal("encoding the record", err))?;
+    // Write first, then trim: a reader never sees an empty file, and parses only the first JSON value.
+    file.write_all_at(&json, 0)
+        .and_then(|()| file.set_len(json.len() as u64))
+        .map_err(|err| Error::unavailable(format!("cannot write {}", path.display()), err))
+}
+
+fn bump_fence(path: &Path) -> Result<u64> {
+    let file = open_lock_file(path)?;
+    let failed =
+        |err: io::Error| Error::unavailable(format!("cannot update fence {}", path.display()), err);
+    file.lock().map_err(failed)?;
+    let mut text = String::new();
+    (&file).take(64).read_to_string(&mut text).map_err(failed)?;
+    // A fence must never go back: a file that does not hold a number is an error, not a zero.
+    let last = match text.trim() {
+        "" => 0,
+        number => number.parse::<u64>().map_err(|_| {
+            Error::Unavailable(format!("{} does not hold a fence number", path.display()))
+        })?,
+    };
+    let fence = last + 1;
+    let text = fence.to_string();
+    file.write_all_at(text.as_bytes(), 0)
+        .and_then(|()| file.set_len(text.len() as u64))
+        .map_err(failed)?;
+    Ok(fence)
+}
+
+/// A slot of the file backend that is ours: its lock is held for as long as
+/// lockrun (or its watchdog, which shares the open file) lives.
+pub struct FileSlot {
+    file: File,
+    path: PathBuf,
+    slot: u32,
+    record: HolderRecord,
+    taken_at: Moment,
+}
+
+impl Slot for FileSlot {
+    fn number(&self) -> u32 {
+        self.slot
+    }
+
+    fn fence(&self) -> u64 {
+        self.record.fence
+    }
+
+    fn taken_at(&self) -> Moment {
+        self.taken_at
+    }
+
+    fn renew(&mut self, _within: Duration) -> Result<Renewal> {
+        // No lease: the kernel holds the lock for as long as we live.
+        Ok(Renewal::Renewed)
+    }
+
+    fn release(mut self: Box<Self>, keep_until: Option<SystemTime>) -> Result<()> {
+        if let Some(until) = keep_until.filter(|until| *until > SystemTime::now()) {
+            // Said before the lock goes: whoever gets it next sees that the slot is still taken.
+            self.record.kept_until = Some(epoch_millis(until));
+            write_record(&self.file, &self.record, &self.path)?;
+        }
+        // Unlocked rather than closed: the watchdog shares this open file until it exits.
+        let _ = self.file.unlock();
+        // Touched, so that a waiter watching the directory for more than one slot wakes now.
+        let _ = self.file.set_modified(SystemTime::now());
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slot_file_names_parse_from_the_right() {
+        assert_eq!(parse_slot_file_name("backup.0.lock"), Some(("backup", 0)));
+        assert_eq!(parse_slot_file_name("a.1.12.lock"), Some(("a.1", 12)));
+        assert_eq!(parse_slot_file_name("backup.fence"), None);
+        assert_eq!(parse_slot_file_name("backup.x.lock"), None);
+    }
+}

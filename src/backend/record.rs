@@ -1,0 +1,153 @@
+//! The record every backend keeps of a holder or a waiter, and the entry that
+//! `status` shows for one.
+
+use serde::{Deserialize, Serialize};
+
+use crate::identity::Process;
+
+/// Who takes or waits for a slot, as the store keeps it: enough to show in
+/// `status` and, on the same host, to tell whether its process still lives.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Owner {
+    /// Unique to one acquisition (`LOCKRUN_TOKEN`): what a change checks before touching an entry.
+    pub token: String,
+    #[serde(flatten)]
+    pub process: Process,
+    /// The command line, quoted as a shell would need it.
+    pub command: String,
+}
+
+/// What a store keeps of a holder, where it keeps a document (a slot file, a key's value).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct HolderRecord {
+    /// The lock's name as given (the store's own key or file name may be escaped).
+    pub name: String,
+    #[serde(flatten)]
+    pub owner: Owner,
+    /// Milliseconds since the Unix epoch, by the holder's clock (shown, never compared).
+    pub acquired_at: u64,
+    /// The acquisition's fence; 0 until the store assigns it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub fence: u64,
+    /// Set when its holder released it with `--min-hold`: the slot stays taken
+    /// until then (milliseconds since the Unix epoch), though its holder is gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept_until: Option<u64>,
+}
+
+/// What a store keeps of a waiter, where it keeps a document.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct WaiterRecord {
+    pub name: String,
+    #[serde(flatten)]
+    pub owner: Owner,
+    /// When it began waiting, in milliseconds since the Unix epoch.
+    pub since: u64,
+}
+
+impl HolderRecord {
+    pub fn entry(&self, slot: u32) -> Entry {
+        let entry = Entry::holder(&self.name, slot, &self.owner, Some(self.acquired_at))
+            .expiring(self.kept_until);
+        match self.fence {
+            0 => entry,
+            fence => entry.fenced(fence),
+        }
+    }
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// One holder or waiter of a name, as `status` lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub name: String,
+    /// The slot held; `None` for a waiter.
+    pub slot: Option<u32>,
+    /// 0 for a holder, 1.. for a waiter's place in line.
+    pub position: u32,
+    pub pid: u32,
+    pub host: String,
+    pub command: String,
+    /// When the slot was acquired, or the wait began (milliseconds since the Unix epoch); `None` when unknown.
+    pub since: Option<u64>,
+    /// When the lease runs out (milliseconds since the Unix epoch); `None` without a lease.
+    pub expires_at: Option<u64>,
+    /// The fence of a holder's acquisition; `None` for a waiter or when unknown.
+    pub fence: Option<u64>,
+}
+
+impl Entry {
+    pub fn holder(name: &str, slot: u32, owner: &Owner, since: Option<u64>) -> Self {
+        Self {
+            name: name.to_owned(),
+            slot: Some(slot),
+            position: 0,
+            pid: owner.process.pid,
+            host: owner.process.host.clone(),
+            command: owner.command.clone(),
+            since,
+            expires_at: None,
+            fence: None,
+        }
+    }
+
+    pub fn waiter(name: &str, position: u32, owner: &Owner, since: Option<u64>) -> Self {
+        Self {
+            slot: None,
+            position,
+            ..Self::holder(name, 0, owner, since)
+        }
+    }
+
+    #[must_use]
+    pub fn expiring(self, expires_at: Option<u64>) -> Self {
+        Self { expires_at, ..self }
+    }
+
+    #[must_use]
+    pub fn fenced(self, fence: u64) -> Self {
+        Self {
+            fence: Some(fence),
+            ..self
+        }
+    }
+
+    pub fn is_holder(&self) -> bool {
+        self.slot.is_some()
+    }
+}
+
+/// Holders first by name and slot, then waiters by name and place in line.
+pub fn sort(entries: &mut [Entry]) {
+    entries.sort_by(|a, b| {
+        (&a.name, a.slot.is_none(), a.slot, a.position).cmp(&(
+            &b.name,
+            b.slot.is_none(),
+            b.slot,
+            b.position,
+        ))
+    });
+}
+
+/// The entries ahead of us whose owners run on this host, so that the waiting
+/// loop can drop one at once when its process dies: the holders when we are
+/// next in line (or not in line), and the waiter just ahead of us.
+pub fn local_ahead<'a>(
+    me: &Process,
+    position: u32,
+    holders: impl Iterator<Item = &'a Owner>,
+    nearest_waiter: Option<&'a Owner>,
+) -> Vec<Owner> {
+    let local = |owner: &&Owner| owner.process.shares_host_with(me);
+    let mut ahead: Vec<Owner> = if position <= 1 {
+        holders.filter(local).cloned().collect()
+    } else {
+        Vec::new()
+    };
+    ahead.extend(nearest_waiter.filter(local).cloned());
+    ahead
+}

@@ -1,0 +1,532 @@
+//! The SQLite backend (README: "SQLite backend"): one row per taken slot,
+//! holding a lease its lockrun renews, and one row per waiter, in ticket order;
+//! changed only in short `BEGIN IMMEDIATE` transactions. Expiry compares the
+//! clients' wall clocks, so the database belongs on one host's local disk.
+
+mod database;
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::thread;
+use std::time::{Duration, SystemTime};
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::record::{local_ahead, sort};
+use super::{
+    Abilities, Attempt, Common, Entry, Line, Owner, Renewal, Request, Slot, Store, Wakeup,
+};
+use crate::error::Result;
+use crate::identity::{Process, epoch_millis};
+use crate::name::Name;
+use crate::platform::clock::Moment;
+use crate::platform::watch::Watch;
+use database::{BUSY_TIMEOUT, Database};
+
+/// Its command-line options (a group of their own is not needed: clap flattens them).
+#[derive(Debug, clap::Args)]
+#[group(skip)]
+pub struct Options {
+    /// `SQLite` database [default: `$XDG_STATE_HOME/lockrun/locks.sqlite3`, else `~/.local/state/lockrun/locks.sqlite3`]
+    #[arg(long, env = "LOCKRUN_DB", value_name = "PATH")]
+    pub db: Option<PathBuf>,
+}
+
+impl Options {
+    pub fn open(&self, common: &Common) -> Result<Box<dyn Store>> {
+        Ok(Box::new(SqliteStore {
+            db: Rc::new(database::open(self.db.as_deref(), common.create)?),
+            in_line: false,
+            refresh_due: None,
+            seen: 0,
+            watch: None,
+        }))
+    }
+}
+
+/// How often a waiter looks for a change when the write-ahead log cannot be
+/// watched: `PRAGMA data_version` is answered from shared memory, with no disk access.
+const CHANGE_POLL: Duration = Duration::from_millis(5);
+/// The longest one renewal waits for the write lock (less when the supervisor needs an answer sooner).
+const RENEWAL_BUSY_TIMEOUT: Duration = Duration::from_millis(250);
+
+struct SqliteStore {
+    db: Rc<Database>,
+    /// Whether we joined the line.
+    in_line: bool,
+    /// When our place must be refreshed, lest it lapse with the TTL.
+    refresh_due: Option<Moment>,
+    /// `PRAGMA data_version` at our last look.
+    seen: i64,
+    /// The write-ahead log, watched while we wait.
+    watch: Option<Watch>,
+}
+
+/// A holder's row.
+struct HolderRow {
+    name: String,
+    slot: u32,
+    owner: Owner,
+    fence: u64,
+    acquired_at: u64,
+    expires_at: u64,
+    /// Its lockrun has finished; the slot stays taken until expiry (`--min-hold`).
+    released: bool,
+}
+
+/// A waiter's row.
+struct WaiterRow {
+    name: String,
+    owner: Owner,
+    since: u64,
+    expires_at: u64,
+}
+
+/// One look at the line of a name, in one transaction.
+struct Look {
+    holders: Vec<HolderRow>,
+    /// Our ticket, if our row is there.
+    ticket: Option<i64>,
+    /// Waiters ahead of us (all of them when we are not in line).
+    ahead: Vec<WaiterRow>,
+    data_version: i64,
+}
+
+impl Look {
+    fn take(tx: &Connection, name: &str, token: &str, now: u64) -> rusqlite::Result<Self> {
+        let ticket: Option<i64> = tx
+            .query_row(
+                "SELECT ticket FROM waiters WHERE token = ?1 AND expires_at > ?2",
+                params![token, now],
+                |row| row.get(0),
+            )
+            .optional()?;
+        Ok(Self {
+            holders: live_holders(tx, Some(name), now)?,
+            ahead: live_waiters(tx, Some(name), ticket, now)?,
+            ticket,
+            data_version: tx.query_row("PRAGMA data_version", [], |row| row.get(0))?,
+        })
+    }
+
+    /// The first free slot, if the line lets us have one: enough free slots for
+    /// everyone ahead of us and us.
+    fn free_slot(&self, parallelism: u32) -> Option<u32> {
+        let taken: HashSet<u32> = self.holders.iter().map(|row| row.slot).collect();
+        let free: Vec<u32> = (0..parallelism)
+            .filter(|slot| !taken.contains(slot))
+            .collect();
+        (free.len() > self.ahead.len()).then(|| free[0])
+    }
+
+    fn line(&self, request: &Request, in_line: bool) -> Line {
+        let position = if in_line {
+            self.ahead.len() as u32 + 1
+        } else {
+            0
+        };
+        let kept_or_holding = self.holders.iter().filter(|row| !row.released);
+        Line {
+            position,
+            local_ahead: local_ahead(
+                &request.owner.process,
+                position,
+                kept_or_holding.map(|row| &row.owner),
+                self.ahead.last().map(|row| &row.owner),
+            ),
+            moves_by: self
+                .holders
+                .iter()
+                .map(|row| row.expires_at)
+                .min()
+                .map(moment_at),
+        }
+    }
+}
+
+impl SqliteStore {
+    /// The write transaction that takes a slot or keeps our place.
+    fn act(&mut self, request: &Request) -> Result<Attempt> {
+        let name = request.name.as_str();
+        let owner = &request.owner;
+        let ttl = millis(request.ttl);
+        let sent = Moment::now();
+        let (look, taken) = self.db.write("acquire a slot", BUSY_TIMEOUT, |tx| {
+            let now = now_millis();
+            purge_expired(tx, name, now)?;
+            let look = Look::take(tx, name, &owner.token, now)?;
+            let Some(slot) = look.free_slot(request.parallelism) else {
+                match look.ticket {
+                    Some(_) => refresh_waiter(tx, &owner.token, now + ttl)?,
+                    None if request.queue => join(tx, name, owner, now, now + ttl)?,
+                    None => {}
+                }
+                return Ok((look, None));
+            };
+            tx.execute("DELETE FROM waiters WHERE token = ?1", params![owner.token])?;
+            let fence: u64 = tx.query_row(
+                "INSERT INTO fences (name, fence) VALUES (?1, 1)
+                 ON CONFLICT (name) DO UPDATE SET fence = fence + 1
+                 RETURNING fence",
+                params![name],
+                |row| row.get(0),
+            )?;
+            let process = &owner.process;
+            tx.execute(
+                "INSERT INTO holders (name, slot, token, fence, pid, start_time, boot_id, host,
+                                      command, acquired_at, expires_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                params![
+                    name,
+                    slot,
+                    owner.token,
+                    fence,
+                    process.pid,
+                    process.start_time,
+                    process.boot_id,
+                    process.host,
+                    owner.command,
+                    now,
+                    now + ttl,
+                ],
+            )?;
+            Ok((look, Some((slot, fence))))
+        })?;
+        if let Some((slot, fence)) = taken {
+            return Ok(Attempt::Taken(Box::new(SqliteSlot {
+                db: Rc::clone(&self.db),
+                name: name.to_owned(),
+                slot,
+                fence,
+                token: owner.token.clone(),
+                ttl: request.ttl,
+                taken_at: sent,
+            })));
+        }
+        let in_line = look.ticket.is_some() || request.queue;
+        self.in_line = in_line;
+        self.refresh_due = Some(Moment::now() + request.ttl / 3);
+        // Our own commit changed the data version: what we saw is what we wrote.
+        self.seen = self.db.data_version()?;
+        Ok(Attempt::Waiting(look.line(request, in_line)))
+    }
+}
+
+impl Store for SqliteStore {
+    fn abilities(&self) -> Abilities {
+        Abilities {
+            leases: true,
+            breakable: true,
+            wakeup: Wakeup::Told,
+        }
+    }
+
+    fn attempt(&mut self, request: &Request) -> Result<Attempt> {
+        if self.in_line && !self.refresh_due.is_some_and(Moment::has_passed) {
+            // A look that changes nothing takes no write lock and wakes nobody.
+            let look = self.db.read("look at the line", |tx| {
+                Look::take(
+                    tx,
+                    request.name.as_str(),
+                    &request.owner.token,
+                    now_millis(),
+                )
+            })?;
+            if look.ticket.is_some() && look.free_slot(request.parallelism).is_none() {
+                self.seen = look.data_version;
+                return Ok(Attempt::Waiting(look.line(request, true)));
+            }
+        }
+        self.act(request)
+    }
+
+    fn evict(&mut self, request: &Request, owners: &[Owner]) -> Result<()> {
+        let name = request.name.as_str();
+        self.db.write("drop dead entries", BUSY_TIMEOUT, |tx| {
+            for owner in owners {
+                tx.execute(
+                    "DELETE FROM holders WHERE name = ?1 AND token = ?2 AND released = 0",
+                    params![name, owner.token],
+                )?;
+                tx.execute(
+                    "DELETE FROM waiters WHERE name = ?1 AND token = ?2",
+                    params![name, owner.token],
+                )?;
+            }
+            Ok(())
+        })
+    }
+
+    fn wait(&mut self, _request: &Request, until: Moment) -> Result<Option<Box<dyn Slot>>> {
+        if self.watch.is_none() {
+            // Without a watch (no inotify), looking every few milliseconds is the fallback.
+            self.watch = Watch::written(&self.db.wal_path()).ok();
+        }
+        // Changes between our look and the watch's start count too.
+        while self.db.data_version()? == self.seen && !until.has_passed() {
+            match &self.watch {
+                Some(watch) => {
+                    let _ = watch.changed(until.remaining());
+                }
+                None => thread::sleep(CHANGE_POLL.min(until.remaining())),
+            }
+        }
+        Ok(None)
+    }
+
+    fn leave(&mut self, request: &Request) -> Result<()> {
+        if std::mem::take(&mut self.in_line) {
+            self.db.write("leave the line", BUSY_TIMEOUT, |tx| {
+                tx.execute(
+                    "DELETE FROM waiters WHERE token = ?1",
+                    params![request.owner.token],
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    fn list(&mut self, name: Option<&Name>) -> Result<Vec<Entry>> {
+        let name = name.map(Name::as_str);
+        let now = now_millis();
+        let (holders, waiters) = self.db.read("list the holders", |tx| {
+            let version: u32 = tx.query_row("PRAGMA user_version", [], |row| row.get(0))?;
+            // A database from before the waiting line has no waiters.
+            let waiters = if version >= 2 {
+                live_waiters(tx, name, None, now)?
+            } else {
+                Vec::new()
+            };
+            Ok((live_holders(tx, name, now)?, waiters))
+        })?;
+        let mut entries: Vec<Entry> = holders
+            .iter()
+            .filter(|row| row.released || !row.owner.process.is_gone())
+            .map(HolderRow::entry)
+            .collect();
+        let mut position = 0;
+        let mut previous = "";
+        for row in waiters.iter().filter(|row| !row.owner.process.is_gone()) {
+            position = if row.name == previous {
+                position + 1
+            } else {
+                1
+            };
+            previous = &row.name;
+            entries.push(
+                Entry::waiter(&row.name, position, &row.owner, Some(row.since))
+                    .expiring(Some(row.expires_at)),
+            );
+        }
+        sort(&mut entries);
+        Ok(entries)
+    }
+
+    fn break_slots(&mut self, name: &Name, slot: Option<u32>) -> Result<Vec<Entry>> {
+        self.db.write("break the leases", BUSY_TIMEOUT, |tx| {
+            let mut broken = live_holders(tx, Some(name.as_str()), now_millis())?;
+            broken.retain(|row| slot.is_none_or(|slot| slot == row.slot));
+            for row in &broken {
+                tx.execute(
+                    "DELETE FROM holders WHERE name = ?1 AND slot = ?2",
+                    params![name.as_str(), row.slot],
+                )?;
+            }
+            Ok(broken.iter().map(HolderRow::entry).collect())
+        })
+    }
+}
+
+/// A slot of the SQLite backend: a row with a lease.
+struct SqliteSlot {
+    db: Rc<Database>,
+    name: String,
+    slot: u32,
+    fence: u64,
+    token: String,
+    ttl: Duration,
+    taken_at: Moment,
+}
+
+impl Slot for SqliteSlot {
+    fn number(&self) -> u32 {
+        self.slot
+    }
+
+    fn fence(&self) -> u64 {
+        self.fence
+    }
+
+    fn taken_at(&self) -> Moment {
+        self.taken_at
+    }
+
+    fn renew(&mut self, within: Duration) -> Result<Renewal> {
+        // Short waits for the lock: the supervisor retries soon, and forwards signals in between.
+        let busy = within.min(RENEWAL_BUSY_TIMEOUT);
+        let renewed = self.db.write("renew the lease", busy, |tx| {
+            let now = now_millis();
+            // Only a lease that has not lapsed: a renewal never brings one back.
+            tx.execute(
+                "UPDATE holders SET expires_at = ?1
+                 WHERE name = ?2 AND slot = ?3 AND token = ?4 AND released = 0 AND expires_at > ?5",
+                params![
+                    now + millis(self.ttl),
+                    self.name,
+                    self.slot,
+                    self.token,
+                    now
+                ],
+            )
+        })?;
+        Ok(Renewal::confirmed(renewed == 1))
+    }
+
+    fn release(self: Box<Self>, keep_until: Option<SystemTime>) -> Result<()> {
+        let keep_until = keep_until.map(epoch_millis);
+        self.db.write("release the slot", BUSY_TIMEOUT, |tx| {
+            let now = now_millis();
+            match keep_until.filter(|&until| until > now) {
+                // The row outlives us until then (--min-hold); a lapsed lease is not revived.
+                Some(until) => tx.execute(
+                    "UPDATE holders SET expires_at = ?1, released = 1
+                     WHERE name = ?2 AND slot = ?3 AND token = ?4 AND expires_at > ?5",
+                    params![until, self.name, self.slot, self.token, now],
+                ),
+                None => tx.execute(
+                    "DELETE FROM holders WHERE name = ?1 AND slot = ?2 AND token = ?3",
+                    params![self.name, self.slot, self.token],
+                ),
+            }
+        })?;
+        Ok(())
+    }
+}
+
+impl HolderRow {
+    fn entry(&self) -> Entry {
+        Entry::holder(&self.name, self.slot, &self.owner, Some(self.acquired_at))
+            .fenced(self.fence)
+            .expiring(Some(self.expires_at))
+    }
+}
+
+fn join(
+    tx: &Connection,
+    name: &str,
+    owner: &Owner,
+    now: u64,
+    expires_at: u64,
+) -> rusqlite::Result<()> {
+    let process = &owner.process;
+    tx.execute(
+        "INSERT INTO waiters (name, token, pid, start_time, boot_id, host, command, since, expires_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        params![
+            name,
+            owner.token,
+            process.pid,
+            process.start_time,
+            process.boot_id,
+            process.host,
+            owner.command,
+            now,
+            expires_at
+        ],
+    )?;
+    Ok(())
+}
+
+/// Drops the rows of `name` whose leases or places in line have lapsed.
+fn purge_expired(tx: &Connection, name: &str, now: u64) -> rusqlite::Result<()> {
+    tx.execute(
+        "DELETE FROM holders WHERE name = ?1 AND expires_at <= ?2",
+        params![name, now],
+    )?;
+    tx.execute(
+        "DELETE FROM waiters WHERE name = ?1 AND expires_at <= ?2",
+        params![name, now],
+    )?;
+    Ok(())
+}
+
+fn refresh_waiter(tx: &Connection, token: &str, expires_at: u64) -> rusqlite::Result<()> {
+    tx.execute(
+        "UPDATE waiters SET expires_at = ?1 WHERE token = ?2",
+        params![expires_at, token],
+    )?;
+    Ok(())
+}
+
+/// The holders of `name` (or of every name) whose leases have not expired, by name and slot.
+fn live_holders(tx: &Connection, name: Option<&str>, now: u64) -> rusqlite::Result<Vec<HolderRow>> {
+    tx.prepare(
+        "SELECT name, slot, token, fence, pid, start_time, boot_id, host, command,
+                acquired_at, expires_at, released
+         FROM holders WHERE (?1 IS NULL OR name = ?1) AND expires_at > ?2 ORDER BY name, slot",
+    )?
+    .query_map(params![name, now], |row| {
+        Ok(HolderRow {
+            name: row.get("name")?,
+            slot: row.get("slot")?,
+            owner: owner(row)?,
+            fence: row.get("fence")?,
+            acquired_at: row.get("acquired_at")?,
+            expires_at: row.get("expires_at")?,
+            released: row.get("released")?,
+        })
+    })?
+    .collect()
+}
+
+/// The waiters of `name` (or of every name) whose places have not lapsed, in
+/// line order; only those ahead of `before` when given.
+fn live_waiters(
+    tx: &Connection,
+    name: Option<&str>,
+    before: Option<i64>,
+    now: u64,
+) -> rusqlite::Result<Vec<WaiterRow>> {
+    tx.prepare(
+        "SELECT name, token, pid, start_time, boot_id, host, command, since, expires_at
+         FROM waiters
+         WHERE (?1 IS NULL OR name = ?1) AND (?2 IS NULL OR ticket < ?2) AND expires_at > ?3
+         ORDER BY name, ticket",
+    )?
+    .query_map(params![name, before, now], |row| {
+        Ok(WaiterRow {
+            name: row.get("name")?,
+            owner: owner(row)?,
+            since: row.get("since")?,
+            expires_at: row.get("expires_at")?,
+        })
+    })?
+    .collect()
+}
+
+fn owner(row: &rusqlite::Row) -> rusqlite::Result<Owner> {
+    Ok(Owner {
+        token: row.get("token")?,
+        process: Process {
+            pid: row.get("pid")?,
+            start_time: row.get("start_time")?,
+            boot_id: row.get("boot_id")?,
+            host: row.get("host")?,
+        },
+        command: row.get("command")?,
+    })
+}
+
+fn now_millis() -> u64 {
+    epoch_millis(SystemTime::now())
+}
+
+fn millis(duration: Duration) -> u64 {
+    duration.as_millis() as u64
+}
+
+/// The moment on the monotonic clock when the wall clock reaches `millis` since the Unix epoch.
+fn moment_at(millis: u64) -> Moment {
+    Moment::now() + Duration::from_millis(millis.saturating_sub(now_millis()))
+}
