@@ -91,8 +91,13 @@ fn candidates(program: &OsStr) -> io::Result<Vec<CString>> {
         .collect()
 }
 
+/// The parts joined, in one allocation (the NUL included): there is one per
+/// variable of the environment and per `PATH` entry at every start.
 fn c_string(parts: &[&OsStr]) -> io::Result<CString> {
-    let bytes: Vec<u8> = parts.iter().flat_map(|p| p.as_bytes()).copied().collect();
+    let mut bytes = Vec::with_capacity(parts.iter().map(|part| part.len()).sum::<usize>() + 1);
+    for part in parts {
+        bytes.extend_from_slice(part.as_bytes());
+    }
     CString::new(bytes).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte"))
 }
 
