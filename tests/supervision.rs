@@ -297,6 +297,35 @@ fn a_huge_environment_and_many_arguments_reach_the_command() {
 }
 
 #[test]
+fn a_missing_interpreter_is_named_and_the_script_cannot_execute() {
+    let store = Store::file();
+    let scratch = Scratch::new();
+    let script = executable(scratch.dir(), "broken", "#! /nonexistent/interpreter -x\n");
+    let by_path = run(store
+        .lockrun()
+        .args(["--name", "interp", "--"])
+        .arg(&script));
+    let search = format!(
+        "{}:{}",
+        scratch.dir().display(),
+        std::env::var("PATH").unwrap()
+    );
+    let in_path = run(store
+        .lockrun()
+        .env("PATH", search)
+        .args(["--name", "interp", "--", "broken"]));
+    for output in [by_path, in_path] {
+        assert_status(&output, 126);
+        let err = stderr(&output);
+        assert!(
+            err.contains("its interpreter /nonexistent/interpreter was not found"),
+            "{err}"
+        );
+        assert!(err.contains(&script.display().to_string()), "{err}");
+    }
+}
+
+#[test]
 fn the_command_is_looked_up_in_path_as_execvp_does() {
     let store = Store::file();
     let scratch = Scratch::new();

@@ -8,6 +8,7 @@ use std::ffi::{CStr, CString, OsStr};
 use std::io;
 use std::os::raw::c_char;
 use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 use std::ptr;
 
 use nix::errno::Errno;
@@ -51,6 +52,15 @@ impl Exec {
                 .collect::<io::Result<_>>()?,
             envp,
         })
+    }
+
+    /// The first path tried that is a file. execve(2) says "not found" for a
+    /// file whose interpreter is missing too: after that error, this is the file.
+    pub fn found(&self) -> Option<&Path> {
+        self.candidates
+            .iter()
+            .map(|path| Path::new(OsStr::from_bytes(path.to_bytes())))
+            .find(|path| path.is_file())
     }
 
     /// The pointer arrays execve(2) takes, to be built before the child exists.
