@@ -79,7 +79,10 @@ fn exit_status() -> Roff {
             "the lease was lost while the command ran; lockrun stopped the command",
         ),
         ("124", "--max-runtime passed; lockrun stopped the command"),
-        ("126, 127", "the command cannot be executed / was not found"),
+        (
+            "126, 127",
+            "the command cannot be executed (not executable, or a script whose #! interpreter is missing) / was not found",
+        ),
     ] {
         roff.control("TP", []);
         roff.text([bold(status)]);

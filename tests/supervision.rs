@@ -1,6 +1,10 @@
-//! Supervising the command (SPEC §3): stdio, escalation on a second signal.
+//! Supervising the command (SPEC §3): stdio, escalation on a second signal,
+//! starting it for any size of arguments and environment.
 
+use std::fs;
 use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use nix::sys::signal::Signal;
@@ -224,4 +228,134 @@ fn minutes_and_seconds(time: &str) -> f64 {
         .split_once('m')
         .expect("bash times format");
     minutes.parse::<f64>().unwrap() * 60.0 + seconds.parse::<f64>().unwrap()
+}
+
+/// Writes an executable file `name` in `dir`.
+fn executable(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    fs::write(&path, text).unwrap();
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+/// A script without `#!` (which execvp(3) runs with /bin/sh) that writes its
+/// argument count and last argument to `out`, then the lines `extra` prints, and exits 7.
+fn counting_script(scratch: &Scratch, extra: &str) -> PathBuf {
+    let text = format!(
+        "{{ echo $#; for last; do :; done; echo \"$last\"; {extra} }} > '{out}'\nexit 7\n",
+        out = scratch.path("out").display(),
+    );
+    executable(scratch.dir(), "count", &text)
+}
+
+fn numbers(count: usize) -> Vec<String> {
+    (1..=count).map(|n| n.to_string()).collect()
+}
+
+#[test]
+fn a_script_without_shebang_gets_a_hundred_thousand_arguments() {
+    let store = Store::file();
+    let scratch = Scratch::new();
+    let script = counting_script(&scratch, "");
+    let output = run(store
+        .lockrun()
+        .args(["--name", "args", "--"])
+        .arg(&script)
+        .args(numbers(100_000)));
+    assert_status(&output, 7);
+    assert_eq!(scratch.lines("out"), ["100000", "100000"]);
+}
+
+#[test]
+fn a_huge_environment_and_many_arguments_reach_the_command() {
+    let store = Store::file();
+    let scratch = Scratch::new();
+    let script = counting_script(
+        &scratch,
+        "echo ${#SPAWN_BIG}; echo \"$SPAWN_0 $SPAWN_9999\";",
+    );
+    let mut lockrun = store.lockrun();
+    // The kernel takes at most 128 KiB in one variable, and 2 MiB in all with an 8 MiB stack limit.
+    lockrun.env("SPAWN_BIG", "x".repeat(120_000));
+    for n in 0..10_000 {
+        lockrun.env(format!("SPAWN_{n}"), format!("{n:0>40}"));
+    }
+    let output = run(lockrun
+        .args(["--name", "env", "--"])
+        .arg(&script)
+        .args(numbers(40_000)));
+    assert_status(&output, 7);
+    assert_eq!(
+        scratch.lines("out"),
+        [
+            "40000".to_owned(),
+            "40000".to_owned(),
+            "120000".to_owned(),
+            format!("{:0>40} {:0>40}", 0, 9999),
+        ]
+    );
+}
+
+#[test]
+fn a_missing_interpreter_is_named_and_the_script_cannot_execute() {
+    let store = Store::file();
+    let scratch = Scratch::new();
+    let script = executable(scratch.dir(), "broken", "#! /nonexistent/interpreter -x\n");
+    let by_path = run(store
+        .lockrun()
+        .args(["--name", "interp", "--"])
+        .arg(&script));
+    let search = format!(
+        "{}:{}",
+        scratch.dir().display(),
+        std::env::var("PATH").unwrap()
+    );
+    let in_path = run(store
+        .lockrun()
+        .env("PATH", search)
+        .args(["--name", "interp", "--", "broken"]));
+    for output in [by_path, in_path] {
+        assert_status(&output, 126);
+        let err = stderr(&output);
+        assert!(
+            err.contains("its interpreter /nonexistent/interpreter was not found"),
+            "{err}"
+        );
+        assert!(err.contains(&script.display().to_string()), "{err}");
+    }
+}
+
+#[test]
+fn the_command_is_looked_up_in_path_as_execvp_does() {
+    let store = Store::file();
+    let scratch = Scratch::new();
+    let (denied, allowed) = (scratch.path("denied"), scratch.path("allowed"));
+    for dir in [&denied, &allowed] {
+        fs::create_dir(dir).unwrap();
+    }
+    fs::write(denied.join("tool"), "exit 1\n").unwrap();
+    let marker = format!("echo ran > '{}'\n", scratch.path("ran").display());
+    executable(&allowed, "tool", &marker);
+    let search = |dirs: &[&Path]| std::env::join_paths(dirs).unwrap();
+    let lookup = |path: std::ffi::OsString, name: &str| {
+        run(store
+            .lockrun()
+            .env("PATH", path)
+            .current_dir(&allowed)
+            .args(["--name", "lookup", "--", name]))
+    };
+    // A file that may not be executed is passed over for one further on.
+    assert_status(&lookup(search(&[&denied, &allowed]), "tool"), 0);
+    assert_eq!(scratch.lines("ran"), ["ran"]);
+    fs::remove_file(scratch.path("ran")).unwrap();
+    // An empty entry is the current directory.
+    assert_status(&lookup(search(&[&denied, Path::new("")]), "tool"), 0);
+    assert_eq!(scratch.lines("ran"), ["ran"]);
+    // Found only where it may not be executed: cannot execute, not "not found".
+    let output = lookup(search(&[&denied, &scratch.path("none")]), "tool");
+    assert_status(&output, 126);
+    assert!(stderr(&output).contains("Permission denied"));
+    let output = lookup(search(&[&denied, &allowed]), "absent");
+    assert_status(&output, 127);
+    assert!(stderr(&output).contains("command not found: absent"));
 }

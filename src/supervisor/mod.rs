@@ -5,6 +5,7 @@
 
 use std::ffi::{OsStr, OsString};
 use std::io;
+use std::path::Path;
 use std::time::Duration;
 
 use nix::errno::Errno;
@@ -21,6 +22,8 @@ pub use crate::platform::signals::{Signals, reset_inherited};
 use crate::platform::spawn;
 use crate::platform::terminal::Terminal;
 use crate::platform::watchdog::Watchdog;
+
+mod shebang;
 
 /// What to run.
 pub enum Program {
@@ -134,9 +137,10 @@ pub fn supervise(
 }
 
 fn spawn(program: &Program, env: &[(&str, String)], terminal: Option<&Terminal>) -> Result<Pid> {
-    let pid = spawn::Exec::new(&program.argv(), env)
-        .and_then(|exec| spawn::spawn(&exec, terminal.map(Terminal::raw_fd)))
-        .map_err(|err| spawn_error(program, &err))?;
+    let exec =
+        spawn::Exec::new(&program.argv(), env).map_err(|err| spawn_error(program, None, &err))?;
+    let pid = spawn::spawn(&exec, terminal.map(Terminal::raw_fd))
+        .map_err(|err| spawn_error(program, exec.found(), &err))?;
     // The child has exec'd by now, so it is already in its own group and holds the terminal.
     if let Some(terminal) = terminal {
         terminal.give_to(pid);
@@ -144,17 +148,30 @@ fn spawn(program: &Program, env: &[(&str, String)], terminal: Option<&Terminal>)
     Ok(pid)
 }
 
-fn spawn_error(program: &Program, err: &io::Error) -> Error {
+/// `found` is the file exec found, if any: execve(2) says "not found" also for a
+/// script whose `#!` interpreter is missing, and that script cannot be executed
+/// (README: exit status 126), while a command that is nowhere was not found (127).
+fn spawn_error(program: &Program, found: Option<&Path>, err: &io::Error) -> Error {
+    let cannot_execute = |message| Error::Spawn {
+        message,
+        exit_code: status::CANNOT_EXECUTE,
+    };
     let name = program.program_name();
-    if err.kind() == io::ErrorKind::NotFound {
-        Error::Spawn {
+    if err.kind() != io::ErrorKind::NotFound {
+        return cannot_execute(format!("cannot execute {name}: {err}"));
+    }
+    match found {
+        None => Error::Spawn {
             message: format!("command not found: {name}"),
             exit_code: status::NOT_FOUND,
-        }
-    } else {
-        Error::Spawn {
-            message: format!("cannot execute {name}: {err}"),
-            exit_code: status::CANNOT_EXECUTE,
+        },
+        Some(file) => {
+            let interpreter =
+                shebang::interpreter(file).map_or_else(String::new, |i| format!(" {i}"));
+            cannot_execute(format!(
+                "cannot execute {}: its interpreter{interpreter} was not found",
+                file.display()
+            ))
         }
     }
 }

@@ -6,94 +6,39 @@
 //! about 0.25 ms of a 2 ms `lockrun -- true` (see BENCHMARKS.md).
 //!
 //! The child shares lockrun's memory while lockrun is suspended, so it only
-//! makes system calls on what was prepared beforehand: no allocation, no lock.
+//! makes system calls on what was prepared beforehand (the `PATH` search and
+//! argument lists included: `exec`), on a stack of its own with a guard below
+//! it (`stack`): no allocation, no lock, and a small constant amount of stack
+//! whatever the size of the arguments and environment.
 
-use std::ffi::{CString, OsStr};
+mod exec;
+mod stack;
+
 use std::io;
-use std::os::raw::c_char;
-use std::os::unix::ffi::OsStrExt;
-use std::ptr;
 use std::sync::atomic::{AtomicI32, Ordering};
 
-use nix::libc;
 use nix::sched::{CloneFlags, clone};
 use nix::sys::signal::{SigHandler, Signal, kill, signal};
 use nix::sys::wait::waitpid;
 use nix::unistd::{Pid, getpid, getppid, setpgid};
 
+pub use exec::Exec;
+use stack::Stack;
+
 use super::{signals, terminal};
-
-/// The child's stack: only a few pages of it are ever touched (execvpe's PATH
-/// buffer is the largest frame); at this size the allocator maps it lazily.
-const CHILD_STACK: usize = 256 * 1024;
-
-/// Everything exec needs, built before the child exists.
-pub struct Exec {
-    program: CString,
-    argv: Vec<CString>,
-    envp: Vec<CString>,
-}
-
-impl Exec {
-    /// `argv[0]` is looked up in `PATH` as execvp(3) does; `env` is added to
-    /// (and overrides) lockrun's own environment.
-    pub fn new(argv: &[&OsStr], env: &[(&str, String)]) -> io::Result<Self> {
-        let overridden = |key: &OsStr| env.iter().any(|(k, _)| OsStr::new(k) == key);
-        let mut envp: Vec<CString> = std::env::vars_os()
-            .filter(|(key, _)| !overridden(key))
-            .map(|(key, value)| c_string(&[&key, OsStr::new("="), &value]))
-            .collect::<io::Result<_>>()?;
-        for (key, value) in env {
-            envp.push(c_string(&[
-                OsStr::new(key),
-                OsStr::new("="),
-                OsStr::new(value),
-            ])?);
-        }
-        Ok(Self {
-            program: c_string(&[argv[0]])?,
-            argv: argv
-                .iter()
-                .map(|arg| c_string(&[arg]))
-                .collect::<io::Result<_>>()?,
-            envp,
-        })
-    }
-}
-
-fn c_string(parts: &[&OsStr]) -> io::Result<CString> {
-    let bytes: Vec<u8> = parts.iter().flat_map(|p| p.as_bytes()).copied().collect();
-    CString::new(bytes).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte"))
-}
-
-fn pointers(strings: &[CString]) -> Vec<*const c_char> {
-    strings
-        .iter()
-        .map(|s| s.as_ptr())
-        .chain([ptr::null()])
-        .collect()
-}
 
 /// Starts `exec` in its own process group (taking the terminal's foreground
 /// when `tty` is given), with every signal unblocked, SIGPIPE at its default,
 /// and SIGKILL as its parent-death signal. Returns once the child has called
 /// exec: an exec failure comes back as its error.
 pub fn spawn(exec: &Exec, tty: Option<i32>) -> io::Result<Pid> {
-    let argv = pointers(&exec.argv);
-    let envp = pointers(&exec.envp);
+    let mut prepared = exec.prepare();
     let parent = getpid();
     // The child reports why it could not exec here: it shares this memory.
     let failure = AtomicI32::new(0);
-    let mut stack = vec![0u8; CHILD_STACK];
+    let mut stack = Stack::new()?;
     let child = || -> isize {
-        let errno = setup(parent, tty).map_or_else(
-            |errno| errno as i32,
-            |()| {
-                // SAFETY: NUL-terminated strings and NULL-terminated arrays, alive until exec.
-                unsafe { libc::execvpe(exec.program.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
-                nix::errno::Errno::last_raw()
-            },
-        );
+        let errno = setup(parent, tty).map_or_else(|errno| errno as i32, |()| prepared.exec());
         failure.store(errno, Ordering::Relaxed);
         127
     };
@@ -103,7 +48,7 @@ pub fn spawn(exec: &Exec, tty: Option<i32>) -> io::Result<Pid> {
     let pid = unsafe {
         clone(
             Box::new(child),
-            &mut stack,
+            stack.as_mut_slice(),
             CloneFlags::CLONE_VM | CloneFlags::CLONE_VFORK,
             Some(Signal::SIGCHLD as i32),
         )
