@@ -6,6 +6,7 @@ mod cli;
 mod core;
 mod file;
 mod generated;
+mod line;
 mod operator;
 mod redis;
 mod sqlite;

@@ -15,8 +15,6 @@ use nix::unistd::Pid;
 use crate::core::hold;
 use crate::support::*;
 
-crate::backend_tests!(sqlite_backend, Store::sqlite());
-
 /// `lockrun [SUBCOMMAND] --backend sqlite --db PATH ARGS`.
 fn on_db(subcommand: &[&str], path: &Path, args: &[&str]) -> Command {
     let mut command = lockrun();

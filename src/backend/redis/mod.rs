@@ -47,6 +47,10 @@ impl Options {
     }
 }
 
+/// The acquire script's answer: taken (1) with slot and fence, or not (0) with
+/// place, earliest holder PTTL, and the records of holders and the waiter ahead on our host.
+type Reply = (i64, i64, i64, Vec<String>, Vec<String>);
+
 /// How long a wake-up waits in its list for its waiter: long enough to cover
 /// a waiter between its look at the line and its BLPOP.
 const WAKE_TTL: Duration = Duration::from_secs(2);
@@ -226,10 +230,11 @@ impl Store for RedisStore {
             .arg(request.ttl.as_millis() as u64)
             .arg(u8::from(request.queue))
             .arg(keys.base())
-            .arg(&owner.process.boot_id);
+            .arg(&owner.process.boot_id)
+            .arg(WAKE_TTL.as_millis() as u64);
         let sent = Moment::now();
         // Safe to repeat after a lost reply: a second run finds our slot taken, or our place kept.
-        let (taken, first, second, local): (i64, i64, i64, Vec<String>) = self
+        let (taken, first, second, holders, before): Reply = self
             .link
             .borrow_mut()
             .call_idempotent("acquiring a slot", call_timeout(request.ttl), |c| {
@@ -244,18 +249,20 @@ impl Store for RedisStore {
                 fence: second as u64,
                 token: owner.token.clone(),
                 ttl: request.ttl,
-                parallelism: request.parallelism,
                 taken_at: sent,
             })));
         }
-        let local: Vec<Owner> = local
-            .iter()
-            .filter_map(|record| serde_json::from_str(record).ok())
-            .collect();
+        let owners = |records: Vec<String>| -> Vec<Owner> {
+            records
+                .iter()
+                .filter_map(|record| serde_json::from_str(record).ok())
+                .collect()
+        };
+        let (holders, before) = (owners(holders), owners(before));
         let position = first as u32;
         Ok(Attempt::Waiting(Line {
             position,
-            local_ahead: local_ahead(&owner.process, position, local.iter(), None),
+            local_ahead: local_ahead(&owner.process, position, holders.iter(), before.first()),
             // PTTL rounds down: one more millisecond and the key has certainly expired.
             moves_by: u64::try_from(second)
                 .ok()
@@ -347,13 +354,11 @@ impl Store for RedisStore {
             let Some((_, slot)) = scripts::parse_slot_key(&self.prefix, &key) else {
                 continue;
             };
-            let freed = std::slice::from_ref(&key);
             if release(
                 &self.link,
                 &self.scripts,
                 &keys,
                 &key,
-                freed,
                 &record.owner.token,
                 Duration::ZERO,
                 MAX_CALL_TIMEOUT,
@@ -380,7 +385,6 @@ struct RedisSlot {
     fence: u64,
     token: String,
     ttl: Duration,
-    parallelism: u32,
     taken_at: Moment,
 }
 
@@ -414,13 +418,11 @@ impl Slot for RedisSlot {
             .and_then(|until| until.duration_since(SystemTime::now()).ok())
             .filter(|keep| keep.as_millis() > 0)
             .unwrap_or_default();
-        let slots: Vec<String> = self.keys.slots(self.parallelism).collect();
         release(
             &self.link,
             &self.scripts,
             &self.keys,
             &self.keys.slot(self.slot),
-            &slots,
             &self.token,
             keep,
             call_timeout(self.ttl),
@@ -430,24 +432,19 @@ impl Slot for RedisSlot {
 }
 
 /// Frees the slot at `key` if it is held with `token` (or keeps it taken for
-/// `keep`), waking the waiter it is for; `slots` are the name's slot keys, to
-/// count the free ones. False when the slot was not (any longer) held with it.
-#[allow(clippy::too_many_arguments)]
+/// `keep`), waking the head of the line. False when the slot was not (any
+/// longer) held with it.
 fn release(
     link: &RefCell<Link>,
     scripts: &Scripts,
     keys: &Keys,
     key: &str,
-    slots: &[String],
     token: &str,
     keep: Duration,
     timeout: Duration,
 ) -> Result<bool> {
     let mut invocation = scripts.release.key(key);
     invocation.key(keys.line());
-    for slot in slots {
-        invocation.key(slot);
-    }
     invocation
         .arg(token)
         .arg(keep.as_millis() as u64)

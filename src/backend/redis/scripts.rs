@@ -134,20 +134,23 @@ local function free_slots(keys, first)
   return free
 end
 
--- Wakes the waiter that a slot freed just now is for: with `free` slots free,
--- the one at place `free` in line (those before it were woken already). Waiters
--- whose places lapsed (they stopped asking) leave the line on the way.
-local function wake(line, base, free, wake_ttl)
-  local rank = free - 1
-  while rank >= 0 do
-    local token = redis.call('ZRANGE', line, rank, rank)[1]
-    if not token then return end
-    if redis.call('EXISTS', base .. 'waiter:' .. token) == 1 then
-      redis.call('LPUSH', base .. 'wake:' .. token, '1')
-      redis.call('PEXPIRE', base .. 'wake:' .. token, wake_ttl)
-      return
-    end
+-- Drops the waiters at the head of the line whose places lapsed (they stopped
+-- asking); returns the first live one's token, if any.
+local function head(line, base)
+  while true do
+    local token = redis.call('ZRANGE', line, 0, 0)[1]
+    if not token or redis.call('EXISTS', base .. 'waiter:' .. token) == 1 then return token end
     redis.call('ZREM', line, token)
+  end
+end
+
+-- Wakes the waiter at the head of the line: a slot is free for it. It takes
+-- the slot and, if more are free, wakes the next: slots go out in line order.
+local function wake(line, base, wake_ttl)
+  local token = head(line, base)
+  if token then
+    redis.call('LPUSH', base .. 'wake:' .. token, '1')
+    redis.call('PEXPIRE', base .. 'wake:' .. token, wake_ttl)
   end
 end
 
@@ -156,33 +159,31 @@ if redis.replicate_commands then redis.replicate_commands() end
 "#;
 
 /// KEYS: fence, line, ticket, slot 0 .. slot N-1. ARGV: token, holder JSON,
-/// waiter JSON, TTL ms, 1 to join the line (0: only look), key base, our boot id.
-/// Takes a slot when as many are free as there are waiters ahead of us, plus
-/// one: returns {1, slot, fence}. Else joins (or stays in) the line, keeping
-/// our place for another TTL, and returns {0, place (0: not in line), earliest
-/// holder PTTL or -1, {records of the entries ahead whose owners share our boot}}:
-/// the holders when we are next in line, and the waiter just ahead of us.
+/// waiter JSON, TTL ms, 1 to join the line (0: only look), key base, our boot
+/// id, wake TTL ms. Takes a free slot when nobody waits ahead of us: returns {1, slot, fence}
+/// (and wakes the next waiter if another slot is free). Else joins (or stays
+/// in) the line, keeping our place for another TTL, and returns {0, place (0:
+/// not in line), earliest holder PTTL or -1, {records of holders}, {record of
+/// the waiter just ahead of us}}, each only for owners on our boot: the holders
+/// when we are next in line, the waiter ahead when there is one.
 const ACQUIRE: &str = r#"
 local token, base, ttl = ARGV[1], ARGV[6], ARGV[4]
 local line = KEYS[2]
 local free = free_slots(KEYS, 4)
+-- Places of waiters that stopped asking lapse here, before anyone counts them.
+head(line, base)
 local rank = redis.call('ZRANK', line, token)
 local ahead = rank or redis.call('ZCARD', line)
--- Places of waiters that stopped asking lapse here, before anyone counts them.
-while ahead > 0 do
-  local first = redis.call('ZRANGE', line, 0, 0)[1]
-  if redis.call('EXISTS', base .. 'waiter:' .. first) == 1 then break end
-  redis.call('ZREM', line, first)
-  ahead = ahead - 1
-end
-if ahead < #free then
+if ahead == 0 and #free > 0 then
   if rank then
     redis.call('ZREM', line, token)
     redis.call('DEL', base .. 'waiter:' .. token)
   end
   redis.call('DEL', base .. 'wake:' .. token)
   local slot = free[1]
-  return {1, slot, take(KEYS[slot + 4], KEYS[1], ARGV[2], ttl), {}}
+  local fence = take(KEYS[slot + 4], KEYS[1], ARGV[2], ttl)
+  if #free > 1 then wake(line, base, ARGV[8]) end
+  return {1, slot, fence, {}, {}}
 end
 local place = 0
 if rank or ARGV[5] == '1' then
@@ -193,31 +194,29 @@ if rank or ARGV[5] == '1' then
   place = ahead + 1
 end
 local earliest = -1
-local ours = {}
+local holders, before = {}, {}
 local marker = '"boot_id":"' .. ARGV[7] .. '"'
-local function mark(value)
-  if ARGV[7] ~= '' and value and string.find(value, marker, 1, true) then
-    table.insert(ours, value)
-  end
+local function ours(value)
+  return ARGV[7] ~= '' and value and string.find(value, marker, 1, true)
 end
 if place <= 1 then
   for i = 4, #KEYS do
     local left = redis.call('PTTL', KEYS[i])
     if left >= 0 and (earliest < 0 or left < earliest) then earliest = left end
     local value = redis.call('GET', KEYS[i])
-    if value and not decoded(value).kept_until then mark(value) end
+    if ours(value) and not decoded(value).kept_until then table.insert(holders, value) end
   end
+else
+  local token_before = redis.call('ZRANGE', line, place - 2, place - 2)[1]
+  local value = token_before and redis.call('GET', base .. 'waiter:' .. token_before)
+  if ours(value) then table.insert(before, value) end
 end
-if place > 1 then
-  local before = redis.call('ZRANGE', line, place - 2, place - 2)[1]
-  if before then mark(redis.call('GET', base .. 'waiter:' .. before)) end
-end
-return {0, place, earliest, ours}
+return {0, place, earliest, holders, before}
 "#;
 
 /// KEYS: line, slot 0 .. slot N-1. ARGV: key base, wake TTL ms, then the tokens
 /// of dead entries. Drops each from the line and from any slot it holds (not
-/// one kept by `--min-hold`), then wakes the waiter a freed slot is for.
+/// one kept by `--min-hold`), then wakes the head of the line if a slot is free.
 const EVICT: &str = r"
 local base = ARGV[1]
 for t = 3, #ARGV do
@@ -229,8 +228,7 @@ for t = 3, #ARGV do
     if record.token == token and not record.kept_until then redis.call('DEL', KEYS[i]) end
   end
 end
-local free = #free_slots(KEYS, 2)
-if free > 0 then wake(KEYS[1], base, free, ARGV[2]) end
+if #free_slots(KEYS, 2) > 0 then wake(KEYS[1], base, ARGV[2]) end
 return 1
 ";
 
@@ -245,12 +243,11 @@ end
 return 0
 ";
 
-/// KEYS: our slot, line, slot 0 .. slot N-1. ARGV: token, keep ms (0: free
-/// now), kept-until (epoch ms, for `status`), key base, wake TTL ms.
-/// With keep, the slot stays taken that long, marked kept so that no one
-/// reclaims it for its holder's process being gone. Otherwise it is freed and
-/// the waiter it is for woken. Returns 1, or 0 when the slot was not (any
-/// longer) held with that token.
+/// KEYS: our slot, line. ARGV: token, keep ms (0: free now), kept-until (epoch
+/// ms, for `status`), key base, wake TTL ms. With keep, the slot stays taken
+/// that long, marked kept so that no one reclaims it for its holder's process
+/// being gone. Otherwise it is freed and the head of the line woken. Returns
+/// 1, or 0 when the slot was not (any longer) held with that token.
 const RELEASE: &str = r#"
 local value = redis.call('GET', KEYS[1])
 if not value or decoded(value).token ~= ARGV[1] then return 0 end
@@ -259,7 +256,7 @@ if tonumber(ARGV[2]) > 0 then
   return 1
 end
 redis.call('DEL', KEYS[1])
-wake(KEYS[2], ARGV[4], #free_slots(KEYS, 3), ARGV[5])
+wake(KEYS[2], ARGV[4], ARGV[5])
 return 1
 "#;
 

@@ -110,14 +110,12 @@ impl Look {
         })
     }
 
-    /// The first free slot, if the line lets us have one: enough free slots for
-    /// everyone ahead of us and us.
+    /// The first free slot, if the line lets us have one: nobody waits ahead of us.
     fn free_slot(&self, parallelism: u32) -> Option<u32> {
         let taken: HashSet<u32> = self.holders.iter().map(|row| row.slot).collect();
-        let free: Vec<u32> = (0..parallelism)
-            .filter(|slot| !taken.contains(slot))
-            .collect();
-        (free.len() > self.ahead.len()).then(|| free[0])
+        (0..parallelism)
+            .find(|slot| !taken.contains(slot))
+            .filter(|_| self.ahead.is_empty())
     }
 
     fn line(&self, request: &Request, in_line: bool) -> Line {

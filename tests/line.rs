@@ -1,0 +1,156 @@
+//! The waiting line every backend keeps (README: "The waiting line"): first
+//! come, first served for any number of slots, no idle slot, dead waiters
+//! skipped, and `status` listing the line in order. Run against each backend
+//! through `backend_tests!` (tests/core.rs).
+
+use std::fs;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::core::hold_after;
+use crate::support::*;
+
+/// Waiters come this far apart, each once the one before it is in line.
+const WAITERS: usize = 8;
+
+/// `status NAME --json` as its entries.
+fn entries(store: &Store, name: &str) -> Vec<Value> {
+    let output = run(store.status().args([name, "--json"]));
+    assert_status(&output, 0);
+    let entries: Value = serde_json::from_slice(&output.stdout).expect("status --json is JSON");
+    entries.as_array().expect("an array").clone()
+}
+
+/// The pids of the waiters of `name`, in line order, as `status` lists them.
+fn waiting_pids(store: &Store, name: &str) -> Vec<u64> {
+    let waiters: Vec<Value> = entries(store, name)
+        .into_iter()
+        .filter(|entry| entry["state"] == "waiting")
+        .collect();
+    for (place, waiter) in waiters.iter().enumerate() {
+        assert_eq!(waiter["position"], place + 1, "{waiters:?}");
+        assert_eq!(waiter["slot"], Value::Null, "{waiters:?}");
+        assert!(waiter["waiting_since"].is_string(), "{waiters:?}");
+    }
+    waiters
+        .iter()
+        .map(|waiter| waiter["pid"].as_u64().expect("a pid"))
+        .collect()
+}
+
+/// `slots` holders of `name`, each until its own `release` file appears.
+fn holders(store: &Store, name: &str, slots: u32) -> Vec<(Scratch, Running)> {
+    let parallelism = slots.to_string();
+    (0..slots)
+        .map(|_| {
+            let scratch = Scratch::new();
+            let holder = hold_after(store, &scratch, name, &["-p", &parallelism], "");
+            (scratch, holder)
+        })
+        .collect()
+}
+
+fn let_go(holders: Vec<(Scratch, Running)>) {
+    for (scratch, mut holder) in holders {
+        fs::write(scratch.path("release"), "").unwrap();
+        assert_eq!(wait(&mut holder).code(), Some(0));
+    }
+}
+
+/// Starts a waiter on `name` that logs `ID FENCE` to `log` when it runs, once
+/// `status` shows it at the end of the line.
+fn join_line(store: &Store, name: &str, slots: u32, id: usize, log: &std::path::Path) -> Running {
+    let before = waiting_pids(store, name).len();
+    let script = format!("echo {id} $LOCKRUN_FENCE >> '{}'", log.display());
+    let waiter = store
+        .lockrun()
+        .args(["--name", name, "-p", &slots.to_string(), "-w", "60"])
+        // Slow polls: only the line's own wake-ups hand the slots on in time.
+        .args(["--initial-delay", "30", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .start();
+    wait_until(&format!("waiter {id} to join the line"), || {
+        let pids = waiting_pids(store, name);
+        pids.len() == before + 1 && pids.last() == Some(&u64::from(waiter.id()))
+    });
+    waiter
+}
+
+fn first_come_first_served(store: &Store, slots: u32) {
+    let scratch = Scratch::new();
+    let log = scratch.path("order");
+    let name = format!("fifo{slots}");
+    let holders = holders(store, &name, slots);
+    let mut waiters: Vec<Running> = (1..=WAITERS)
+        .map(|id| join_line(store, &name, slots, id, &log))
+        .collect();
+    let_go(holders);
+    for waiter in &mut waiters {
+        assert_eq!(wait(waiter).code(), Some(0));
+    }
+    // Fences follow the order in which slots were taken.
+    let mut runs: Vec<(u64, usize)> = scratch
+        .lines("order")
+        .iter()
+        .map(|line| {
+            let (id, fence) = line.split_once(' ').expect("ID FENCE");
+            (fence.parse().expect("a fence"), id.parse().expect("an id"))
+        })
+        .collect();
+    runs.sort_unstable();
+    let order: Vec<usize> = runs.into_iter().map(|(_, id)| id).collect();
+    assert_eq!(
+        order,
+        (1..=WAITERS).collect::<Vec<_>>(),
+        "served in arrival order"
+    );
+}
+
+pub fn first_come_first_served_with_one_slot(store: &Store) {
+    first_come_first_served(store, 1);
+}
+
+pub fn first_come_first_served_with_two_slots(store: &Store) {
+    first_come_first_served(store, 2);
+}
+
+pub fn a_freed_slot_goes_to_the_head_of_the_line_at_once(store: &Store) {
+    let scratch = Scratch::new();
+    let log = scratch.path("order");
+    let mut holders = holders(store, "idle", 2);
+    let mut waiter = join_line(store, "idle", 2, 1, &log);
+    let (released, mut holder) = holders.remove(0);
+    fs::write(released.path("release"), "").unwrap();
+    assert_eq!(wait(&mut holder).code(), Some(0));
+    let freed = Instant::now();
+    assert_eq!(wait(&mut waiter).code(), Some(0));
+    assert!(
+        freed.elapsed() < Duration::from_secs(5),
+        "the waiter took the freed slot without waiting for its 30 s poll ({:?})",
+        freed.elapsed()
+    );
+    let_go(holders);
+}
+
+pub fn a_dead_waiter_at_the_head_is_skipped_at_once(store: &Store) {
+    let scratch = Scratch::new();
+    let log = scratch.path("order");
+    let holders = holders(store, "skip", 1);
+    let mut dead = join_line(store, "skip", 1, 1, &log);
+    let mut next = join_line(store, "skip", 1, 2, &log);
+    dead.kill().unwrap();
+    dead.wait().unwrap();
+    let_go(holders);
+    let freed = Instant::now();
+    assert_eq!(wait(&mut next).code(), Some(0));
+    assert!(
+        freed.elapsed() < Duration::from_secs(5),
+        "the dead waiter kept the line for {:?}",
+        freed.elapsed()
+    );
+    assert_eq!(scratch.lines("order").len(), 1, "only the live waiter ran");
+    assert_eq!(waiting_pids(store, "skip"), Vec::<u64>::new());
+}
