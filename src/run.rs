@@ -75,12 +75,15 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
         reporter.event(&Event::Released { slot: number });
     }
     let ending = ending?;
-    match released {
-        // The lease is gone already; a failed release (the server is down) changes nothing.
-        Err(err) if matches!(ending, Ending::LeaseLost(_)) => reporter.event(&Event::Notice {
-            message: &format!("could not release: {err}"),
-        }),
-        released => released?,
+    if let Err(err) = released {
+        // The command's run is over either way: its status stands, and a lease
+        // that could not be released lapses by itself.
+        let message = format!("could not release {}: {err}", request.name);
+        if matches!(ending, Ending::LeaseLost(_)) {
+            reporter.event(&Event::Notice { message: &message });
+        } else {
+            reporter.error(&format!("{message}; its lease lapses within --ttl"));
+        }
     }
     report_ending(&ending, &request, reporter);
     Ok(ending.exit_code())

@@ -527,3 +527,39 @@ fn release_force_breaks_the_lease_and_its_holder_stops() {
     let output = run(store.release().args(["broken", "--force"]));
     assert!(stdout(&output).contains("nothing to release"));
 }
+
+#[test]
+fn a_waiter_keeps_its_place_across_a_redis_restart() {
+    // Redis keeps its data on disk here, so the line survives the restart.
+    let Some((store, server)) = redis(&["--appendonly", "yes", "--appendfsync", "always"]) else {
+        return;
+    };
+    let scratch = Scratch::new();
+    let mut first = holder(&store, &scratch, "restarted", &[]);
+    let mut waiter = store
+        .lockrun()
+        .args(["--name", "restarted", "-w", "60", "--initial-delay", "0.2"])
+        .args(["--max-delay", "1", "--log-format", "json", "--", "touch"])
+        .arg(scratch.path("ran"))
+        .stderr(fs::File::create(scratch.path("events")).unwrap())
+        .start();
+    let events = || fs::read_to_string(scratch.path("events")).unwrap_or_default();
+    wait_until("the waiter to join the line", || {
+        events().contains(r#""event":"waiting""#)
+    });
+    server.kill();
+    wait_until("the waiter to ride out the outage", || {
+        events().contains(r#""reason":"unavailable""#)
+    });
+    assert!(waiter.try_wait().unwrap().is_none(), "{}", events());
+    assert!(server.restart(), "redis-server restarts");
+    wait_until("the waiter to be back in its place", || {
+        let output = run(store.status().args(["restarted", "--json"]));
+        stdout(&output).contains(r#""position":1"#)
+    });
+    assert!(!scratch.path("ran").exists(), "the holder still holds");
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(wait(&mut first).code(), Some(0), "the holder kept its lease");
+    assert_eq!(wait(&mut waiter).code(), Some(0), "{}", events());
+    assert!(scratch.path("ran").exists());
+}

@@ -431,3 +431,42 @@ fn slow_waiter(store: &Store, scratch: &Scratch, name: &str) -> Running {
     wait_for_stderr(&mut waiter, "waiting");
     waiter
 }
+
+#[test]
+fn a_waiter_rides_out_a_database_locked_for_six_seconds() {
+    let store = Store::sqlite();
+    let scratch = Scratch::new();
+    let mut holder = hold(&store, &scratch, "ridden", &[]);
+    // A one-second place in line: the waiter writes to keep it, so it meets the lock.
+    let mut waiter = store
+        .lockrun()
+        .args(["--name", "ridden", "--ttl", "1", "-w", "60"])
+        .args(["--initial-delay", "0.2", "--max-delay", "1", "--log-format", "json"])
+        .args(["--", "touch"])
+        .arg(scratch.path("ran"))
+        .stderr(fs::File::create(scratch.path("events")).unwrap())
+        .start();
+    let events = || fs::read_to_string(scratch.path("events")).unwrap_or_default();
+    wait_until("the waiter to join the line", || events().contains("\"waiting\""));
+    let db = store.args()[3].clone();
+    let locker = rusqlite::Connection::open(&db).unwrap();
+    locker.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    let locked = Instant::now();
+    while locked.elapsed() < Duration::from_secs(6) {
+        assert!(
+            waiter.try_wait().unwrap().is_none(),
+            "the waiter gave up while the database was locked"
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+    locker.execute_batch("COMMIT").unwrap();
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(wait(&mut holder).code(), Some(0));
+    assert_eq!(wait(&mut waiter).code(), Some(0), "{}", events());
+    assert!(scratch.path("ran").exists());
+    assert!(
+        events().contains(r#""reason":"transient-error""#),
+        "{}",
+        events()
+    );
+}
