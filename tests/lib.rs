@@ -8,6 +8,7 @@ mod file;
 mod generated;
 mod line;
 mod operator;
+mod partition;
 mod redis;
 mod sqlite;
 mod stress;

@@ -559,7 +559,11 @@ fn a_waiter_keeps_its_place_across_a_redis_restart() {
     });
     assert!(!scratch.path("ran").exists(), "the holder still holds");
     fs::write(scratch.path("release"), "").unwrap();
-    assert_eq!(wait(&mut first).code(), Some(0), "the holder kept its lease");
+    assert_eq!(
+        wait(&mut first).code(),
+        Some(0),
+        "the holder kept its lease"
+    );
     assert_eq!(wait(&mut waiter).code(), Some(0), "{}", events());
     assert!(scratch.path("ran").exists());
 }

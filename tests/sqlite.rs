@@ -441,18 +441,27 @@ fn a_waiter_rides_out_a_database_locked_for_six_seconds() {
     let mut waiter = store
         .lockrun()
         .args(["--name", "ridden", "--ttl", "1", "-w", "60"])
-        .args(["--initial-delay", "0.2", "--max-delay", "1", "--log-format", "json"])
+        .args([
+            "--initial-delay",
+            "0.2",
+            "--max-delay",
+            "1",
+            "--log-format",
+            "json",
+        ])
         .args(["--", "touch"])
         .arg(scratch.path("ran"))
         .stderr(fs::File::create(scratch.path("events")).unwrap())
         .start();
     let events = || fs::read_to_string(scratch.path("events")).unwrap_or_default();
-    wait_until("the waiter to join the line", || events().contains("\"waiting\""));
+    wait_until("the waiter to join the line", || {
+        events().contains("\"waiting\"")
+    });
     let db = store.args()[3].clone();
     let locker = rusqlite::Connection::open(&db).unwrap();
     locker.execute_batch("BEGIN EXCLUSIVE").unwrap();
-    let locked = Instant::now();
-    while locked.elapsed() < Duration::from_secs(6) {
+    let lock_taken = Instant::now();
+    while lock_taken.elapsed() < Duration::from_secs(6) {
         assert!(
             waiter.try_wait().unwrap().is_none(),
             "the waiter gave up while the database was locked"

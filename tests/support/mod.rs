@@ -1,5 +1,6 @@
 //! Test harness: real lockrun processes against real stores, with every wait bounded.
 
+pub mod netns;
 pub mod pty;
 
 use std::ffi::OsString;
@@ -147,21 +148,7 @@ impl RedisServer {
     /// Starts a server with `extra` arguments (`--requirepass x`). `None` after
     /// a loud notice when redis-server is not on PATH; under `CI=true` that fails the test.
     pub fn start(extra: &[&str]) -> Option<Self> {
-        if Command::new("redis-server")
-            .arg("--version")
-            .stdout(Stdio::null())
-            .status()
-            .is_err()
-        {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "redis-server is not on PATH; CI must run the Redis tests"
-            );
-            eprintln!(
-                "\n*** SKIPPED: redis-server is not on PATH, so this Redis test did not run ***\n"
-            );
-            return None;
-        }
+        Self::installed()?;
         let extra: Vec<String> = extra.iter().map(|&arg| arg.to_owned()).collect();
         // Another process may take the free port before redis-server binds it: try again.
         for _ in 0..5 {
@@ -177,6 +164,26 @@ impl RedisServer {
             }
         }
         panic!("could not start redis-server");
+    }
+
+    /// `Some` when redis-server is on PATH; `None` after a loud notice when it
+    /// is not, unless `CI=true`, where that fails the test.
+    pub fn installed() -> Option<()> {
+        let found = Command::new("redis-server")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .status()
+            .is_ok();
+        if !found {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "redis-server is not on PATH; CI must run the Redis tests"
+            );
+            eprintln!(
+                "\n*** SKIPPED: redis-server is not on PATH, so this Redis test did not run ***\n"
+            );
+        }
+        found.then_some(())
     }
 
     pub fn port(&self) -> u16 {

@@ -1,0 +1,94 @@
+//! Hosts cut off from each other, in network namespaces of the test's own
+//! (tests/support/netns.rs). Ignored by default, like the stress suite:
+//! `.ci/run` runs them with `cargo test --test integration -- --ignored partition`.
+
+use std::fs;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::support::netns::Network;
+use crate::support::*;
+
+/// Redis on host 0 of `network`, as the other hosts reach it; `None` when redis-server is missing.
+fn redis_on(network: &Network) -> Option<(Running, String)> {
+    RedisServer::installed()?;
+    let address = Network::address(0);
+    let server = network
+        .command(0, "redis-server")
+        .args([
+            "--bind",
+            &address,
+            "--port",
+            "6379",
+            "--protected-mode",
+            "no",
+        ])
+        .args(["--save", "", "--appendonly", "no"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .start();
+    Some((server, format!("redis://{address}:6379")))
+}
+
+/// `lockrun SUBCOMMAND` on `host`, on the Redis at `url`.
+fn lockrun_on(network: &Network, host: usize, subcommand: &[&str], url: &str) -> Command {
+    let mut command = network.command(host, env!("CARGO_BIN_EXE_lockrun"));
+    command
+        .args(subcommand)
+        .args(["--backend", "redis", "--redis-url", url]);
+    command
+}
+
+#[test]
+#[ignore = "partition suite: cargo test --test integration -- --ignored partition"]
+fn partition_a_waiter_cut_off_from_redis_gets_the_lock_when_the_holder_leaves() {
+    let Some(network) = Network::new(3) else {
+        return;
+    };
+    let Some((_server, url)) = redis_on(&network) else {
+        return;
+    };
+    wait_until("Redis to answer on host 0", || {
+        let status = lockrun_on(&network, 1, &["status"], &url)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        status.is_ok_and(|status| status.success())
+    });
+    let scratch = Scratch::new();
+    let holder_script = format!(
+        "touch '{ready}'; while [ ! -e '{release}' ]; do sleep 0.02; done",
+        ready = scratch.path("ready").display(),
+        release = scratch.path("release").display(),
+    );
+    let mut holder = lockrun_on(&network, 1, &[], &url)
+        .args(["--name", "cut", "-c", &holder_script])
+        .start();
+    wait_for_file(&scratch.path("ready"));
+    let mut waiter = lockrun_on(&network, 2, &[], &url)
+        .args(["--name", "cut", "-w", "60", "--initial-delay", "0.2"])
+        .args(["--max-delay", "1", "--log-format", "json", "--", "touch"])
+        .arg(scratch.path("ran"))
+        .stderr(fs::File::create(scratch.path("events")).unwrap())
+        .start();
+    let events = || fs::read_to_string(scratch.path("events")).unwrap_or_default();
+    wait_until("the waiter to join the line", || {
+        events().contains(r#""event":"waiting""#)
+    });
+
+    network.cut(2);
+    let cut = Instant::now();
+    wait_until("the waiter to notice", || {
+        events().contains(r#""reason":"unavailable""#)
+    });
+    while cut.elapsed() < Duration::from_secs(3) {
+        assert!(waiter.try_wait().unwrap().is_none(), "{}", events());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    network.join(2);
+
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(wait(&mut holder).code(), Some(0));
+    assert_eq!(wait(&mut waiter).code(), Some(0), "{}", events());
+    assert!(scratch.path("ran").exists());
+}
