@@ -567,3 +567,59 @@ fn a_waiter_keeps_its_place_across_a_redis_restart() {
     assert_eq!(wait(&mut waiter).code(), Some(0), "{}", events());
     assert!(scratch.path("ran").exists());
 }
+
+#[test]
+fn a_dead_waiter_on_another_host_stalls_the_line_only_until_its_place_lapses() {
+    let Some((store, server)) = redis(&[]) else {
+        return;
+    };
+    let scratch = Scratch::new();
+    let mut first = holder(&store, &scratch, "ghost", &[]);
+    // A waiter from another host that died: its place lapses in 800 ms, as nobody renews it.
+    let record = r#"{"name":"ghost","token":"dead","pid":1,"start_time":1,"boot_id":"another-boot","host":"elsewhere","command":"crashed","since":0}"#;
+    let mut client = server.client();
+    let ticket: u64 = redis::cmd("INCR")
+        .arg("lockrun:{ghost}:ticket")
+        .query(&mut client)
+        .unwrap();
+    let _: () = redis::pipe()
+        .cmd("ZADD")
+        .arg("lockrun:{ghost}:line")
+        .arg(ticket)
+        .arg("dead")
+        .cmd("SET")
+        .arg("lockrun:{ghost}:waiter:dead")
+        .arg(record)
+        .arg("PX")
+        .arg(800)
+        .query(&mut client)
+        .unwrap();
+    // A 30 s retry delay: only the lapse of the dead waiter's place can let this one on in time.
+    let mut waiter = store
+        .lockrun()
+        .args([
+            "--name",
+            "ghost",
+            "-w",
+            "20",
+            "--initial-delay",
+            "30",
+            "--",
+            "touch",
+        ])
+        .arg(scratch.path("ran"))
+        .start();
+    wait_until("the waiter to stand behind the dead one", || {
+        let output = run(store.status().args(["ghost", "--json"]));
+        stdout(&output).contains(r#""position":2"#)
+    });
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(wait(&mut first).code(), Some(0));
+    let released = Instant::now();
+    assert_eq!(wait(&mut waiter).code(), Some(0));
+    assert!(
+        released.elapsed() < Duration::from_secs(3),
+        "the line moved on when the dead waiter's place lapsed, after {:?}",
+        released.elapsed()
+    );
+}

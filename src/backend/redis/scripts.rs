@@ -163,9 +163,10 @@ if redis.replicate_commands then redis.replicate_commands() end
 /// id, wake TTL ms. Takes a free slot when nobody waits ahead of us: returns {1, slot, fence}
 /// (and wakes the next waiter if another slot is free). Else joins (or stays
 /// in) the line, keeping our place for another TTL, and returns {0, place (0:
-/// not in line), earliest holder PTTL or -1, {records of holders}, {record of
-/// the waiter just ahead of us}}, each only for owners on our boot: the holders
-/// when we are next in line, the waiter ahead when there is one.
+/// not in line), PTTL or -1, {records of holders}, {record of the waiter just
+/// ahead of us}}, the records only for owners on our boot. At the head of the
+/// line (or not in it) that is about the holders and the earliest lease's end;
+/// behind another waiter, about that waiter and when its place lapses.
 const ACQUIRE: &str = r#"
 local token, base, ttl = ARGV[1], ARGV[6], ARGV[4]
 local line = KEYS[2]
@@ -207,9 +208,14 @@ if place <= 1 then
     if ours(value) and not decoded(value).kept_until then table.insert(holders, value) end
   end
 else
+  -- The waiter just ahead: its place lapses by then if it stopped asking.
   local token_before = redis.call('ZRANGE', line, place - 2, place - 2)[1]
-  local value = token_before and redis.call('GET', base .. 'waiter:' .. token_before)
-  if ours(value) then table.insert(before, value) end
+  if token_before then
+    local key = base .. 'waiter:' .. token_before
+    earliest = redis.call('PTTL', key)
+    local value = redis.call('GET', key)
+    if ours(value) then table.insert(before, value) end
+  end
 end
 return {0, place, earliest, holders, before}
 "#;

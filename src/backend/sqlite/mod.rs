@@ -133,12 +133,13 @@ impl Look {
                 kept_or_holding.map(|row| &row.owner),
                 self.ahead.last().map(|row| &row.owner),
             ),
-            moves_by: self
-                .holders
-                .iter()
-                .map(|row| row.expires_at)
-                .min()
-                .map(moment_at),
+            // At the head, the line moves when a lease ends; behind a waiter, when its place lapses.
+            moves_by: if position <= 1 {
+                self.holders.iter().map(|row| row.expires_at).min()
+            } else {
+                self.ahead.last().map(|row| row.expires_at)
+            }
+            .map(moment_at),
         }
     }
 }
