@@ -50,6 +50,11 @@ impl Held {
         Some(lease.renewal_due().min(lease.stop_at()))
     }
 
+    /// When the command gets SIGTERM if no renewal is confirmed before.
+    pub fn stop_at(&self) -> Option<Moment> {
+        self.lease.as_ref().map(Lease::stop_at)
+    }
+
     /// When the command must be gone: another holder may have the slot from then on.
     pub fn deadline(&self) -> Option<Moment> {
         self.lease.as_ref().map(Lease::deadline)

@@ -359,3 +359,105 @@ fn the_command_is_looked_up_in_path_as_execvp_does() {
     assert_status(&output, 127);
     assert!(stderr(&output).contains("command not found: absent"));
 }
+
+/// `killall -9 lockrun`, `pkill -9 lockrun` and `pkill -9 -f lockrun` kill every
+/// process called lockrun: the watchdog is not one of them, and ends the
+/// command's background children before another holder can start. Run in a pid
+/// namespace of its own, so that no other test's lockrun is in reach.
+#[test]
+fn killing_lockrun_by_name_leaves_nothing_running_without_the_lock() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: a pid namespace of the test's own needs root");
+        return;
+    }
+    for kill_by_name in [
+        "pkill -9 lockrun",
+        "pkill -9 -f lockrun",
+        "pkill -9 -x lockrun",
+    ] {
+        let scratch = Scratch::new();
+        let lockrun = scratch.path("lockrun");
+        // Run as `lockrun` whatever cargo named the binary, as an operator would see it.
+        std::fs::copy(env!("CARGO_BIN_EXE_lockrun"), &lockrun).unwrap();
+        let script = format!(
+            r#"cd '{dir}'
+./lockrun --dir locks --name k -c 'sleep 300 & echo $! > bg; touch ready; wait' &
+while [ ! -e ready ]; do sleep 0.01; done
+{kill_by_name}
+bg=$(cat bg)
+while kill -0 "$bg" 2>/dev/null; do sleep 0.01; done
+./lockrun --dir locks --name k -n true && touch free"#,
+            dir = scratch.dir().display(),
+        );
+        let output = run(std::process::Command::new("unshare").args([
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "sh",
+            "-c",
+            &script,
+        ]));
+        assert!(
+            output.status.success(),
+            "{kill_by_name}: {}",
+            stderr(&output)
+        );
+        assert!(
+            scratch.path("free").exists(),
+            "{kill_by_name}: the background child was stopped and the lock is free"
+        );
+    }
+}
+
+/// A lockrun that is stopped alone (SIGSTOP, a debugger) cannot stop its
+/// command at the lease's end: its watchdog does, before another holder starts.
+#[test]
+fn the_watchdog_stops_the_command_of_a_stopped_lockrun_before_its_lease_ends() {
+    let store = Store::sqlite();
+    let scratch = Scratch::new();
+    let script = format!(
+        "echo $$ > '{ready}'; while :; do date +%s%N > '{last}.tmp' && mv '{last}.tmp' '{last}'; sleep 0.01; done",
+        ready = scratch.path("ready").display(),
+        last = scratch.path("last").display(),
+    );
+    let mut holder = store
+        .lockrun()
+        .args([
+            "--name",
+            "stalled",
+            "--ttl",
+            "1.5",
+            "--kill-grace",
+            "0.3",
+            "-c",
+            &script,
+        ])
+        .start();
+    read_pid(&scratch.path("ready"));
+    let mut next = store
+        .lockrun()
+        .args(["--name", "stalled", "-w", "20", "--", "sh", "-c"])
+        .arg(format!("date +%s%N > '{}'", scratch.path("next").display()))
+        .start();
+    signal(holder.id(), Signal::SIGSTOP);
+    assert_eq!(
+        wait(&mut next).code(),
+        Some(0),
+        "the next holder got the slot"
+    );
+    let nanos = |name: &str| -> i128 {
+        std::fs::read_to_string(scratch.path(name))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let gap_ms = (nanos("next") - nanos("last")) as f64 / 1e6;
+    assert!(
+        gap_ms > 0.0,
+        "the stopped holder's command ran {:.0} ms into the next holder's turn",
+        -gap_ms
+    );
+    signal(holder.id(), Signal::SIGCONT);
+    assert_eq!(wait(&mut holder).code(), Some(76), "the lease was lost");
+}

@@ -1,74 +1,199 @@
-//! A guard for the one end lockrun cannot handle itself: its own SIGKILL.
+//! A guard for what lockrun cannot handle itself: its own death and its own
+//! stalls.
+//!
 //! `PR_SET_PDEATHSIG` reaches only the command's first process (and not one
 //! that executed a set-uid program), so a forked watchdog waits on a pipe that
-//! only lockrun can write; when the pipe closes without a word, lockrun died and
-//! the watchdog kills the command's whole process group. It keeps lockrun's open
-//! files, so a file lock stays held until the group has been killed.
+//! only lockrun writes to; when the pipe closes without a word, lockrun died
+//! and the watchdog kills the command's whole process group. It keeps
+//! lockrun's open files, so a file lock stays held until the group has been
+//! killed. lockrun also tells it the lease's deadlines: should lockrun be
+//! stopped (SIGSTOP, a debugger) or starved past them, the watchdog stops the
+//! group itself, so the command never outlives its lease.
 //!
 //! It is a fork, not a clone sharing lockrun's memory: the kernel's OOM killer
 //! kills every process that shares its victim's memory, and a watchdog must
-//! outlive lockrun whatever killed it.
+//! outlive lockrun whatever killed it. It is named `lr-watchdog`, in its
+//! command name and command line, so that killing "lockrun" by name
+//! (`killall -9 lockrun`, `pkill -f lockrun`) leaves it to do its work.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
+use std::time::Duration;
 
 use nix::errno::Errno;
 use nix::fcntl::{OFlag, open};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{Signal, killpg};
 use nix::sys::stat::Mode;
 use nix::unistd::{
-    ForkResult, Pid, dup2_stderr, dup2_stdin, dup2_stdout, fork, pipe2, read, setsid, write,
+    ForkResult, Pid, dup2_stderr, dup2_stdin, dup2_stdout, fork, pipe2, read, setpgid, setsid,
+    write,
 };
 
+use super::clock::Moment;
 use crate::error::{Error, Result};
 
+/// The watchdog's name, which contains nothing a search for "lockrun" matches.
+const NAME: &std::ffi::CStr = c"lr-watchdog";
+
+/// What lockrun tells the watchdog: the command's group is gone, stand down.
+const DISMISS: u8 = b'x';
+/// ... or: stop the group at these moments, unless told otherwise before. Two
+/// `u64`s follow, nanoseconds since boot (`u64::MAX`: never): SIGTERM, SIGKILL.
+const HOLD: u8 = b'h';
+const HOLD_LEN: usize = 1 + 2 * 8;
+
 pub struct Watchdog {
-    /// Closing it without writing is what tells the watchdog lockrun is gone.
-    dismiss: OwnedFd,
+    /// Closing it without a word is what tells the watchdog lockrun is gone.
+    tell: OwnedFd,
 }
 
 impl Watchdog {
     /// Starts a watchdog for the process group `group`. lockrun must be single-threaded here.
     pub fn start(group: Pid) -> Result<Self> {
         let failed = |err| Error::internal("starting the watchdog", err);
-        let (wait_end, dismiss) = pipe2(OFlag::O_CLOEXEC).map_err(failed)?;
-        // SAFETY: lockrun has one thread at this point, so the child may run any code;
-        // it still makes only system calls, and ends with _exit.
+        let (listen, tell) = pipe2(OFlag::O_CLOEXEC).map_err(failed)?;
+        // SAFETY: lockrun has one thread at this point, so the child may run any code.
         match unsafe { fork() }.map_err(failed)? {
             ForkResult::Child => {
-                drop(dismiss);
-                guard(&wait_end, group)
+                drop(tell);
+                guard(&listen, group)
             }
-            ForkResult::Parent { .. } => Ok(Self { dismiss }),
+            ForkResult::Parent { child } => {
+                // Out of lockrun's process group before lockrun goes on: a signal to that
+                // group (a SIGSTOP, a SIGKILL) must not reach the guard, even before it ran.
+                // The guard leaves the session too, when it gets to run first.
+                let _ = setpgid(child, child);
+                Ok(Self { tell })
+            }
         }
+    }
+
+    /// From now on the group must be gone by `kill_at`: unless told otherwise
+    /// before, the watchdog sends it SIGTERM at `terminate_at` and SIGKILL at
+    /// `kill_at` (`None`: never).
+    pub fn hold(&self, terminate_at: Option<Moment>, kill_at: Option<Moment>) {
+        let nanos = |at: Option<Moment>| {
+            at.map_or(u64::MAX, |at| at.since_boot().as_nanos() as u64)
+                .to_le_bytes()
+        };
+        let mut message = [0u8; HOLD_LEN];
+        message[0] = HOLD;
+        message[1..9].copy_from_slice(&nanos(terminate_at));
+        message[9..].copy_from_slice(&nanos(kill_at));
+        // A pipe write this short is atomic. If the watchdog was killed, there is nobody left to tell.
+        let _ = write(&self.tell, &message);
     }
 
     /// The command's group is gone: the watchdog exits without killing anything.
     /// lockrun does not wait for it (that would delay the release for the next
     /// holder); the kernel reaps it when lockrun exits, moments later.
     pub fn dismiss(self) {
-        let _ = write(&self.dismiss, b"x");
+        let _ = write(&self.tell, &[DISMISS]);
     }
 }
 
-fn guard(wait_end: &OwnedFd, group: Pid) -> ! {
-    // Out of lockrun's process group and session: a signal to that group must not end the guard.
+fn guard(listen: &OwnedFd, group: Pid) -> ! {
+    // Out of lockrun's session too (unless lockrun made this a group leader first, which is enough).
     let _ = setsid();
+    rename();
     // Let go of lockrun's stdio, so nobody reading its output waits for the watchdog.
     if let Ok(null) = open(c"/dev/null", OFlag::O_RDWR, Mode::empty()) {
         let _ = (dup2_stdin(&null), dup2_stdout(&null), dup2_stderr(&null));
     }
-    let mut byte = [0u8; 1];
-    let dismissed = loop {
-        match read(wait_end, &mut byte) {
-            Ok(0) => break false,
-            Ok(_) => break true,
-            Err(Errno::EINTR) => {}
-            Err(_) => break false,
+    let mut terminate_at = None;
+    let mut kill_at = None;
+    let mut pending = Vec::new();
+    loop {
+        let next = [terminate_at, kill_at].into_iter().flatten().min();
+        if next.is_some_and(|at: Duration| at <= Moment::now().since_boot()) {
+            // A deadline lockrun did not act on: it is stopped or starved.
+            if terminate_at.take().is_some() {
+                let _ = killpg(group, Signal::SIGTERM);
+                let _ = killpg(group, Signal::SIGCONT);
+            } else if kill_at.take().is_some() {
+                let _ = killpg(group, Signal::SIGKILL);
+            }
+            continue;
         }
-    };
-    if !dismissed {
-        let _ = killpg(group, Signal::SIGKILL);
+        let timeout = next.map_or(PollTimeout::NONE, |at| {
+            let left = at.saturating_sub(Moment::now().since_boot());
+            // Rounded up, so that the deadline has passed when the poll ends; a minute at most.
+            PollTimeout::try_from(left.min(Duration::from_secs(60)) + Duration::from_millis(1))
+                .unwrap_or(PollTimeout::MAX)
+        });
+        let mut fds = [PollFd::new(listen.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, timeout) {
+            Ok(0) | Err(Errno::EINTR) => continue,
+            Ok(_) => {}
+            Err(_) => lockrun_is_gone(group),
+        }
+        let mut buffer = [0u8; 256];
+        match read(listen, &mut buffer) {
+            Ok(0) => lockrun_is_gone(group),
+            Ok(n) => pending.extend_from_slice(&buffer[..n]),
+            Err(Errno::EINTR) => continue,
+            Err(_) => lockrun_is_gone(group),
+        }
+        while let Some(&tag) = pending.first() {
+            match tag {
+                DISMISS => exit(),
+                HOLD if pending.len() >= HOLD_LEN => {
+                    let at =
+                        |bytes: &[u8]| match u64::from_le_bytes(bytes.try_into().expect("8 bytes"))
+                        {
+                            u64::MAX => None,
+                            nanos => Some(Duration::from_nanos(nanos)),
+                        };
+                    terminate_at = at(&pending[1..9]);
+                    kill_at = at(&pending[9..HOLD_LEN]);
+                    pending.drain(..HOLD_LEN);
+                }
+                HOLD => break,
+                _ => lockrun_is_gone(group),
+            }
+        }
     }
+}
+
+/// lockrun died (or said something no lockrun says): the command must not run on without it.
+fn lockrun_is_gone(group: Pid) -> ! {
+    let _ = killpg(group, Signal::SIGKILL);
+    exit()
+}
+
+fn exit() -> ! {
     // SAFETY: ends this forked process without running lockrun's exit handlers.
     unsafe { nix::libc::_exit(0) }
+}
+
+/// Takes the watchdog's own name: its command name, and its command line in
+/// place of lockrun's (setproctitle's way: the arguments' memory, this
+/// process's own copy since the fork, is written over).
+fn rename() {
+    let _ = nix::sys::prctl::set_name(NAME);
+    let Some((start, end)) = arguments_area() else {
+        return;
+    };
+    let name = NAME.to_bytes_with_nul();
+    if end - start < name.len() {
+        return;
+    }
+    // SAFETY: [start, end) is where the kernel put this process's arguments at
+    // exec, in its stack: mapped, writable, and read by nothing in this process
+    // after the fork (lockrun copied what it needed at start-up).
+    unsafe {
+        let area = std::slice::from_raw_parts_mut(start as *mut u8, end - start);
+        area.fill(0);
+        area[..name.len()].copy_from_slice(name);
+    }
+}
+
+/// Where this process's arguments are, from `/proc/self/stat` (fields 48 and 49).
+fn arguments_area() -> Option<(usize, usize)> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The command name (field 2) may contain spaces and parentheses: skip past its last ')'.
+    let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace().skip(45);
+    let first = fields.next()?.parse().ok()?;
+    let past_last = fields.next()?.parse().ok()?;
+    (first < past_last).then_some((first, past_last))
 }

@@ -109,10 +109,19 @@ pub fn supervise(
     let terminal = Terminal::open();
     let foreground = terminal.as_ref().filter(|terminal| terminal.is_ours());
     let child = spawn(program, env, foreground)?;
+    let watchdog = match Watchdog::start(child) {
+        Ok(watchdog) => watchdog,
+        Err(err) => {
+            abandon(child);
+            return Err(err);
+        }
+    };
     let mut run = Run {
         child,
         terminal,
         held,
+        watchdog: &watchdog,
+        told: None,
         reporter,
         kill_grace: limits.kill_grace,
         max_runtime_at: limits.max_runtime.map(|max| (Moment::now() + max, max)),
@@ -120,19 +129,26 @@ pub fn supervise(
         stop: Stop::No,
         ending: None,
     };
-    match Watchdog::start(child) {
-        Ok(watchdog) => {
-            let ending = run.until_exit(signals);
-            if ending.is_err() {
-                run.abandon();
-            }
-            watchdog.dismiss();
-            ending
-        }
-        Err(err) => {
-            run.abandon();
-            Err(err)
-        }
+    run.tell_watchdog();
+    let ending = run.until_exit(signals);
+    if ending.is_err() {
+        abandon(child);
+    }
+    watchdog.dismiss();
+    ending
+}
+
+/// Kills the command and waits for it: the lock is never released with it running.
+fn abandon(child: Pid) {
+    signal_all(child, Signal::SIGKILL);
+    let _ = waitpid(child, None);
+}
+
+/// The command's process group, and the command itself if it left the group.
+fn signal_all(child: Pid, signal: Signal) {
+    let _ = killpg(child, signal);
+    if getpgid(Some(child)).is_ok_and(|group| group != child) {
+        let _ = kill(child, signal);
     }
 }
 
@@ -191,6 +207,9 @@ struct Run<'a> {
     child: Pid,
     terminal: Option<Terminal>,
     held: &'a mut Held,
+    watchdog: &'a Watchdog,
+    /// The moments the watchdog was last told to stop the command at.
+    told: Option<(Option<Moment>, Option<Moment>)>,
     reporter: &'a Reporter,
     kill_grace: Duration,
     max_runtime_at: Option<(Moment, Duration)>,
@@ -205,6 +224,8 @@ impl Run<'_> {
     fn until_exit(&mut self, signals: &Signals) -> Result<Ending> {
         loop {
             if let Some(code) = self.check_child()? {
+                // lockrun may have been stopped past the lease while its watchdog ended the command.
+                self.lose_lapsed_lease("its deadline passed while lockrun was paused");
                 self.stop_leftovers(signals)?;
                 if let Some(terminal) = &self.terminal {
                     terminal.take_back_from(self.child);
@@ -288,12 +309,8 @@ impl Run<'_> {
             terminal.take_back_from(self.child);
         }
         let _ = kill(getpid(), Signal::SIGSTOP);
-        if !self.lease_lost() && self.held.deadline().is_some_and(Moment::has_passed) {
-            // Stopped past the lease: the command must not run another moment.
-            return self.lose_lease(
-                "its deadline passed while the job was stopped",
-                Duration::ZERO,
-            );
+        if self.lose_lapsed_lease("its deadline passed while the job was stopped") {
+            return;
         }
         if let Some(terminal) = self.terminal.as_ref().filter(|terminal| terminal.is_ours()) {
             terminal.give_to(self.child);
@@ -320,6 +337,16 @@ impl Run<'_> {
         }
     }
 
+    /// Stops the command at once if the lease's deadline has passed without
+    /// lockrun noticing (it was stopped); true when it had.
+    fn lose_lapsed_lease(&mut self, reason: &str) -> bool {
+        let lapsed = !self.lease_lost() && self.held.deadline().is_some_and(Moment::has_passed);
+        if lapsed {
+            self.lose_lease(reason, Duration::ZERO);
+        }
+        lapsed
+    }
+
     fn lease_lost(&self) -> bool {
         matches!(self.ending, Some(Ending::LeaseLost(_)))
     }
@@ -327,6 +354,29 @@ impl Run<'_> {
     fn keep_lease(&mut self) {
         if let Verdict::Stop { reason, grace } = self.held.check(self.reporter) {
             self.lose_lease(reason, grace);
+        }
+        self.tell_watchdog();
+    }
+
+    /// Tells the watchdog when the command must be gone: while lockrun keeps the
+    /// lease, within the kill grace before its deadline (SIGTERM a little after
+    /// lockrun itself would send it, SIGKILL a little before the lease ends);
+    /// once lockrun stops the command, its SIGKILL.
+    fn tell_watchdog(&mut self) {
+        let moments = match self.stop {
+            Stop::No => match (self.held.stop_at(), self.held.deadline()) {
+                (Some(stop_at), Some(deadline)) => {
+                    let quarter = (deadline - stop_at) / 4;
+                    (Some(stop_at + quarter), Some(deadline - quarter))
+                }
+                _ => (None, None),
+            },
+            Stop::Terminating { kill_at } => (None, Some(kill_at)),
+            Stop::Killed => (None, None),
+        };
+        if self.told != Some(moments) && (self.told.is_some() || moments != (None, None)) {
+            self.watchdog.hold(moments.0, moments.1);
+            self.told = Some(moments);
         }
     }
 
@@ -351,15 +401,10 @@ impl Run<'_> {
             }
         }
         self.stop = Stop::Terminating { kill_at };
+        self.tell_watchdog();
         if grace.is_zero() {
             self.kill_group();
         }
-    }
-
-    /// Kills the command and waits for it: the lock is never released with it running.
-    fn abandon(&mut self) {
-        self.kill_group();
-        let _ = waitpid(self.child, None);
     }
 
     fn kill_group(&mut self) {
@@ -367,12 +412,8 @@ impl Run<'_> {
         self.stop = Stop::Killed;
     }
 
-    /// The command's process group, and the command itself if it left the group.
     fn signal_all(&self, signal: Signal) {
-        let _ = killpg(self.child, signal);
-        if getpgid(Some(self.child)).is_ok_and(|group| group != self.child) {
-            let _ = kill(self.child, signal);
-        }
+        signal_all(self.child, signal);
     }
 
     /// Processes the command left behind in its group (`cmd &`) would run on
