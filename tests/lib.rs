@@ -10,6 +10,7 @@ mod line;
 mod operator;
 mod partition;
 mod redis;
+mod source;
 mod sqlite;
 mod stress;
 mod supervision;

@@ -1,0 +1,42 @@
+//! What the compiler cannot check about the sources themselves (README: "Design").
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in fs::read_dir(dir).expect("read src") {
+        let path = entry.expect("a directory entry").path();
+        if path.is_dir() {
+            files.extend(rust_files(&path));
+        } else if path.extension().is_some_and(|ext| ext == "rs") {
+            files.push(path);
+        }
+    }
+    files
+}
+
+/// `unsafe` lives only in src/platform/: the crate denies it, and only that module allows it.
+#[test]
+fn unsafe_code_is_confined_to_the_platform_module() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let lib = fs::read_to_string(root.join("src/lib.rs")).unwrap();
+    assert!(
+        lib.contains("#![deny(unsafe_code)]"),
+        "src/lib.rs denies unsafe code"
+    );
+    let platform = root.join("src/platform");
+    for file in rust_files(&root.join("src")) {
+        let text = fs::read_to_string(&file).unwrap();
+        let allows = text.contains("allow(unsafe_code)");
+        if file.starts_with(&platform) {
+            assert!(
+                !allows || file == platform.join("mod.rs"),
+                "{}: only src/platform/mod.rs allows unsafe code",
+                file.display()
+            );
+        } else {
+            assert!(!allows, "{} allows unsafe code", file.display());
+        }
+    }
+}
