@@ -11,6 +11,10 @@ use crate::duration;
 use crate::name::Name;
 use crate::report::Format;
 
+mod usage;
+
+pub use usage::report as usage_error;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "lockrun",
@@ -108,11 +112,10 @@ pub struct RunArgs {
     pub output: OutputArgs,
 
     /// The command to run and its arguments
-    #[arg(
-        value_name = "COMMAND",
-        trailing_var_arg = true,
-        allow_hyphen_values = true
-    )]
+    // Everything from its first word on is the command's; before it, a word with
+    // a dash is an option (a mistyped one is an error, with clap's suggestion), so
+    // a command that starts with a dash needs `--`.
+    #[arg(value_name = "COMMAND", trailing_var_arg = true)]
     pub command: Vec<OsString>,
 }
 
@@ -201,32 +204,19 @@ fn parse_ttl(text: &str) -> Result<Duration, String> {
 /// Parses the command line; `Err` carries the exit status for help, version
 /// (0, printed) and usage errors (64, one line).
 pub fn parse() -> Result<Cli, u8> {
-    parse_from(std::env::args_os())
+    parse_from(std::env::args_os().collect())
 }
 
-pub fn parse_from(args: impl IntoIterator<Item = OsString>) -> Result<Cli, u8> {
-    let args: Vec<OsString> = args.into_iter().collect();
-    let cli = definition()
-        .try_get_matches_from(&args)
-        .and_then(|mut matches| Cli::from_arg_matches_mut(&mut matches))
-        .map_err(|err| match err.kind() {
-            ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
-                let _ = err.print();
-                0
-            }
-            _ => usage_error(&one_line(&err.render().to_string())),
-        })?;
-    // clap lets the command start with a dash; without `--` that is a mistyped option.
-    if let Some(first) = cli.run.command.first()
-        && first.to_string_lossy().starts_with('-')
-        && !args.iter().any(|arg| arg == "--")
+fn parse_from(args: Vec<OsString>) -> Result<Cli, u8> {
+    let definition = definition();
+    if let Some(err) = args
+        .get(1)
+        .and_then(|first| usage::mistyped_subcommand(&definition, first))
     {
-        return Err(usage_error(&format!(
-            "unexpected argument '{}' found; put -- before a command that starts with a dash",
-            first.to_string_lossy()
-        )));
+        return Err(clap_error(err));
     }
-    Ok(cli)
+    let mut matches = definition.try_get_matches_from(args).map_err(clap_error)?;
+    Cli::from_arg_matches_mut(&mut matches).map_err(clap_error)
 }
 
 /// The command line's definition. Inside a command that lockrun runs (`LOCKRUN_TOKEN`
@@ -243,21 +233,15 @@ fn definition() -> clap::Command {
         .mut_arg("parallelism", |arg| arg.env(None::<&str>))
 }
 
-fn usage_error(message: &str) -> u8 {
-    eprintln!("lockrun: {message} (see lockrun --help)");
-    crate::error::status::USAGE
-}
-
-/// clap's message without its "error: " lead, usage block and tips, on one line.
-fn one_line(rendered: &str) -> String {
-    rendered
-        .lines()
-        .take_while(|line| !line.trim().is_empty())
-        .map(str::trim)
-        .collect::<Vec<_>>()
-        .join(" ")
-        .trim_start_matches("error: ")
-        .to_owned()
+/// Help and version are printed (exit 0); anything else is a usage error.
+fn clap_error(err: clap::Error) -> u8 {
+    match err.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            let _ = err.print();
+            0
+        }
+        _ => usage::report(&usage::one_line(err)),
+    }
 }
 
 #[cfg(test)]
@@ -291,8 +275,15 @@ mod tests {
             cli.run.command,
             ["ls", "-l", "--", "a b"].map(OsString::from)
         );
-        let cli = Cli::try_parse_from(["lockrun", "--name", "x", "ls", "-l"]).unwrap();
-        assert_eq!(cli.run.command, ["ls", "-l"].map(OsString::from));
+        let cli = Cli::try_parse_from(["lockrun", "--name", "x", "ls", "-l", "--", "-v"]).unwrap();
+        assert_eq!(
+            cli.run.command,
+            ["ls", "-l", "--", "-v"].map(OsString::from)
+        );
+        assert!(
+            !cli.run.output.verbose,
+            "-v after the command's first word is the command's"
+        );
     }
 
     #[test]
@@ -314,12 +305,5 @@ mod tests {
                 ..
             }))
         ));
-    }
-
-    #[test]
-    fn usage_errors_render_on_one_line() {
-        let err = Cli::try_parse_from(["lockrun", "true"]).unwrap_err();
-        let line = one_line(&err.render().to_string());
-        assert!(line.contains("--name") && !line.contains('\n'), "{line}");
     }
 }

@@ -1,4 +1,5 @@
-//! The command line: help, version and usage errors (SPEC §1, §2).
+//! The command line (README: "Usage", "Exit status"): help, version, usage
+//! errors that say what was meant.
 
 use crate::support::*;
 
@@ -57,15 +58,94 @@ fn environment_variables_set_options_and_flags_win() {
 #[test]
 fn a_name_that_is_too_long_or_has_control_characters_is_refused() {
     let store = Store::file();
-    for name in ["x".repeat(201), "a\tb".to_owned()] {
-        let output = run(store.lockrun().args(["--name", &name, "true"]));
-        assert_status(&output, 64);
-        assert!(stderr(&output).contains("name"), "{}", stderr(&output));
+    for name in [
+        "x".repeat(201),
+        "a\tb".to_owned(),
+        "a\u{1b}[31mb".to_owned(),
+    ] {
+        let line = usage_line(&run(store.lockrun().args(["--name", &name, "true"])));
+        assert!(line.contains("name"), "{line}");
+        assert!(
+            !line.contains(char::is_control),
+            "what was typed is escaped, never echoed raw: {line:?}"
+        );
     }
+    let line = usage_line(&run(store.lockrun().args([
+        "--name",
+        "a\u{1b}[31mb",
+        "true",
+    ])));
+    assert!(line.contains(r"'a\u{1b}[31mb'"), "{line}");
     assert_status(
         &run(store.lockrun().args(["--name", &"é".repeat(100), "true"])),
         0,
     );
+}
+
+#[test]
+fn a_mistyped_option_is_named_at_once_not_run_as_the_command() {
+    let store = Store::file();
+    for (args, meant) in [
+        (&["--name", "x", "--no-wiat", "true"][..], "--no-wait"),
+        (&["--name", "x", "--timout", "5", "--", "make"], "--timeout"),
+        (
+            &["--name", "x", "-p", "2", "--parallelsim", "2", "true"],
+            "--parallelism",
+        ),
+    ] {
+        let line = usage_line(&run(store.lockrun().args(args)));
+        assert!(
+            line.contains(&format!("did you mean '{meant}'?")),
+            "{args:?}: {line}"
+        );
+    }
+    // A command that starts with a dash needs `--`; without it, it is an unknown option.
+    let line = usage_line(&run(store.lockrun().args(["--name", "x", "-x", "true"])));
+    assert!(line.contains("'-- -x'"), "{line}");
+    let output = run(store.lockrun().args(["--name", "x", "--", "-x"]));
+    assert_status(&output, 127);
+}
+
+#[test]
+fn the_command_keeps_its_dashes_and_double_dashes() {
+    let store = Store::file();
+    let printed = |args: &[&str]| {
+        let output = run(store.lockrun().args(["--name", "x"]).args(args));
+        assert_status(&output, 0);
+        stdout(&output)
+    };
+    let words = "-l\n--\na b\n-v\n";
+    assert_eq!(
+        printed(&["printf", "%s\\n", "-l", "--", "a b", "-v"]),
+        words
+    );
+    assert_eq!(
+        printed(&["--", "printf", "%s\\n", "-l", "--", "a b", "-v"]),
+        words
+    );
+}
+
+#[test]
+fn a_mistyped_subcommand_is_named_not_run() {
+    let store = Store::file();
+    for (args, line) in [
+        (
+            &["stauts"][..],
+            "lockrun: unrecognized subcommand 'stauts'; did you mean 'status'? (see lockrun --help)",
+        ),
+        (
+            &["relase", "x", "--force"],
+            "lockrun: unrecognized subcommand 'relase'; did you mean 'release'? (see lockrun --help)",
+        ),
+    ] {
+        assert_eq!(usage_line(&run(lockrun().args(args))), line);
+        // Even when LOCKRUN_NAME would let a command come first.
+        let named = run(lockrun().env("LOCKRUN_NAME", "x").args(args));
+        assert_eq!(usage_line(&named), line);
+    }
+    let output = run(store.lockrun().args(["--name", "x", "--", "stauts"]));
+    assert_status(&output, 127);
+    assert!(stderr(&output).contains("stauts"), "{}", stderr(&output));
 }
 
 #[test]

@@ -496,6 +496,14 @@ pub fn assert_status(output: &Output, code: i32) {
     );
 }
 
+/// Asserts a usage error (exit 64, one line on stderr) and returns that line.
+pub fn usage_line(output: &Output) -> String {
+    assert_status(output, 64);
+    let err = stderr(output);
+    assert_eq!(err.lines().count(), 1, "one line: {err:?}");
+    err.trim_end().to_owned()
+}
+
 /// A process's state letter from `/proc/PID/stat` (`R`, `S`, `T` for stopped, `Z`...).
 pub fn process_state(pid: i32) -> Option<char> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

@@ -1,0 +1,158 @@
+//! Usage errors (README: "Exit status"): one plain line on stderr, shown even with
+//! `-q` or `--log-format json`, since the options that would say otherwise may be
+//! the very ones that are wrong.
+
+use std::ffi::OsStr;
+use std::io::Write;
+
+use clap::Command;
+use clap::error::{ContextKind, ContextValue};
+
+use crate::error::status;
+use crate::report::escape_controls;
+
+/// Prints a usage error and returns its exit status. Control characters are
+/// escaped: the line may repeat what was typed (`--name $'a\e[31mb'`).
+pub fn report(message: &str) -> u8 {
+    // stderr may be closed; that must not turn a usage error into a panic.
+    let _ = writeln!(
+        std::io::stderr().lock(),
+        "lockrun: {} (see lockrun --help)",
+        escape_controls(message)
+    );
+    status::USAGE
+}
+
+/// clap's error on one line: its message without the "error: " lead and the
+/// usage block, then what it suggests instead ("did you mean '--no-wait'?").
+pub fn one_line(mut err: clap::Error) -> String {
+    // What the user typed is escaped first, so that no newline in it can cut the message short.
+    let typed: Vec<(ContextKind, ContextValue)> = err
+        .context()
+        .filter_map(|(kind, value)| escaped(value).map(|value| (kind, value)))
+        .collect();
+    for (kind, value) in typed {
+        err.insert(kind, value);
+    }
+    let rendered = err.render().to_string();
+    let message = rendered
+        .lines()
+        .take_while(|line| !line.trim().is_empty())
+        .map(str::trim)
+        .collect::<Vec<_>>()
+        .join(" ");
+    let message = message.trim_start_matches("error: ");
+    match suggestion(&err) {
+        Some(suggestion) => format!("{message}; {suggestion}"),
+        None => message.to_owned(),
+    }
+}
+
+fn escaped(value: &ContextValue) -> Option<ContextValue> {
+    match value {
+        ContextValue::String(text) => Some(ContextValue::String(escape_controls(text))),
+        ContextValue::Strings(texts) => Some(ContextValue::Strings(
+            texts.iter().map(|text| escape_controls(text)).collect(),
+        )),
+        _ => None,
+    }
+}
+
+/// The option, subcommand or value that clap found similar to the one typed,
+/// else its tips ("to pass '-x' as a value, use '-- -x'").
+fn suggestion(err: &clap::Error) -> Option<String> {
+    let similar = [
+        ContextKind::SuggestedArg,
+        ContextKind::SuggestedSubcommand,
+        ContextKind::SuggestedValue,
+    ]
+    .into_iter()
+    .find_map(|kind| match err.get(kind)? {
+        ContextValue::String(one) => Some(vec![one.clone()]),
+        ContextValue::Strings(many) if !many.is_empty() => Some(many.clone()),
+        _ => None,
+    });
+    if let Some(similar) = similar {
+        let quoted: Vec<String> = similar.iter().map(|name| format!("'{name}'")).collect();
+        return Some(format!("did you mean {}?", quoted.join(" or ")));
+    }
+    match err.get(ContextKind::Suggested)? {
+        ContextValue::StyledStrs(tips) if !tips.is_empty() => Some(
+            tips.iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; "),
+        ),
+        _ => None,
+    }
+}
+
+/// clap's error for `first`, the first argument, when it is no subcommand but
+/// resembles one (`stauts`). clap itself takes such a word for the command to
+/// run, since a command may come first when `LOCKRUN_NAME` names the lock.
+pub fn mistyped_subcommand(definition: &Command, first: &OsStr) -> Option<clap::Error> {
+    if first.to_string_lossy().starts_with('-') {
+        return None;
+    }
+    let subcommands_only =
+        Command::new("lockrun").subcommands(definition.get_subcommands().cloned());
+    let err = subcommands_only
+        .try_get_matches_from([OsStr::new("lockrun"), first])
+        .err()?;
+    err.get(ContextKind::SuggestedSubcommand)
+        .is_some()
+        .then_some(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::*;
+    use crate::cli::Cli;
+
+    fn line(args: &[&str]) -> String {
+        one_line(Cli::try_parse_from(args).unwrap_err())
+    }
+
+    #[test]
+    fn clap_errors_render_on_one_line() {
+        let missing = line(&["lockrun", "true"]);
+        assert!(
+            missing.contains("--name") && !missing.contains('\n'),
+            "{missing}"
+        );
+        assert_eq!(
+            line(&["lockrun", "--name", "x", "--no-wiat", "true"]),
+            "unexpected argument '--no-wiat' found; did you mean '--no-wait'?"
+        );
+        assert_eq!(
+            line(&["lockrun", "--name", "x", "-b", "sqlit", "true"]),
+            "invalid value 'sqlit' for '--backend <BACKEND>' [possible values: file, sqlite, redis]; did you mean 'sqlite'?"
+        );
+    }
+
+    #[test]
+    fn typed_newlines_do_not_cut_the_message_short() {
+        let bad = line(&["lockrun", "--name", "a\n\nb", "true"]);
+        assert!(
+            bad.starts_with("invalid value 'a\\n\\nb' for '--name <NAME>':")
+                && bad.ends_with("control character"),
+            "{bad}"
+        );
+    }
+
+    #[test]
+    fn only_words_like_a_subcommand_are_taken_for_mistyped_ones() {
+        let definition = Cli::command();
+        let mistyped =
+            |word: &str| mistyped_subcommand(&definition, OsStr::new(word)).map(one_line);
+        assert_eq!(
+            mistyped("stauts").as_deref(),
+            Some("unrecognized subcommand 'stauts'; did you mean 'status'?")
+        );
+        for word in ["status", "release", "make", "./backup.sh", "-x", "--"] {
+            assert!(mistyped(word).is_none(), "{word}");
+        }
+    }
+}
