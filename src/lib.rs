@@ -20,6 +20,7 @@ pub mod supervisor;
 pub mod timestamp;
 
 use cli::{Action, OutputArgs};
+use error::Error;
 use report::{Level, Reporter};
 
 /// Runs lockrun with the process's arguments and returns its exit status.
@@ -42,9 +43,13 @@ pub fn run() -> u8 {
         Some(Action::Release(args)) => operator::release(&args),
         None => run::run(cli.run, &reporter),
     };
-    result.unwrap_or_else(|err| {
-        reporter.error(&err.to_string());
-        err.exit_code()
+    result.unwrap_or_else(|err| match err {
+        // Found after parsing ("no command given"), but a usage error all the same: one plain line.
+        Error::Usage(message) => cli::usage_error(&message),
+        err => {
+            reporter.error(&err.to_string());
+            err.exit_code()
+        }
     })
 }
 

@@ -149,6 +149,22 @@ fn a_mistyped_subcommand_is_named_not_run() {
 }
 
 #[test]
+fn usage_errors_found_after_parsing_are_plain_lines_even_when_quiet() {
+    let store = Store::file();
+    for quiet in [
+        &["-q"][..],
+        &["--log-format", "json"],
+        &["-q", "--log-format", "json"],
+    ] {
+        let line = usage_line(&run(store.lockrun().args(["--name", "x"]).args(quiet)));
+        assert!(
+            line.starts_with("lockrun: no command given"),
+            "{quiet:?}: {line}"
+        );
+    }
+}
+
+#[test]
 fn a_nested_lockrun_does_not_take_the_outer_locks_name_or_slots() {
     let store = Store::file();
     let scratch = Scratch::new();
