@@ -79,13 +79,19 @@ fn a_hard_link_is_refused() {
 }
 
 #[test]
-fn an_unusable_directory_exits_69() {
+fn a_directory_that_is_a_file_is_named_as_such() {
     let scratch = Scratch::new();
     let file = scratch.path("not-a-dir");
     fs::write(&file, "").unwrap();
-    let output = run_in(&file, &["--name", "x", "true"]);
-    assert_status(&output, 69);
-    assert_eq!(stderr(&output).lines().count(), 1, "{}", stderr(&output));
+    for output in [
+        run_in(&file, &["--name", "x", "true"]),
+        run(lockrun().arg("status").arg("--dir").arg(&file)),
+    ] {
+        assert_status(&output, 69);
+        let err = stderr(&output);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains("not-a-dir is not a directory"), "{err}");
+    }
 }
 
 #[test]

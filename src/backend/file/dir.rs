@@ -14,23 +14,29 @@ pub fn choose(dir: Option<&Path>, create: bool) -> Result<PathBuf> {
     let Some(dir) = dir else {
         return default_dir(create);
     };
+    if dir.exists() && !dir.is_dir() {
+        return Err(Error::Unavailable(format!(
+            "the lock directory {} is not a directory",
+            dir.display()
+        )));
+    }
     if !create && !dir.is_dir() {
         return Err(Error::Unavailable(format!(
             "there is no lock directory {}",
             dir.display()
         )));
     }
-    match DirBuilder::new().recursive(true).mode(0o700).create(dir) {
-        Ok(()) => Ok(dir.to_owned()),
-        Err(_) if dir.exists() && !dir.is_dir() => Err(Error::Unavailable(format!(
-            "the lock directory {} is not a directory",
-            dir.display()
-        ))),
-        Err(err) => Err(Error::unavailable(
-            format!("cannot create lock directory {}", dir.display()),
-            err,
-        )),
-    }
+    DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map(|()| dir.to_owned())
+        .map_err(|err| {
+            Error::unavailable(
+                format!("cannot create lock directory {}", dir.display()),
+                err,
+            )
+        })
 }
 
 /// Opens a lock file, creating it when missing, and refusing symlinks, FIFOs
