@@ -11,6 +11,7 @@ use crate::duration;
 use crate::name::Name;
 use crate::report::Format;
 
+mod nested;
 mod usage;
 
 pub use usage::report as usage_error;
@@ -208,7 +209,7 @@ pub fn parse() -> Result<Cli, u8> {
 }
 
 fn parse_from(args: Vec<OsString>) -> Result<Cli, u8> {
-    let definition = definition();
+    let definition = nested::definition(Cli::command());
     if let Some(err) = args
         .get(1)
         .and_then(|first| usage::mistyped_subcommand(&definition, first))
@@ -216,21 +217,8 @@ fn parse_from(args: Vec<OsString>) -> Result<Cli, u8> {
         return Err(clap_error(err));
     }
     let mut matches = definition.try_get_matches_from(args).map_err(clap_error)?;
+    nested::require_own_backend(&matches).map_err(|message| usage::report(&message))?;
     Cli::from_arg_matches_mut(&mut matches).map_err(clap_error)
-}
-
-/// The command line's definition. Inside a command that lockrun runs (`LOCKRUN_TOKEN`
-/// is set), `LOCKRUN_NAME` and `LOCKRUN_PARALLELISM` describe the outer lock, so a
-/// nested lockrun does not read them as options: `lockrun -- step` in a locked job
-/// would otherwise wait for its own parent's lock.
-fn definition() -> clap::Command {
-    let definition = Cli::command();
-    if std::env::var_os("LOCKRUN_TOKEN").is_none() {
-        return definition;
-    }
-    definition
-        .mut_arg("name", |arg| arg.env(None::<&str>))
-        .mut_arg("parallelism", |arg| arg.env(None::<&str>))
 }
 
 /// Help and version are printed (exit 0); anything else is a usage error.

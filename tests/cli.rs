@@ -1,5 +1,7 @@
 //! The command line (README: "Usage", "Exit status"): help, version, usage
-//! errors that say what was meant.
+//! errors that say what was meant, and what a nested lockrun reads.
+
+use std::path::Path;
 
 use crate::support::*;
 
@@ -191,4 +193,57 @@ fn a_nested_lockrun_does_not_take_the_outer_locks_name_or_slots() {
         ["inner 1"],
         "the inner lock has its own name and one slot"
     );
+}
+
+#[test]
+fn a_nested_lockrun_reads_its_own_flags_and_the_users_store_variables() {
+    let scratch = Scratch::new();
+    let db = scratch.path("locks.sqlite3");
+    let dir = scratch.path("locks");
+    // Where a lockrun that fell back on a default store would write.
+    let home = scratch.path("home");
+    // The outer lockrun holds "outer" and runs `script`, in which `$lockrun` is lockrun;
+    // `user` is the environment the user gave it, which its command inherits.
+    let nested = |user: &[(&str, &Path)], outer: &[&str], script: &str| {
+        let output = run(lockrun()
+            .env("lockrun", env!("CARGO_BIN_EXE_lockrun"))
+            .env("HOME", &home)
+            .env("XDG_STATE_HOME", home.join("state"))
+            .env("XDG_RUNTIME_DIR", home.join("runtime"))
+            .envs(user.iter().copied())
+            .args(outer)
+            .args(["--name", "outer", "-c", &format!("{script}; echo $?")]));
+        assert_status(&output, 0);
+        (stdout(&output).trim().to_owned(), stderr(&output))
+    };
+    let db_flag = ["-b", "sqlite", "--db", db.to_str().expect("UTF-8")];
+    let inner = "\"$lockrun\" --name inner -- true";
+    let same_lock = "\"$lockrun\" -b sqlite --name outer -n -- true";
+
+    // The outer's backend and database came as flags: LOCKRUN_BACKEND says sqlite,
+    // but the inner lockrun cannot know which database; it must be told.
+    let (status, err) = nested(&[], &db_flag, inner);
+    assert_eq!(status, "64");
+    assert!(
+        err.contains("inside a lock on sqlite") && err.contains("--backend"),
+        "{err}"
+    );
+    // The same when the user chose sqlite with LOCKRUN_BACKEND: only the outer read it.
+    let user_sqlite = [
+        ("LOCKRUN_BACKEND", Path::new("sqlite")),
+        ("LOCKRUN_DB", &db),
+    ];
+    assert_eq!(nested(&user_sqlite, &[], inner).0, "64");
+    // Told its backend, the inner lockrun reads the user's LOCKRUN_DB: the outer's
+    // database, where "outer" is held.
+    assert_eq!(nested(&user_sqlite, &[], same_lock).0, "75");
+    assert_eq!(nested(&[("LOCKRUN_DB", &db)], &db_flag, same_lock).0, "75");
+    // Inside a file lock the default backend is the outer's; the user's LOCKRUN_DIR is read.
+    let (status, _) = nested(
+        &[("LOCKRUN_DIR", &dir)],
+        &[],
+        "\"$lockrun\" --name outer -n -- true",
+    );
+    assert_eq!(status, "75");
+    assert!(!home.exists(), "nothing landed in a default store");
 }
