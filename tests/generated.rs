@@ -1,15 +1,20 @@
 //! The man pages in `man/` and the shell completions in `completions/` are
-//! generated from the clap definition and committed. This test fails when they
-//! drift from the CLI; `LOCKRUN_REGENERATE=1 cargo test generated` rewrites them.
+//! generated from the clap definition and the README, and committed. This test
+//! fails when they drift from either; `LOCKRUN_REGENERATE=1 cargo test generated`
+//! rewrites them.
+
+mod readme;
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use clap::CommandFactory;
+use clap::{Command, CommandFactory};
 use clap_complete::Shell;
 use clap_mangen::Man;
 use clap_mangen::roff::{Roff, bold, roman};
 use lockrun::cli::Cli;
+
+use readme::{Readme, inline, to_roff};
 
 /// Every generated file: its path in the repository and its content.
 fn generated() -> Vec<(PathBuf, Vec<u8>)> {
@@ -17,12 +22,12 @@ fn generated() -> Vec<(PathBuf, Vec<u8>)> {
     let mut command = Cli::command();
     command.build();
 
-    let mut page = Vec::new();
     // `lockrun help` is for the terminal; the man pages cover every subcommand themselves.
-    let main = Man::new(command.clone().disable_help_subcommand(true));
-    main.render(&mut page).expect("render the man page");
-    page.extend(exit_status().to_roff().as_bytes());
-    files.push((PathBuf::from("man").join(main.get_filename()), page));
+    let main = Man::new(Cli::command().disable_help_subcommand(true));
+    files.push((
+        PathBuf::from("man").join(main.get_filename()),
+        manual(&main, &command, &Readme::load()),
+    ));
     for sub in command
         .get_subcommands()
         .filter(|sub| sub.get_name() != "help")
@@ -57,36 +62,114 @@ fn generated() -> Vec<(PathBuf, Vec<u8>)> {
     files
 }
 
-/// SPEC §2, which clap knows nothing about.
-fn exit_status() -> Roff {
-    let mut roff = Roff::new();
-    roff.control("SH", ["EXIT STATUS"]);
-    for (status, meaning) in [
-        ("the command", "the command ran; its own exit status"),
-        ("128+N", "the command was ended by signal N"),
-        ("64", "usage error: bad flag, value or name"),
-        (
-            "69",
-            "backend unavailable: Redis unreachable or refusing auth, database or directory unusable",
-        ),
-        ("70", "internal error"),
-        (
-            "75",
-            "no slot acquired (busy with --no-wait, or --timeout passed); change it with -E",
-        ),
-        (
-            "76",
-            "the lease was lost while the command ran; lockrun stopped the command",
-        ),
-        ("124", "--max-runtime passed; lockrun stopped the command"),
-        (
-            "126, 127",
-            "the command cannot be executed (not executable, or a script whose #! interpreter is missing) / was not found",
-        ),
+/// One of `Man::render_*_section`: a section of clap's page.
+type RenderSection = fn(&Man, &mut dyn std::io::Write) -> std::io::Result<()>;
+
+/// lockrun(1): clap's sections for the command line, then the README's for
+/// everything else, so that the page is the full reference.
+fn manual(page: &Man, command: &Command, readme: &Readme) -> Vec<u8> {
+    // Each of clap's renderings starts with roff's definition of the apostrophe: the page needs it once.
+    let preamble = Roff::new().render();
+    let clap_section = |render: RenderSection| {
+        let mut section = Vec::new();
+        render(page, &mut section).expect("render a man page section");
+        assert!(section.starts_with(preamble.as_bytes()), "{section:?}");
+        section.split_off(preamble.len())
+    };
+    let mut roff = preamble.as_bytes().to_vec();
+    for render in [
+        Man::render_title,
+        Man::render_name_section,
+        Man::render_synopsis_section,
+        Man::render_description_section,
+        Man::render_options_section,
     ] {
+        roff.extend(clap_section(render));
+    }
+    // After the options: durations and the rules for the command's words.
+    let notes = usage_notes(readme.section_without_subsections("Usage"));
+    roff.extend(to_roff(&notes).to_roff().into_bytes());
+    roff.extend(clap_section(Man::render_subcommands_section));
+    roff.extend(reference(command, readme).to_roff().into_bytes());
+    roff
+}
+
+/// The sections after the command line's, from the README.
+fn reference(command: &Command, readme: &Readme) -> Roff {
+    let mut roff = Roff::new();
+    roff.control("SH", ["BACKENDS"]);
+    for backend in lockrun::backend::NAMES {
+        // Each backend's README section (`## SQLite backend`) makes its part of the page.
+        let title = readme
+            .titles(2)
+            .find(|title| {
+                let title = title.to_lowercase();
+                title.starts_with(backend) && title.ends_with(" backend")
+            })
+            .unwrap_or_else(|| panic!("README.md has no section on the {backend} backend"));
+        roff.control("SS", [title]);
+        roff.extend([to_roff(readme.section(title))]);
+    }
+    roff.control("SH", ["ENVIRONMENT"]);
+    roff.extend([environment_read(command)]);
+    for title in ["The command's environment", "A lockrun inside a lockrun"] {
+        roff.control("SS", [title]);
+        roff.extend([to_roff(readme.section(title))]);
+    }
+    for (heading, section) in [
+        ("THE COMMAND", "What the command gets"),
+        ("SIGNALS", "Signals and the process group"),
+        ("THE WAITING LINE", "The waiting line"),
+        ("EXIT STATUS", "Exit status"),
+        ("FILES", "Files"),
+        ("EXAMPLES", "Recipes"),
+    ] {
+        roff.control("SH", [heading]);
+        roff.extend([to_roff(readme.section_without_subsections(section))]);
+    }
+    roff.control("SH", ["SEE ALSO"]);
+    roff.text([
+        bold("lockrun-status"),
+        roman("(1), "),
+        bold("lockrun-release"),
+        roman("(1), "),
+        bold("flock"),
+        roman("(1)"),
+    ]);
+    roff
+}
+
+/// The Usage section's notes: its paragraphs, without the synopsis and the
+/// options table that clap's own sections show.
+fn usage_notes(usage: &str) -> String {
+    usage
+        .split("\n\n")
+        .filter(|block| {
+            let block = block.trim_start();
+            !block.starts_with("```") && !block.starts_with('|')
+        })
+        .collect::<Vec<_>>()
+        .join("\n\n")
+}
+
+/// The variables lockrun reads, from the options that read them.
+fn environment_read(command: &Command) -> Roff {
+    let mut roff = Roff::new();
+    roff.control("PP", []);
+    roff.text([roman(
+        "Each of these sets the option named; a flag wins over its variable \
+         (but see A lockrun inside a lockrun, below).",
+    )]);
+    for arg in command.get_arguments() {
+        let (Some(variable), Some(long)) = (arg.get_env(), arg.get_long()) else {
+            continue;
+        };
         roff.control("TP", []);
-        roff.text([bold(status)]);
-        roff.text([roman(meaning)]);
+        roff.text([bold(variable.to_string_lossy())]);
+        let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
+        let mut text = vec![bold(format!("--{long}")), roman(": ")];
+        text.extend(inline(&help));
+        roff.text(text);
     }
     roff
 }
@@ -107,7 +190,7 @@ fn man_pages_and_completions_match_the_cli() {
     }
     assert!(
         stale.is_empty(),
-        "out of date with the CLI: {}; run `LOCKRUN_REGENERATE=1 cargo test generated` and commit",
+        "out of date with the CLI or the README: {}; run `LOCKRUN_REGENERATE=1 cargo test --test integration generated` and commit",
         stale.join(", ")
     );
 }
