@@ -1,5 +1,6 @@
-//! Behaviour every backend must show (SPEC §2-§4), written once and run
-//! against each backend through `backend_tests!`.
+//! Behaviour every backend must show (README: "Exit status", "What the command
+//! gets", the backends' sections), written once and run against each backend
+//! through `backend_tests!`.
 
 use std::collections::HashSet;
 use std::fs;

@@ -1,4 +1,5 @@
-//! The file backend's own guarantees (SPEC §4): the directory, names, symlinks, kernel waits.
+//! The file backend's own guarantees (README: "File backend"): the directory,
+//! names, symlinks, kernel waits.
 
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};

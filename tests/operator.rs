@@ -1,5 +1,5 @@
-//! Operator tools (SPEC §5, §6): status, release, the live waiting line on a
-//! terminal, `-v` text and `--log-format json` events.
+//! Operator tools (README: "Operating lockrun", "The waiting line"): status,
+//! release, the live waiting line on a terminal, `-v` text and `--log-format json` events.
 
 use std::fs::{self, File};
 use std::io::Read;

@@ -1,4 +1,4 @@
-//! Supervising the command (SPEC §3): stdio, escalation on a second signal,
+//! Supervising the command (README: "What the command gets"): stdio, escalation on a second signal,
 //! starting it for any size of arguments and environment.
 
 use std::fs;

@@ -1,5 +1,6 @@
-//! lockrun in the foreground of an interactive terminal (SPEC §3): the command
-//! can read the terminal, a Ctrl-C reaches it exactly once, Ctrl-Z and `fg` work.
+//! lockrun in the foreground of an interactive terminal (README: "Signals and the
+//! process group"): the command can read the terminal, a Ctrl-C reaches it
+//! exactly once, Ctrl-Z and `fg` work.
 
 use crate::support::pty::Shell;
 use crate::support::*;
