@@ -292,7 +292,43 @@ pub fn free_port() -> u16 {
 
 /// The lockrun binary with a clean environment for its own variables.
 pub fn lockrun() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_lockrun"));
+    without_lockrun_variables(Command::new(env!("CARGO_BIN_EXE_lockrun")))
+}
+
+/// `lockrun()` in a mount namespace of its own where an empty read-only tmpfs
+/// covers `/run/lock`, so that a test of the default directories can never
+/// touch the real `/run/lock/lockrun`. `None`, after saying why, where this
+/// process may not make one (it is not root, or lacks `CAP_SYS_ADMIN`).
+pub fn lockrun_without_run_lock() -> Option<Command> {
+    let unshare = ["--mount", "--propagation", "private"];
+    let allowed = Command::new("unshare")
+        .args(unshare)
+        .arg("true")
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success());
+    if !allowed {
+        eprintln!(
+            "\n*** SKIPPED: no private mount namespace to hide /run/lock in (unshare --mount \
+             needs root), so the part of this test that falls back past it did not run ***\n"
+        );
+        return None;
+    }
+    let mut command = Command::new("unshare");
+    command.args(unshare).args([
+        "--",
+        "sh",
+        "-c",
+        // Without /run/lock, lockrun cannot create /run/lock/lockrun either: nothing to hide.
+        "if [ -d /run/lock ]; then mount -t tmpfs -o ro tmpfs /run/lock || exit 125; fi; exec \"$@\"",
+        "sh",
+        env!("CARGO_BIN_EXE_lockrun"),
+    ]);
+    Some(without_lockrun_variables(command))
+}
+
+/// `command` without the `LOCKRUN_*` variables of the test's environment, and without stdin.
+fn without_lockrun_variables(mut command: Command) -> Command {
     for (key, _) in std::env::vars_os() {
         if key.to_string_lossy().starts_with("LOCKRUN_") {
             command.env_remove(key);
