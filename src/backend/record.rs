@@ -135,7 +135,10 @@ pub fn sort(entries: &mut [Entry]) {
 
 /// The entries ahead of us whose owners run on this host, so that the waiting
 /// loop can drop one at once when its process dies: the holders when we are
-/// next in line (or not in line), and the waiter just ahead of us.
+/// next in line (or not in line), and the head of the line when we are second.
+/// A dead waiter further ahead holds nobody up until it reaches the head, and
+/// the one behind it watches it from then on: so only two waiters of a line
+/// ever watch, however long it is.
 pub fn local_ahead<'a>(
     me: &Process,
     position: u32,
@@ -148,6 +151,8 @@ pub fn local_ahead<'a>(
     } else {
         Vec::new()
     };
-    ahead.extend(nearest_waiter.filter(local).cloned());
+    if position == 2 {
+        ahead.extend(nearest_waiter.filter(local).cloned());
+    }
     ahead
 }

@@ -144,14 +144,23 @@ local function head(line, base)
   end
 end
 
--- Wakes the waiter at the head of the line: a slot is free for it. It takes
--- the slot and, if more are free, wakes the next: slots go out in line order.
+local function push(base, token, wake_ttl)
+  redis.call('LPUSH', base .. 'wake:' .. token, '1')
+  redis.call('PEXPIRE', base .. 'wake:' .. token, wake_ttl)
+end
+
+-- Wakes the waiter at the head of the line: a slot is free for it.
 local function wake(line, base, wake_ttl)
   local token = head(line, base)
-  if token then
-    redis.call('LPUSH', base .. 'wake:' .. token, '1')
-    redis.call('PEXPIRE', base .. 'wake:' .. token, wake_ttl)
-  end
+  if token then push(base, token, wake_ttl) end
+end
+
+-- Wakes the first two waiters after the line moved: the head may take a free
+-- slot, the second watches whether the head still lives. Slots go out in
+-- line order, one wake at a time; the waiters further back sleep on.
+local function wake_front(line, base, wake_ttl)
+  head(line, base)
+  for _, token in ipairs(redis.call('ZRANGE', line, 0, 1)) do push(base, token, wake_ttl) end
 end
 
 -- Redis before 5 replicates scripts, not their effects, and refuses writes after TIME.
@@ -163,10 +172,10 @@ if redis.replicate_commands then redis.replicate_commands() end
 /// id, wake TTL ms. Takes a free slot when nobody waits ahead of us: returns {1, slot, fence}
 /// (and wakes the next waiter if another slot is free). Else joins (or stays
 /// in) the line, keeping our place for another TTL, and returns {0, place (0:
-/// not in line), PTTL or -1, {records of holders}, {record of the waiter just
-/// ahead of us}}, the records only for owners on our boot. At the head of the
-/// line (or not in it) that is about the holders and the earliest lease's end;
-/// behind another waiter, about that waiter and when its place lapses.
+/// not in line), PTTL or -1, {records of holders}, {record of the head}}, the
+/// records only for owners on our boot. At the head of the line (or not in
+/// it) that is about the holders and the earliest lease's end; second in line,
+/// about the head and when its place lapses; further back, nothing.
 const ACQUIRE: &str = r#"
 local token, base, ttl = ARGV[1], ARGV[6], ARGV[4]
 local line = KEYS[2]
@@ -183,7 +192,7 @@ if ahead == 0 and #free > 0 then
   redis.call('DEL', base .. 'wake:' .. token)
   local slot = free[1]
   local fence = take(KEYS[slot + 4], KEYS[1], ARGV[2], ttl)
-  if #free > 1 then wake(line, base, ARGV[8]) end
+  if rank then wake_front(line, base, ARGV[8]) end
   return {1, slot, fence, {}, {}}
 end
 local place = 0
@@ -207,9 +216,9 @@ if place <= 1 then
     local value = redis.call('GET', KEYS[i])
     if ours(value) and not decoded(value).kept_until then table.insert(holders, value) end
   end
-else
-  -- The waiter just ahead: its place lapses by then if it stopped asking.
-  local token_before = redis.call('ZRANGE', line, place - 2, place - 2)[1]
+elseif place == 2 then
+  -- The head: the line moves when its place lapses, if it stopped asking.
+  local token_before = redis.call('ZRANGE', line, 0, 0)[1]
   if token_before then
     local key = base .. 'waiter:' .. token_before
     earliest = redis.call('PTTL', key)
@@ -222,7 +231,7 @@ return {0, place, earliest, holders, before}
 
 /// KEYS: line, slot 0 .. slot N-1. ARGV: key base, wake TTL ms, then the tokens
 /// of dead entries. Drops each from the line and from any slot it holds (not
-/// one kept by `--min-hold`), then wakes the head of the line if a slot is free.
+/// one kept by `--min-hold`), then wakes the front of the line.
 const EVICT: &str = r"
 local base = ARGV[1]
 for t = 3, #ARGV do
@@ -234,7 +243,7 @@ for t = 3, #ARGV do
     if record.token == token and not record.kept_until then redis.call('DEL', KEYS[i]) end
   end
 end
-if #free_slots(KEYS, 2) > 0 then wake(KEYS[1], base, ARGV[2]) end
+wake_front(KEYS[1], base, ARGV[2])
 return 1
 ";
 

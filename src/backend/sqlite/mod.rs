@@ -133,11 +133,11 @@ impl Look {
                 kept_or_holding.map(|row| &row.owner),
                 self.ahead.last().map(|row| &row.owner),
             ),
-            // At the head, the line moves when a lease ends; behind a waiter, when its place lapses.
-            moves_by: if position <= 1 {
-                self.holders.iter().map(|row| row.expires_at).min()
-            } else {
-                self.ahead.last().map(|row| row.expires_at)
+            // At the head the line moves when a lease ends; second, when the head's place lapses.
+            moves_by: match position {
+                0 | 1 => self.holders.iter().map(|row| row.expires_at).min(),
+                2 => self.ahead.last().map(|row| row.expires_at),
+                _ => None,
             }
             .map(moment_at),
         }
