@@ -1,5 +1,5 @@
-//! Being told when files change (inotify), so a waiter can wait for a lock
-//! file or a database to change without polling.
+//! Being told when files in a directory are closed after writing or touched
+//! (inotify), so a waiter can wait for a lock file to be let go without polling.
 
 use std::ffi::OsString;
 use std::os::fd::AsFd;
@@ -22,20 +22,13 @@ impl Watch {
         )
     }
 
-    /// Watches the file `path` for writes.
-    pub fn written(path: &Path) -> nix::Result<Self> {
-        Self::new(path, AddWatchFlags::IN_MODIFY)
-    }
-
     fn new(path: &Path, events: AddWatchFlags) -> nix::Result<Self> {
         let inotify = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK)?;
         inotify.add_watch(path, events)?;
         Ok(Self { inotify })
     }
 
-    /// Waits up to `timeout` for changes; returns the names of the files in a
-    /// watched directory that changed (empty: none, or a watched file changed).
-    /// Use [`Watch::changed`] for a watched file.
+    /// Waits up to `timeout` for changes; returns the names of the files that changed (empty: none).
     pub fn changes(&self, timeout: Duration) -> nix::Result<Vec<OsString>> {
         let names = self.pending()?;
         if !names.is_empty() {
@@ -47,22 +40,6 @@ impl Watch {
         let mut fds = [PollFd::new(self.inotify.as_fd(), PollFlags::POLLIN)];
         match poll(&mut fds, timeout) {
             Ok(_) | Err(nix::errno::Errno::EINTR) => self.pending(),
-            Err(err) => Err(err),
-        }
-    }
-
-    /// Waits up to `timeout` for the watched file to change; true when it did.
-    pub fn changed(&self, timeout: Duration) -> nix::Result<bool> {
-        let mut fds = [PollFd::new(self.inotify.as_fd(), PollFlags::POLLIN)];
-        let timeout =
-            PollTimeout::try_from(timeout.min(Duration::from_secs(60))).unwrap_or(PollTimeout::MAX);
-        match poll(&mut fds, timeout) {
-            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
-            Err(err) => return Err(err),
-        }
-        match self.inotify.read_events() {
-            Ok(events) => Ok(!events.is_empty()),
-            Err(nix::errno::Errno::EAGAIN) => Ok(false),
             Err(err) => Err(err),
         }
     }

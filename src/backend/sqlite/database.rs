@@ -108,13 +108,6 @@ impl Database {
             .query_row("PRAGMA data_version", [], |row| row.get(0))
             .map_err(|err| failure(&self.path, "watch for changes", &err))
     }
-
-    /// The write-ahead log, which every commit writes to.
-    pub fn wal_path(&self) -> PathBuf {
-        let mut wal = self.path.clone().into_os_string();
-        wal.push("-wal");
-        PathBuf::from(wal)
-    }
 }
 
 /// Opens the lockrun database at `path` (or the default), creating it when

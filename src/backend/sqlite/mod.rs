@@ -21,7 +21,7 @@ use crate::error::Result;
 use crate::identity::{Process, epoch_millis};
 use crate::name::Name;
 use crate::platform::clock::Moment;
-use crate::platform::watch::Watch;
+use crate::platform::doorbell::{self, Doorbell};
 use database::{BUSY_TIMEOUT, Database};
 
 /// Its command-line options (a group of their own is not needed: clap flattens them).
@@ -40,13 +40,13 @@ impl Options {
             in_line: false,
             refresh_due: None,
             seen: 0,
-            watch: None,
+            doorbell: None,
         }))
     }
 }
 
 /// How often a waiter looks for a change when the write-ahead log cannot be
-/// watched: `PRAGMA data_version` is answered from shared memory, with no disk access.
+/// rung: `PRAGMA data_version` is answered from shared memory, with no disk access.
 const CHANGE_POLL: Duration = Duration::from_millis(5);
 /// The longest one renewal waits for the write lock (less when the supervisor needs an answer sooner).
 const RENEWAL_BUSY_TIMEOUT: Duration = Duration::from_millis(250);
@@ -59,8 +59,8 @@ struct SqliteStore {
     refresh_due: Option<Moment>,
     /// `PRAGMA data_version` at our last look.
     seen: i64,
-    /// The write-ahead log, watched while we wait.
-    watch: Option<Watch>,
+    /// Rung by whoever moves the line in a way that concerns us (README: "SQLite backend").
+    doorbell: Option<Doorbell>,
 }
 
 /// A holder's row.
@@ -151,7 +151,7 @@ impl SqliteStore {
         let owner = &request.owner;
         let ttl = millis(request.ttl);
         let sent = Moment::now();
-        let (look, taken) = self.db.write("acquire a slot", BUSY_TIMEOUT, |tx| {
+        let (look, taken, front) = self.db.write("acquire a slot", BUSY_TIMEOUT, |tx| {
             let now = now_millis();
             purge_expired(tx, name, now)?;
             let look = Look::take(tx, name, &owner.token, now)?;
@@ -161,7 +161,7 @@ impl SqliteStore {
                     None if request.queue => join(tx, name, owner, now, now + ttl)?,
                     None => {}
                 }
-                return Ok((look, None));
+                return Ok((look, None, Vec::new()));
             };
             tx.execute("DELETE FROM waiters WHERE token = ?1", params![owner.token])?;
             let fence: u64 = tx.query_row(
@@ -190,8 +190,9 @@ impl SqliteStore {
                     now + ttl,
                 ],
             )?;
-            Ok((look, Some((slot, fence))))
+            Ok((look, Some((slot, fence)), front(tx, name, now)?))
         })?;
+        ring(&front);
         if let Some((slot, fence)) = taken {
             return Ok(Attempt::Taken(Box::new(SqliteSlot {
                 db: Rc::clone(&self.db),
@@ -242,7 +243,7 @@ impl Store for SqliteStore {
 
     fn evict(&mut self, request: &Request, owners: &[Owner]) -> Result<()> {
         let name = request.name.as_str();
-        self.db.write("drop dead entries", BUSY_TIMEOUT, |tx| {
+        let front = self.db.write("drop dead entries", BUSY_TIMEOUT, |tx| {
             for owner in owners {
                 tx.execute(
                     "DELETE FROM holders WHERE name = ?1 AND token = ?2 AND released = 0",
@@ -253,22 +254,29 @@ impl Store for SqliteStore {
                     params![name, owner.token],
                 )?;
             }
-            Ok(())
-        })
+            front(tx, name, now_millis())
+        })?;
+        ring(&front);
+        Ok(())
     }
 
-    fn wait(&mut self, _request: &Request, until: Moment) -> Result<Option<Box<dyn Slot>>> {
-        if self.watch.is_none() {
-            // Without a watch (no inotify), looking every few milliseconds is the fallback.
-            self.watch = Watch::written(&self.db.wal_path()).ok();
+    fn wait(&mut self, request: &Request, until: Moment) -> Result<Option<Box<dyn Slot>>> {
+        if self.doorbell.is_none() {
+            // Without a doorbell, looking for any change every few milliseconds is the fallback.
+            self.doorbell = Doorbell::new(&request.owner.token).ok();
         }
-        // Changes between our look and the watch's start count too.
-        while self.db.data_version()? == self.seen && !until.has_passed() {
-            match &self.watch {
-                Some(watch) => {
-                    let _ = watch.changed(until.remaining());
+        // A ring before the doorbell was there is lost: a change since our look counts too.
+        if self.db.data_version()? != self.seen {
+            return Ok(None);
+        }
+        match &self.doorbell {
+            Some(doorbell) => {
+                let _ = doorbell.wait(until.remaining());
+            }
+            None => {
+                while self.db.data_version()? == self.seen && !until.has_passed() {
+                    thread::sleep(CHANGE_POLL.min(until.remaining()));
                 }
-                None => thread::sleep(CHANGE_POLL.min(until.remaining())),
             }
         }
         Ok(None)
@@ -276,12 +284,14 @@ impl Store for SqliteStore {
 
     fn leave(&mut self, request: &Request) -> Result<()> {
         if std::mem::take(&mut self.in_line) {
-            self.db.write("leave the line", BUSY_TIMEOUT, |tx| {
+            let front = self.db.write("leave the line", BUSY_TIMEOUT, |tx| {
                 tx.execute(
                     "DELETE FROM waiters WHERE token = ?1",
                     params![request.owner.token],
-                )
+                )?;
+                front(tx, request.name.as_str(), now_millis())
             })?;
+            ring(&front);
         }
         Ok(())
     }
@@ -323,7 +333,7 @@ impl Store for SqliteStore {
     }
 
     fn break_slots(&mut self, name: &Name, slot: Option<u32>) -> Result<Vec<Entry>> {
-        self.db.write("break the leases", BUSY_TIMEOUT, |tx| {
+        let (broken, front) = self.db.write("break the leases", BUSY_TIMEOUT, |tx| {
             let mut broken = live_holders(tx, Some(name.as_str()), now_millis())?;
             broken.retain(|row| slot.is_none_or(|slot| slot == row.slot));
             for row in &broken {
@@ -332,8 +342,11 @@ impl Store for SqliteStore {
                     params![name.as_str(), row.slot],
                 )?;
             }
-            Ok(broken.iter().map(HolderRow::entry).collect())
-        })
+            let front = front(tx, name.as_str(), now_millis())?;
+            Ok((broken.iter().map(HolderRow::entry).collect(), front))
+        })?;
+        ring(&front);
+        Ok(broken)
     }
 }
 
@@ -384,21 +397,24 @@ impl Slot for SqliteSlot {
 
     fn release(self: Box<Self>, keep_until: Option<SystemTime>) -> Result<()> {
         let keep_until = keep_until.map(epoch_millis);
-        self.db.write("release the slot", BUSY_TIMEOUT, |tx| {
+        let front = self.db.write("release the slot", BUSY_TIMEOUT, |tx| {
             let now = now_millis();
-            match keep_until.filter(|&until| until > now) {
+            if let Some(until) = keep_until.filter(|&until| until > now) {
                 // The row outlives us until then (--min-hold); a lapsed lease is not revived.
-                Some(until) => tx.execute(
+                tx.execute(
                     "UPDATE holders SET expires_at = ?1, released = 1
                      WHERE name = ?2 AND slot = ?3 AND token = ?4 AND expires_at > ?5",
                     params![until, self.name, self.slot, self.token, now],
-                ),
-                None => tx.execute(
-                    "DELETE FROM holders WHERE name = ?1 AND slot = ?2 AND token = ?3",
-                    params![self.name, self.slot, self.token],
-                ),
+                )?;
+                return Ok(Vec::new());
             }
+            tx.execute(
+                "DELETE FROM holders WHERE name = ?1 AND slot = ?2 AND token = ?3",
+                params![self.name, self.slot, self.token],
+            )?;
+            front(tx, &self.name, now)
         })?;
+        ring(&front);
         Ok(())
     }
 }
@@ -435,6 +451,23 @@ fn join(
         ],
     )?;
     Ok(())
+}
+
+/// The tokens of the first two waiters of `name`: when the line moves, the head
+/// may take a slot and the second must watch the head (README: "The waiting line").
+fn front(tx: &Connection, name: &str, now: u64) -> rusqlite::Result<Vec<String>> {
+    tx.prepare(
+        "SELECT token FROM waiters WHERE name = ?1 AND expires_at > ?2 ORDER BY ticket LIMIT 2",
+    )?
+    .query_map(params![name, now], |row| row.get(0))?
+    .collect()
+}
+
+/// Wakes the waiters of `tokens`, once what they must see is committed.
+fn ring(tokens: &[String]) {
+    for token in tokens {
+        doorbell::ring(token);
+    }
 }
 
 /// Drops the rows of `name` whose leases or places in line have lapsed.
