@@ -247,3 +247,26 @@ fn a_nested_lockrun_reads_its_own_flags_and_the_users_store_variables() {
     assert_eq!(status, "75");
     assert!(!home.exists(), "nothing landed in a default store");
 }
+
+#[test]
+fn durations_that_look_like_typos_are_refused_saying_why() {
+    let store = Store::file();
+    for (duration, why) in [
+        ("1h1h", "twice"),
+        ("30m1h", "from the largest"),
+        ("1e3", "unknown unit 'e'"),
+        ("+5", "digits with at most one dot"),
+    ] {
+        let output = run(store
+            .lockrun()
+            .args(["--name", "x", "-w", duration, "true"]));
+        assert_status(&output, 64);
+        let err = stderr(&output);
+        assert!(err.contains(why), "{duration}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+    assert_status(
+        &run(store.lockrun().args(["--name", "x", "-w", "1h30m", "true"])),
+        0,
+    );
+}
