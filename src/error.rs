@@ -5,6 +5,8 @@ pub mod status {
     pub const USAGE: u8 = 64;
     pub const UNAVAILABLE: u8 = 69;
     pub const INTERNAL: u8 = 70;
+    /// EX_IOERR in sysexits.h: lockrun's own output could not be written.
+    pub const OUTPUT: u8 = 74;
     pub const LEASE_LOST: u8 = 76;
     pub const MAX_RUNTIME: u8 = 124;
     pub const CANNOT_EXECUTE: u8 = 126;
@@ -26,6 +28,9 @@ pub enum Error {
     /// A bug or an operating-system failure lockrun cannot attribute to the user.
     #[error("internal error: {0}")]
     Internal(String),
+    /// lockrun's own output (`status`, `release`) could not be written: a full disk, a failing device.
+    #[error("cannot write to {0}")]
+    Output(String),
     /// No slot was acquired; carries the `--conflict-exit-code`.
     #[error("{message}")]
     Busy { message: String, exit_code: u8 },
@@ -40,6 +45,7 @@ impl Error {
             Self::Usage(_) => status::USAGE,
             Self::Unavailable(_) | Self::Trouble { .. } => status::UNAVAILABLE,
             Self::Internal(_) => status::INTERNAL,
+            Self::Output(_) => status::OUTPUT,
             Self::Busy { exit_code, .. } | Self::Spawn { exit_code, .. } => *exit_code,
         }
     }
@@ -53,6 +59,15 @@ impl Error {
             message: message.into(),
             kind,
         }
+    }
+
+    /// A failed write to `stream`, said as the system says it ("No space left on device").
+    pub fn output(stream: &str, err: &std::io::Error) -> Self {
+        let reason = err.raw_os_error().map_or_else(
+            || err.to_string(),
+            |code| nix::errno::Errno::from_raw(code).desc().to_owned(),
+        );
+        Self::Output(format!("{stream}: {reason}"))
     }
 
     pub fn internal(context: impl std::fmt::Display, err: impl std::fmt::Display) -> Self {

@@ -103,10 +103,15 @@ fn unbreakable(name: &Name, entries: &[Entry]) -> Error {
 }
 
 fn print(text: &str) -> Result<()> {
-    std::io::stdout()
-        .lock()
+    let mut stdout = std::io::stdout().lock();
+    match stdout
         .write_all(text.as_bytes())
-        .map_err(|err| Error::internal("writing to stdout", err))
+        .and_then(|()| stdout.flush())
+    {
+        // The reader stopped reading (`| head`): it has all it wanted, nothing went wrong.
+        Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        written => written.map_err(|err| Error::output("stdout", &err)),
+    }
 }
 
 /// The `status --json` array (README: "Who holds a lock").

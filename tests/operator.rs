@@ -370,3 +370,22 @@ fn json_events_for_waiting_retry_error_acquired_and_released() {
         .arg("true"));
     assert_eq!(events(&output, "logged").len(), 2);
 }
+
+#[test]
+fn a_failed_write_to_stdout_is_an_output_error_and_a_closed_pipe_is_none() {
+    let store = Store::file();
+    let full = File::create("/dev/full").expect("/dev/full");
+    let output = finish(store.status().stdout(full).stderr(Stdio::piped()).start());
+    assert_status(&output, 74);
+    assert_eq!(
+        stderr(&output),
+        "lockrun: cannot write to stdout: No space left on device\n"
+    );
+
+    // `lockrun status | head -0`: the reader is gone before lockrun writes.
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    drop(reader);
+    let output = finish(store.status().stdout(writer).stderr(Stdio::piped()).start());
+    assert_status(&output, 0);
+    assert_eq!(stderr(&output), "", "nothing scary on a closed pipe");
+}
