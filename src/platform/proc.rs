@@ -2,6 +2,7 @@
 //! lock or changes anything.
 
 use std::fs;
+use std::io::{self, Read};
 use std::os::unix::fs::MetadataExt;
 
 /// What this host knows about a pid.
@@ -73,7 +74,7 @@ impl LiveFlock {
 /// Exclusive flock(2) locks held right now; reading them never takes a lock, so
 /// `status` cannot make a real waiter miss a slot.
 pub fn live_flocks() -> Vec<LiveFlock> {
-    let Ok(text) = fs::read_to_string("/proc/locks") else {
+    let Some(text) = read_in_large_pieces("/proc/locks") else {
         return Vec::new();
     };
     text.lines()
@@ -93,6 +94,25 @@ pub fn live_flocks() -> Vec<LiveFlock> {
             })
         })
         .collect()
+}
+
+/// A `/proc` table in reads as large as the kernel gives (a page of lines each).
+/// The kernel walks its list afresh for every read(2), so a line can be skipped
+/// when others come and go between two reads: `fs::read_to_string`'s small first
+/// reads made `status` miss a live holder while other processes took locks.
+fn read_in_large_pieces(path: &str) -> Option<String> {
+    let mut file = fs::File::open(path).ok()?;
+    let mut text = Vec::new();
+    let mut piece = vec![0; 64 * 1024];
+    loop {
+        match file.read(&mut piece) {
+            Ok(0) => break,
+            Ok(read) => text.extend_from_slice(&piece[..read]),
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    String::from_utf8(text).ok()
 }
 
 #[cfg(test)]
