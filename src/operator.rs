@@ -56,10 +56,10 @@ pub fn release(args: &ReleaseArgs) -> Result<u8> {
             let _ = writeln!(
                 out,
                 "released {} slot {} (pid {} on {}, fence {})",
-                entry.name,
+                escape_controls(&entry.name),
                 entry.slot.unwrap_or_default(),
                 entry.pid,
-                entry.host,
+                escape_controls(&entry.host),
                 entry
                     .fence
                     .map_or("unknown".into(), |fence| fence.to_string())
@@ -80,7 +80,7 @@ fn unbreakable(name: &Name, entries: &[Entry]) -> Error {
             let host = if entry.host.is_empty() {
                 String::new()
             } else {
-                format!(" on {}", entry.host)
+                format!(" on {}", escape_controls(&entry.host))
             };
             format!(
                 "pid {}{host} (slot {})",

@@ -389,3 +389,114 @@ fn a_failed_write_to_stdout_is_an_output_error_and_a_closed_pipe_is_none() {
     assert_status(&output, 0);
     assert_eq!(stderr(&output), "", "nothing scary on a closed pipe");
 }
+
+#[test]
+fn text_a_neighbour_wrote_reaches_no_terminal_raw() {
+    let store = Store::file();
+    let red = "\u{1b}[31m";
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    let owner = format!(
+        r#""token":"t","pid":4242,"host":"web{red}","command":"rm{red} -rf /""#,
+        red = "\\u001b[31m"
+    );
+    let _holder = planted_lock(
+        &store.dir().join("evil.0.lock"),
+        &format!(
+            r#"{{"name":"evil{red}",{owner},"acquired_at":{now},"fence":7}}"#,
+            red = "\\u001b[31m"
+        ),
+    );
+    let _waiter = planted_lock(
+        &store.dir().join("evil.00000000000000000001-1.wait"),
+        &format!(
+            r#"{{"name":"evil{red}",{owner},"since":{now}}}"#,
+            red = "\\u001b[31m"
+        ),
+    );
+    let raw = |output: &std::process::Output| {
+        output.stdout.contains(&0x1b) || output.stderr.contains(&0x1b)
+    };
+
+    for args in [&["evil"][..], &[]] {
+        let output = run(store.status().args(args));
+        assert_status(&output, 0);
+        assert!(!raw(&output), "{output:?}");
+        let table = stdout(&output);
+        assert_eq!(table.lines().count(), 3, "a holder and a waiter: {table}");
+        assert!(table.contains(r"rm\u{1b}[31m -rf /"), "{table}");
+    }
+    let output = run(store.status().arg("--json"));
+    assert!(!raw(&output), "{output:?}");
+    let entries: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(
+        entries[0]["host"],
+        format!("web{red}"),
+        "JSON keeps the text, escaped"
+    );
+    assert_eq!(entries[1]["name"], format!("evil{red}"));
+
+    let output = run(store.lockrun().args(["--name", "evil", "-v", "-n", "true"]));
+    assert_status(&output, 75);
+    assert!(!raw(&output), "{output:?}");
+    let err = stderr(&output);
+    assert!(err.contains(r"held by pid 4242 on web\u{1b}[31m"), "{err}");
+
+    let output = run(store.release().args(["evil", "--force"]));
+    assert_status(&output, 64);
+    assert!(!raw(&output), "{output:?}");
+}
+
+#[test]
+fn a_holder_that_wrote_no_record_shows_unknown_times_not_1970() {
+    let store = Store::file();
+    let _holder = planted_lock(&store.dir().join("mute.0.lock"), "");
+    let me = std::process::id();
+
+    let output = run(store.status().arg("mute"));
+    assert_status(&output, 0);
+    let table = stdout(&output);
+    let row = table.lines().nth(1).expect("a row for the holder");
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    // NAME STATE SLOT LINE PID SINCE FOR EXPIRES FENCE; the host and command are empty.
+    assert_eq!(
+        cells,
+        [
+            "mute",
+            "holding",
+            "0",
+            "-",
+            &me.to_string(),
+            "-",
+            "-",
+            "-",
+            "-"
+        ],
+        "{table}"
+    );
+    assert!(!table.contains("1970"), "{table}");
+
+    let output = run(store.status().args(["mute", "--json"]));
+    let entries: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(entries[0]["acquired_at"], Value::Null, "{entries}");
+    assert_eq!(entries[0]["pid"], me);
+
+    let output =
+        run(store
+            .lockrun()
+            .args(["--name", "mute", "-v", "-n", "--log-format", "json", "true"]));
+    assert_status(&output, 75);
+    let waiting = events(&output, "mute").remove(0);
+    assert_eq!(
+        waiting["holders"][0]["acquired_at"],
+        Value::Null,
+        "{waiting}"
+    );
+
+    let output = run(store.lockrun().args(["--name", "mute", "-v", "-n", "true"]));
+    let err = stderr(&output);
+    assert!(err.contains(&format!("held by pid {me}\n")), "{err}");
+    assert!(!err.contains("1970") && !err.contains(" for "), "{err}");
+}

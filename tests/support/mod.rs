@@ -78,6 +78,16 @@ impl Store {
         }
     }
 
+    /// The lock directory of a file store.
+    pub fn dir(&self) -> PathBuf {
+        let at = self
+            .args
+            .iter()
+            .position(|arg| arg == "--dir")
+            .expect("a file store");
+        PathBuf::from(&self.args[at + 1])
+    }
+
     /// The backend flags, for commands built by hand.
     pub fn args(&self) -> &[OsString] {
         &self.args
@@ -398,6 +408,15 @@ impl Scratch {
             .map(|t| t.lines().map(str::to_owned).collect())
             .unwrap_or_default()
     }
+}
+
+/// A file a neighbour put in a lock directory with `content`, locked as a live
+/// holder's or waiter's is for as long as the returned file is kept.
+pub fn planted_lock(path: &Path, content: &str) -> fs::File {
+    fs::write(path, content).expect("plant a lock file");
+    let file = fs::File::open(path).expect("open the planted file");
+    file.lock().expect("lock the planted file");
+    file
 }
 
 /// Runs to completion within `PATIENCE`, capturing output.
