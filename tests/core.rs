@@ -28,6 +28,7 @@ macro_rules! backend_tests {
             core::max_runtime_stops_the_tree,
             core::min_hold_keeps_the_slot,
             core::status_shows_the_holder,
+            core::names_never_reach_each_other,
             line::first_come_first_served_with_one_slot,
             line::first_come_first_served_with_two_slots,
             line::a_freed_slot_goes_to_the_head_of_the_line_at_once,
@@ -431,4 +432,58 @@ pub fn status_shows_the_holder(store: &Store) {
         "[]",
         "a released lock has no holder"
     );
+}
+
+/// `x}:slot:0` and `x*` look like the keys and patterns of `x` to a store that
+/// builds them from names as given: `status x` and `release x --force` must not
+/// see or touch them.
+pub fn names_never_reach_each_other(store: &Store) {
+    let (first, second) = (Scratch::new(), Scratch::new());
+    let mut holders = [
+        hold(store, &first, "x}:slot:0", &[]),
+        hold(store, &second, "x*", &[]),
+    ];
+    let mut waiter = store
+        .lockrun()
+        .args(["--name", "x*", "-w", "60", "true"])
+        .start();
+    let listed = |name: &str| -> Vec<serde_json::Value> {
+        let output = run(store.status().args([name, "--json"]));
+        assert_status(&output, 0);
+        serde_json::from_slice(&output.stdout).expect("status --json is JSON")
+    };
+    wait_until("the waiter of x* in line", || listed("x*").len() == 2);
+
+    assert_eq!(listed("x"), Vec::<serde_json::Value>::new());
+    assert_eq!(stdout(&run(store.status().arg("x"))), "x is not held\n");
+    for slot in [&[][..], &["--slot", "0"]] {
+        let output = run(store.release().args(["x", "--force"]).args(slot));
+        let err = stderr(&output);
+        assert!(
+            !err.contains("pid") && !stdout(&output).contains("released"),
+            "{err}"
+        );
+    }
+    let names: Vec<String> = {
+        let output = run(store.status().arg("--json"));
+        let entries: Vec<serde_json::Value> = serde_json::from_slice(&output.stdout).unwrap();
+        entries
+            .iter()
+            .map(|e| format!("{} {}", e["name"].as_str().unwrap(), e["state"]))
+            .collect()
+    };
+    assert_eq!(
+        names,
+        [
+            r#"x* "holding""#,
+            r#"x* "waiting""#,
+            r#"x}:slot:0 "holding""#
+        ],
+        "both holders keep their slots"
+    );
+    for (scratch, holder) in [&first, &second].into_iter().zip(&mut holders) {
+        fs::write(scratch.path("release"), "").unwrap();
+        assert_eq!(wait(holder).code(), Some(0));
+    }
+    assert_eq!(wait(&mut waiter).code(), Some(0));
 }
