@@ -5,7 +5,7 @@ pub mod status {
     pub const USAGE: u8 = 64;
     pub const UNAVAILABLE: u8 = 69;
     pub const INTERNAL: u8 = 70;
-    /// EX_IOERR in sysexits.h: lockrun's own output could not be written.
+    /// `EX_IOERR` in sysexits.h: lockrun's own output could not be written.
     pub const OUTPUT: u8 = 74;
     pub const LEASE_LOST: u8 = 76;
     pub const MAX_RUNTIME: u8 = 124;
