@@ -475,3 +475,91 @@ fn a_waiter_rides_out_a_database_locked_for_six_seconds() {
         events()
     );
 }
+
+/// Uses of a database: (subcommand, arguments).
+type Use = (&'static [&'static str], &'static [&'static str]);
+const RUNNING: Use = (&[], &["--name", "x", "true"]);
+const STATUS: Use = (&["status"], &[]);
+const RELEASE: Use = (&["release"], &["x", "--force"]);
+
+/// Each of `uses` of the database at `path` exits 69 at once, saying `why` in one line.
+fn assert_refused_at_once(path: &Path, uses: &[Use], why: &str) {
+    for (subcommand, args) in uses {
+        let started = Instant::now();
+        let output = run(&mut on_db(subcommand, path, args));
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{subcommand:?} on {} took {:?}",
+            path.display(),
+            started.elapsed()
+        );
+        assert_status(&output, 69);
+        let err = stderr(&output);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains(why), "{subcommand:?}: {err}");
+    }
+}
+
+#[test]
+fn a_database_path_that_is_not_a_regular_file_is_refused_at_once_creating_nothing() {
+    let every_use = [RUNNING, STATUS, RELEASE];
+    let scratch = Scratch::new();
+    let fifo = scratch.path("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    assert_refused_at_once(&fifo, &every_use, "is a FIFO, not a regular file");
+    assert_refused_at_once(
+        scratch.dir(),
+        &every_use,
+        "is a directory, not a regular file",
+    );
+    assert_eq!(
+        fs::read_dir(scratch.dir()).unwrap().count(),
+        1,
+        "only the FIFO"
+    );
+
+    // SQLite would write /dev/null-journal (as root, who may): nothing is made beside it.
+    let beside = ["-journal", "-wal", "-shm"].map(|suffix| format!("/dev/null{suffix}"));
+    let there_before = beside.clone().map(|path| Path::new(&path).exists());
+    assert_refused_at_once(
+        Path::new("/dev/null"),
+        &every_use,
+        "is a character device, not a regular file",
+    );
+    for (path, before) in beside.iter().zip(there_before) {
+        assert!(before || !Path::new(path).exists(), "{path} was made");
+    }
+}
+
+#[test]
+fn status_and_release_on_a_missing_database_say_so_and_create_nothing() {
+    let scratch = Scratch::new();
+    assert_refused_at_once(
+        &scratch.path("typo/locks.sqlite3"),
+        &[STATUS, RELEASE],
+        "there is no lockrun database",
+    );
+    assert!(!scratch.path("typo").exists(), "no directory made for it");
+
+    // The default database, by XDG_STATE_HOME or else HOME: nothing is made there either.
+    for variable in ["XDG_STATE_HOME", "HOME"] {
+        let home = scratch.path(variable);
+        fs::create_dir(&home).unwrap();
+        for (subcommand, args) in [STATUS, RELEASE] {
+            let output = run(lockrun()
+                .env_remove("XDG_STATE_HOME")
+                .env(variable, &home)
+                .args(subcommand)
+                .args(["--backend", "sqlite"])
+                .args(args));
+            assert_status(&output, 69);
+            let err = stderr(&output);
+            assert!(err.contains("there is no lockrun database"), "{err}");
+            assert_eq!(
+                fs::read_dir(&home).unwrap().count(),
+                0,
+                "{variable}: nothing made"
+            );
+        }
+    }
+}

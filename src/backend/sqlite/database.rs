@@ -3,9 +3,9 @@
 //! the raw header, so a foreign file is never even opened by SQLite.
 
 use std::env;
-use std::fs::{DirBuilder, File};
+use std::fs::{DirBuilder, FileType, OpenOptions};
 use std::io::{self, Read};
-use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -190,27 +190,39 @@ fn create_parent(path: &Path) -> Result<()> {
 /// Whether `path` already holds a lockrun database (`false`: missing or empty,
 /// to be created); anything else is refused before SQLite opens it.
 fn inspect(path: &Path) -> Result<bool> {
-    let mut header = Vec::with_capacity(100);
-    let read = File::open(path).and_then(|file| file.take(100).read_to_end(&mut header));
-    match read {
-        Ok(_) => {}
-        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(false),
-        Err(err) => {
-            return Err(Error::unavailable(
-                format!("cannot read the database {}", path.display()),
-                err,
-            ));
-        }
-    }
-    if header.is_empty() {
-        return Ok(false);
-    }
     let refuse = |what: String| {
         Error::Unavailable(format!(
             "{} {what}; refusing to touch it (choose another --db)",
             path.display()
         ))
     };
+    let cannot_read =
+        |err| Error::unavailable(format!("cannot read the database {}", path.display()), err);
+    // O_NONBLOCK: opening a FIFO must not wait for a writer; only a regular file is read.
+    let file = match OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
+        .open(path)
+    {
+        Ok(file) => file,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(err) => return Err(cannot_read(err)),
+    };
+    let file_type = file.metadata().map_err(cannot_read)?.file_type();
+    if !file_type.is_file() {
+        // SQLite would block on a FIFO, or write a journal next to a device (/dev/null-journal).
+        return Err(refuse(format!(
+            "is {}, not a regular file",
+            kind_of(file_type)
+        )));
+    }
+    let mut header = Vec::with_capacity(100);
+    file.take(100)
+        .read_to_end(&mut header)
+        .map_err(cannot_read)?;
+    if header.is_empty() {
+        return Ok(false);
+    }
     if header.len() < 100 || !header.starts_with(b"SQLite format 3\0") {
         return Err(refuse(
             "is not a lockrun database (not an SQLite file)".into(),
@@ -230,6 +242,23 @@ fn inspect(path: &Path) -> Result<bool> {
         version => Err(refuse(format!(
             "has lockrun schema version {version}, which this lockrun (version {SCHEMA_VERSION}) does not know"
         ))),
+    }
+}
+
+/// What a file that is not a regular file is, for the refusal.
+fn kind_of(file_type: FileType) -> &'static str {
+    if file_type.is_dir() {
+        "a directory"
+    } else if file_type.is_fifo() {
+        "a FIFO"
+    } else if file_type.is_char_device() {
+        "a character device"
+    } else if file_type.is_block_device() {
+        "a block device"
+    } else if file_type.is_socket() {
+        "a socket"
+    } else {
+        "a special file"
     }
 }
 
