@@ -38,7 +38,7 @@ pub fn acquire(
         reporter,
         progress: Progress::new(reporter.speaks_to_people(), request.name.as_str(), started),
         started,
-        deadline: policy.timeout.map(|timeout| started + timeout),
+        deadline: request.deadline,
         backoff: Backoff::new(policy.backoff),
         step_until: None,
         reached: false,

@@ -11,6 +11,7 @@ use crate::cli::RunArgs;
 use crate::error::{Error, Result};
 use crate::identity::{Process, new_token};
 use crate::lease::Held;
+use crate::platform::clock::Moment;
 use crate::report::{Event, Reporter};
 use crate::supervisor::{self, Ending, Limits, Program, Signals};
 
@@ -47,6 +48,7 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
             command: program.display(),
         },
         queue: policy.timeout != Some(Duration::ZERO),
+        deadline: policy.timeout.map(|timeout| Moment::now() + timeout),
     };
     let slot = acquire(store.as_mut(), &request, &policy, reporter)?;
     drop(store);

@@ -7,6 +7,7 @@ mod core;
 mod file;
 mod generated;
 mod line;
+mod neighbours;
 mod operator;
 mod partition;
 mod redis;

@@ -116,6 +116,9 @@ pub struct Request {
     pub owner: Owner,
     /// Joins the waiting line when no slot is free; `--no-wait` only looks.
     pub queue: bool,
+    /// When the wait gives up (`--timeout`); `None` waits forever. A backend
+    /// never blocks past it, whatever a neighbour does to the store.
+    pub deadline: Option<Moment>,
 }
 
 /// What one look at the line found.

@@ -2,6 +2,7 @@
 
 pub mod netns;
 pub mod pty;
+pub mod users;
 
 use std::ffi::OsString;
 use std::fs;
@@ -39,6 +40,20 @@ impl Store {
             kind: "file",
             args,
             _keep: Box::new(dir),
+        }
+    }
+
+    /// The file backend in `dir`, which the caller keeps.
+    pub fn file_in(dir: &Path) -> Self {
+        Self {
+            kind: "file",
+            args: vec![
+                "--backend".into(),
+                "file".into(),
+                "--dir".into(),
+                dir.into(),
+            ],
+            _keep: Box::new(()),
         }
     }
 
@@ -338,7 +353,7 @@ pub fn lockrun_without_run_lock() -> Option<Command> {
 }
 
 /// `command` without the `LOCKRUN_*` variables of the test's environment, and without stdin.
-fn without_lockrun_variables(mut command: Command) -> Command {
+pub fn without_lockrun_variables(mut command: Command) -> Command {
     for (key, _) in std::env::vars_os() {
         if key.to_string_lossy().starts_with("LOCKRUN_") {
             command.env_remove(key);

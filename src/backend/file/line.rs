@@ -9,14 +9,14 @@
 //! one ahead takes a slot or dies, and no one else. Files of dead waiters are
 //! removed by the waiter behind them.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use super::dir::{open_existing, open_lock_file};
+use super::dir::{LockDir, open_existing};
+use super::wait::{brief_lock_deadline, lock_shared_until};
 use crate::backend::record::WaiterRecord;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Trouble};
 use crate::platform::clock::Moment;
 
 pub const WAIT_SUFFIX: &str = ".wait";
@@ -33,39 +33,51 @@ pub struct Place {
 }
 
 impl Place {
-    /// Joins the line of the name whose files start with `stem` in `dir`.
-    pub fn join(dir: &Path, stem: &str, record: &WaiterRecord) -> Result<Self> {
-        let line = open_lock_file(&dir.join(format!("{stem}{LINE_SUFFIX}")))?;
-        line.lock_shared()
-            .map_err(|err| Error::unavailable(format!("cannot join the line of {stem}"), err))?;
+    /// Joins the line of the name whose files start with `stem` in `dir`,
+    /// waiting for the line's lock briefly and not past `deadline`.
+    pub fn join(
+        dir: &LockDir,
+        stem: &str,
+        record: &WaiterRecord,
+        deadline: Option<Moment>,
+    ) -> Result<Self> {
+        let line_path = dir.path().join(format!("{stem}{LINE_SUFFIX}"));
+        let line = dir.open_lock_file(&line_path)?;
+        // Newcomers hold it exclusively for a moment (`is_occupied`); a neighbour who holds it longer is stuck.
+        if !lock_shared_until(&line, brief_lock_deadline(deadline), &line_path)? {
+            return Err(Error::trouble(
+                Trouble::Busy,
+                format!(
+                    "cannot join the line: another process keeps {} locked",
+                    line_path.display()
+                ),
+            ));
+        }
         let ticket = format!(
             "{:020}-{}",
             Moment::now().since_boot().as_nanos(),
             std::process::id()
         );
-        let path = dir.join(format!("{stem}.{ticket}{WAIT_SUFFIX}"));
+        let path = dir.path().join(format!("{stem}.{ticket}{WAIT_SUFFIX}"));
         // Made under another name and locked before it is renamed into place:
         // a waiter behind us must never find it unlocked and take us for dead.
-        let joining = dir.join(format!("{stem}.{ticket}.joining"));
-        let failed =
-            |err: io::Error| Error::unavailable(format!("cannot write {}", joining.display()), err);
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o666)
-            .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
-            .open(&joining)
-            .map_err(failed)?;
-        let written = file
-            .lock()
-            .and_then(|()| {
-                serde_json::to_writer(&mut file, record).map_err(io::Error::other)?;
-                file.flush()
-            })
-            .and_then(|()| fs::rename(&joining, &path));
+        let joining = dir.path().join(format!("{stem}.{ticket}.joining"));
+        let mut file = dir.create_new(&joining)?;
+        let written = match file.try_lock() {
+            Ok(()) => serde_json::to_writer(&mut file, record)
+                .map_err(io::Error::other)
+                .and_then(|()| file.flush())
+                .and_then(|()| fs::rename(&joining, &path)),
+            // Nobody has any business with a file made a moment ago.
+            Err(fs::TryLockError::WouldBlock) => Err(io::Error::other("another process locked it")),
+            Err(fs::TryLockError::Error(err)) => Err(err),
+        };
         if let Err(err) = written {
             let _ = fs::remove_file(&joining);
-            return Err(failed(err));
+            return Err(Error::unavailable(
+                format!("cannot write {}", joining.display()),
+                err,
+            ));
         }
         Ok(Self {
             ticket,
@@ -123,9 +135,9 @@ pub fn nearest_live(ahead: &[PathBuf]) -> Result<(Option<File>, usize)> {
 }
 
 /// True when someone is in the line of `stem`: a newcomer must not overtake them.
-pub fn is_occupied(dir: &Path, stem: &str) -> Result<bool> {
-    let path = dir.join(format!("{stem}{LINE_SUFFIX}"));
-    let line = open_lock_file(&path)?;
+pub fn is_occupied(dir: &LockDir, stem: &str) -> Result<bool> {
+    let path = dir.path().join(format!("{stem}{LINE_SUFFIX}"));
+    let line = dir.open_lock_file(&path)?;
     match line.try_lock() {
         Ok(()) => Ok(false),
         Err(fs::TryLockError::WouldBlock) => Ok(true),

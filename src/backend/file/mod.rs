@@ -4,8 +4,10 @@
 //! more than one slot) and wake when the line moves.
 
 mod dir;
+mod fence;
 mod line;
 mod slots;
+mod wait;
 
 use std::fs::{self, File};
 use std::io;
@@ -18,10 +20,10 @@ use super::{Abilities, Attempt, Common, Entry, Line, Owner, Request, Slot, Store
 use crate::error::{Error, Result};
 use crate::identity::epoch_millis;
 use crate::name::Name;
-use crate::platform::alarm::Alarm;
 use crate::platform::clock::Moment;
 use crate::platform::proc::live_flocks;
 use crate::platform::watch::Watch;
+use dir::LockDir;
 use line::Place;
 use slots::Probe;
 
@@ -46,7 +48,7 @@ impl Options {
 }
 
 struct FileStore {
-    dir: PathBuf,
+    dir: LockDir,
     /// Our place in line, once we joined it.
     place: Option<Place>,
     /// The waiter just ahead of us, whose leaving we wait for.
@@ -76,8 +78,8 @@ impl FileStore {
     ) -> Result<Result<Box<dyn Slot>, NoSlot>> {
         let mut kept_until = None;
         for slot in 0..request.parallelism {
-            let path = slots::slot_path(&self.dir, stem, slot);
-            match slots::probe(dir::open_lock_file(&path)?, &path)? {
+            let path = slots::slot_path(self.dir.path(), stem, slot);
+            match slots::probe(self.dir.open_lock_file(&path)?, &path)? {
                 Probe::Free(file) => {
                     if line::is_occupied(&self.dir, stem)? {
                         let _ = file.unlock();
@@ -101,8 +103,8 @@ impl FileStore {
         stem: &str,
     ) -> Result<Result<Box<dyn Slot>, NoSlot>> {
         if request.parallelism == 1 {
-            let path = slots::slot_path(&self.dir, stem, 0);
-            return match slots::probe(dir::open_lock_file(&path)?, &path)? {
+            let path = slots::slot_path(self.dir.path(), stem, 0);
+            return match slots::probe(self.dir.open_lock_file(&path)?, &path)? {
                 Probe::Free(file) => self.take(request, stem, 0, file).map(Ok),
                 Probe::Held => Ok(Err(NoSlot { kept_until: None })),
                 Probe::Kept(until) => Ok(Err(NoSlot {
@@ -112,11 +114,14 @@ impl FileStore {
         }
         if self.head.is_none() {
             // Watched before the first look: a slot freed in between still wakes us.
-            let watch = Watch::closed_or_touched_in(&self.dir).map_err(|err| {
-                Error::unavailable(format!("cannot watch {}", self.dir.display()), err)
+            let watch = Watch::closed_or_touched_in(self.dir.path()).map_err(|err| {
+                Error::unavailable(format!("cannot watch {}", self.dir.path().display()), err)
             })?;
             let files = (0..request.parallelism)
-                .map(|slot| dir::open_lock_file(&slots::slot_path(&self.dir, stem, slot)))
+                .map(|slot| {
+                    self.dir
+                        .open_lock_file(&slots::slot_path(self.dir.path(), stem, slot))
+                })
                 .collect::<Result<_>>()?;
             self.head = Some(Head {
                 watch,
@@ -127,7 +132,7 @@ impl FileStore {
         let mut kept_until = None;
         let mut free = None;
         for (slot, open) in head.slots.iter().enumerate() {
-            let path = slots::slot_path(&self.dir, stem, slot as u32);
+            let path = slots::slot_path(self.dir.path(), stem, slot as u32);
             // A second descriptor of the same open file: dropping it closes nothing, so wakes nobody.
             match slots::probe(open.try_clone().map_err(|err| unusable(&path, err))?, &path)? {
                 Probe::Free(locked) => {
@@ -151,14 +156,7 @@ impl FileStore {
         slot: u32,
         file: File,
     ) -> Result<Box<dyn Slot>> {
-        let taken = slots::take(
-            &self.dir,
-            stem,
-            slot,
-            file,
-            request.name.as_str(),
-            &request.owner,
-        )?;
+        let taken = slots::take(&self.dir, stem, slot, file, request)?;
         self.leave_line();
         Ok(Box::new(taken))
     }
@@ -168,27 +166,6 @@ impl FileStore {
         self.ahead = None;
         if let Some(place) = self.place.take() {
             place.leave();
-        }
-    }
-
-    /// Blocks on `file`'s lock until we get it or `until` passes; true when we got it.
-    fn lock_until(file: &File, until: Moment, path: &Path) -> Result<bool> {
-        if until.has_passed() {
-            return Ok(false);
-        }
-        // SIGALRM at `until` interrupts the wait without leaving our place in the kernel's queue for long.
-        let _alarm = Alarm::after(until.remaining())
-            .map_err(|err| Error::internal("arming the wait's alarm", err))?;
-        loop {
-            match file.lock() {
-                Ok(()) => return Ok(true),
-                Err(err) if err.kind() == io::ErrorKind::Interrupted => {
-                    if until.has_passed() {
-                        return Ok(false);
-                    }
-                }
-                Err(err) => return Err(unusable(path, err)),
-            }
         }
     }
 }
@@ -220,13 +197,13 @@ impl Store for FileStore {
                 owner: request.owner.clone(),
                 since: epoch_millis(SystemTime::now()),
             };
-            self.place = Some(Place::join(&self.dir, &stem, &record)?);
+            self.place = Some(Place::join(&self.dir, &stem, &record, request.deadline)?);
         }
         let ahead = self
             .place
             .as_ref()
             .expect("joined above")
-            .ahead(&self.dir, &stem)?;
+            .ahead(self.dir.path(), &stem)?;
         // Our own lock on a file ahead would make that waiter look alive.
         self.ahead = None;
         let (nearest, dead) = line::nearest_live(&ahead)?;
@@ -254,7 +231,7 @@ impl Store for FileStore {
         let stem = request.name.stem();
         if let Some(ahead) = self.ahead.take() {
             // Woken when the waiter ahead of us takes a slot, gives up or dies.
-            Self::lock_until(&ahead, until, &self.dir)?;
+            wait::lock_until(&ahead, until, self.dir.path())?;
             return Ok(None);
         }
         if let Some(head) = &self.head {
@@ -265,7 +242,7 @@ impl Store for FileStore {
             };
             while !until.has_passed() {
                 let changed = head.watch.changes(until.remaining()).map_err(|err| {
-                    Error::unavailable(format!("cannot watch {}", self.dir.display()), err)
+                    Error::unavailable(format!("cannot watch {}", self.dir.path().display()), err)
                 })?;
                 if changed.iter().any(lock_file) {
                     break;
@@ -274,9 +251,9 @@ impl Store for FileStore {
             return Ok(None);
         }
         // The head of a one-slot line waits in the kernel for the slot itself, as flock(1) does.
-        let path = slots::slot_path(&self.dir, &stem, 0);
-        let file = dir::open_lock_file(&path)?;
-        if !Self::lock_until(&file, until, &path)? {
+        let path = slots::slot_path(self.dir.path(), &stem, 0);
+        let file = self.dir.open_lock_file(&path)?;
+        if !wait::lock_until(&file, until, &path)? {
             return Ok(None);
         }
         match slots::free_or_kept(file) {
@@ -295,9 +272,9 @@ impl Store for FileStore {
     }
 
     fn list(&mut self, name: Option<&Name>) -> Result<Vec<Entry>> {
-        let entries = fs::read_dir(&self.dir).map_err(|err| {
+        let entries = fs::read_dir(self.dir.path()).map_err(|err| {
             Error::unavailable(
-                format!("cannot read lock directory {}", self.dir.display()),
+                format!("cannot read lock directory {}", self.dir.path().display()),
                 err,
             )
         })?;

@@ -1,24 +1,23 @@
 //! Slot files: `NAME.SLOT.lock` is held with flock(2) by the slot's holder and,
-//! while held, names the holder; after a `--min-hold` release it says until when
-//! the slot stays taken though nobody holds its lock. `NAME.fence` counts the
-//! acquisitions. Files are never deleted: a waiter blocked on a deleted file's
-//! inode would never see the next holder.
+//! while held, names the holder and its fence; after a `--min-hold` release it
+//! says until when the slot stays taken though nobody holds its lock. Files are
+//! never deleted: a waiter blocked on a deleted file's inode would never see the
+//! next holder.
 
 use std::fs::{self, File};
-use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use super::dir::open_lock_file;
+use super::dir::LockDir;
+use super::fence;
 use crate::backend::record::HolderRecord;
-use crate::backend::{Owner, Renewal, Slot};
+use crate::backend::{Renewal, Request, Slot};
 use crate::error::{Error, Result};
 use crate::identity::epoch_millis;
 use crate::platform::clock::Moment;
 
 pub const LOCK_SUFFIX: &str = ".lock";
-const FENCE_SUFFIX: &str = ".fence";
 /// More than any record lockrun writes: a larger file is not read further.
 pub const MAX_RECORD: u64 = 64 * 1024;
 
@@ -86,24 +85,25 @@ pub fn first_json_value<T: serde::de::DeserializeOwned>(file: &File) -> Option<T
         .ok()
 }
 
-/// Makes the slot whose lock `file` holds ours: bumps the fence, writes our record.
+/// Makes the slot whose lock `file` holds ours for `request`: numbers the
+/// acquisition (waiting for the fence no later than its deadline), writes our record.
 pub fn take(
-    dir: &Path,
+    dir: &LockDir,
     stem: &str,
     slot: u32,
     file: File,
-    name: &str,
-    owner: &Owner,
+    request: &Request,
 ) -> Result<FileSlot> {
     let taken_at = Moment::now();
+    let last_of_slot = read_record(&file).map_or(0, |record| record.fence);
     let record = HolderRecord {
-        name: name.to_owned(),
-        owner: owner.clone(),
+        name: request.name.to_string(),
+        owner: request.owner.clone(),
         acquired_at: epoch_millis(SystemTime::now()),
-        fence: bump_fence(&dir.join(format!("{stem}{FENCE_SUFFIX}")))?,
+        fence: fence::next(dir, stem, last_of_slot, request.deadline)?,
         kept_until: None,
     };
-    let path = slot_path(dir, stem, slot);
+    let path = slot_path(dir.path(), stem, slot);
     write_record(&file, &record, &path)?;
     Ok(FileSlot {
         file,
@@ -121,28 +121,6 @@ fn write_record(file: &File, record: &HolderRecord, path: &Path) -> Result<()> {
     file.write_all_at(&json, 0)
         .and_then(|()| file.set_len(json.len() as u64))
         .map_err(|err| Error::unavailable(format!("cannot write {}", path.display()), err))
-}
-
-fn bump_fence(path: &Path) -> Result<u64> {
-    let file = open_lock_file(path)?;
-    let failed =
-        |err: io::Error| Error::unavailable(format!("cannot update fence {}", path.display()), err);
-    file.lock().map_err(failed)?;
-    let mut text = String::new();
-    (&file).take(64).read_to_string(&mut text).map_err(failed)?;
-    // A fence must never go back: a file that does not hold a number is an error, not a zero.
-    let last = match text.trim() {
-        "" => 0,
-        number => number.parse::<u64>().map_err(|_| {
-            Error::Unavailable(format!("{} does not hold a fence number", path.display()))
-        })?,
-    };
-    let fence = last + 1;
-    let text = fence.to_string();
-    file.write_all_at(text.as_bytes(), 0)
-        .and_then(|()| file.set_len(text.len() as u64))
-        .map_err(failed)?;
-    Ok(fence)
 }
 
 /// A slot of the file backend that is ours: its lock is held for as long as

@@ -1,0 +1,67 @@
+//! Blocking on a file's lock until a deadline, and no longer: SIGALRM at the
+//! deadline interrupts flock(2), as flock(1)'s timeout does.
+
+use std::fs::File;
+use std::io;
+use std::path::Path;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::platform::alarm::Alarm;
+use crate::platform::clock::Moment;
+
+/// The longest wait for a lock that lockrun holds only for microseconds (the
+/// fence counter's, the line's exclusive one), as SQLite's busy timeout: held
+/// this long, it is held by something stuck or hostile.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(2);
+/// Even `--no-wait` waits this long for such a lock: another lockrun may be in the middle of its microseconds.
+const GRACE: Duration = Duration::from_millis(100);
+
+/// When to give up on a lock that lockrun holds only for microseconds: after
+/// the busy timeout, and not after the wait's `deadline` (less the grace).
+pub fn brief_lock_deadline(deadline: Option<Moment>) -> Moment {
+    let patience = deadline.map_or(BUSY_TIMEOUT, |deadline| {
+        deadline.remaining().clamp(GRACE, BUSY_TIMEOUT)
+    });
+    Moment::now() + patience
+}
+
+/// Blocks on `file`'s exclusive lock until we get it or `until` passes; true when we got it.
+pub fn lock_until(file: &File, until: Moment, path: &Path) -> Result<bool> {
+    blocking_until(file, File::lock, until, path)
+}
+
+/// Blocks on `file`'s shared lock until we get it or `until` passes; true when we got it.
+pub fn lock_shared_until(file: &File, until: Moment, path: &Path) -> Result<bool> {
+    blocking_until(file, File::lock_shared, until, path)
+}
+
+fn blocking_until(
+    file: &File,
+    lock: fn(&File) -> io::Result<()>,
+    until: Moment,
+    path: &Path,
+) -> Result<bool> {
+    if until.has_passed() {
+        return Ok(false);
+    }
+    // Interrupted at `until`, the wait leaves the kernel's queue for the lock only for a moment.
+    let _alarm = Alarm::after(until.remaining())
+        .map_err(|err| Error::internal("arming the wait's alarm", err))?;
+    loop {
+        match lock(file) {
+            Ok(()) => return Ok(true),
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => {
+                if until.has_passed() {
+                    return Ok(false);
+                }
+            }
+            Err(err) => {
+                return Err(Error::unavailable(
+                    format!("cannot lock {}", path.display()),
+                    err,
+                ));
+            }
+        }
+    }
+}
