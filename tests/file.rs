@@ -7,6 +7,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use crate::core::hold;
+use crate::support::users;
 use crate::support::*;
 
 #[test]
@@ -224,4 +225,94 @@ fn an_inherited_blocked_sigalrm_does_not_defeat_the_timeout() {
 /// Runs lockrun on the file backend in `dir` with `args`.
 fn run_in(dir: &std::path::Path, args: &[&str]) -> std::process::Output {
     run(lockrun().arg("--dir").arg(dir).args(args))
+}
+
+#[test]
+fn status_neither_hangs_on_a_fifo_nor_reads_a_huge_lock_file_whole() {
+    let store = Store::file();
+    let fifo = |name: &str| {
+        nix::unistd::mkfifo(&store.dir().join(name), nix::sys::stat::Mode::S_IRWXU).unwrap();
+    };
+    fifo("pipe.0.lock");
+    fifo("pipe.00000000000000000001-1.wait");
+    // A live holder's slot file of 3 GiB (sparse): status reads the record at its start.
+    let huge = fs::File::create(store.dir().join("huge.0.lock")).unwrap();
+    huge.set_len(3 << 30).unwrap();
+    huge.lock().unwrap();
+    // With 256 MiB of address space, reading the file whole fails.
+    let status = |args: &[&str]| {
+        let mut command = std::process::Command::new("sh");
+        command
+            .args(["-c", "ulimit -v 262144 && exec \"$@\"", "sh"])
+            .arg(env!("CARGO_BIN_EXE_lockrun"))
+            .arg("status")
+            .args(store.args())
+            .args(args);
+        let started = Instant::now();
+        let output = run(&mut without_lockrun_variables(command));
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "status {args:?} took {:?}",
+            started.elapsed()
+        );
+        assert_status(&output, 0);
+        stdout(&output)
+    };
+    for args in [&[][..], &["--json"]] {
+        let shown = status(args);
+        assert!(!shown.contains("pipe"), "{shown}");
+    }
+    assert_eq!(status(&["pipe"]), "pipe is not held\n");
+    let shown = status(&["huge"]);
+    assert!(
+        shown.contains(&format!("holding  0     -     {}", std::process::id())),
+        "{shown}"
+    );
+    // Taking the lock opens the files the same way: the FIFO is refused at once.
+    let output = run(store.lockrun().args(["--name", "pipe", "-n", "true"]));
+    assert_status(&output, 69);
+}
+
+#[test]
+fn status_and_release_on_a_missing_directory_say_so_and_create_nothing() {
+    let scratch = Scratch::new();
+    let typo = scratch.path("typo/locks");
+    for args in [&["status"][..], &["release", "x", "--force"]] {
+        let output = run(lockrun().args(args).arg("--dir").arg(&typo));
+        assert_status(&output, 69);
+        let err = stderr(&output);
+        assert!(err.contains("there is no lock directory"), "{err}");
+    }
+    assert!(!scratch.path("typo").exists(), "no directory made for it");
+
+    // Nor is a default directory made. As root, ask as another user: root's own
+    // /run/lock/lockrun may exist, but that user may not use it.
+    let someone = users::user(1);
+    users::chmod(scratch.dir(), 0o755);
+    let (runtime, tmp) = (scratch.path("runtime"), scratch.path("tmp"));
+    for dir in [&runtime, &tmp] {
+        fs::create_dir(dir).unwrap();
+        users::chmod(dir, 0o777);
+    }
+    for args in [&["status"][..], &["release", "x", "--force"]] {
+        let mut command = someone
+            .as_ref()
+            .map_or_else(lockrun, |user| user.lockrun(&[]));
+        let output = run(command
+            .env("XDG_RUNTIME_DIR", &runtime)
+            .env("TMPDIR", &tmp)
+            .args(args));
+        if someone.is_some() {
+            assert_status(&output, 69);
+            let err = stderr(&output);
+            assert!(err.contains("no usable lock directory"), "{err}");
+        }
+        for dir in [&runtime, &tmp] {
+            assert_eq!(
+                fs::read_dir(dir).unwrap().count(),
+                0,
+                "{args:?}: nothing made"
+            );
+        }
+    }
 }
