@@ -14,11 +14,13 @@ use crate::platform::clock::Moment;
 /// fence counter's, the line's exclusive one), as SQLite's busy timeout: held
 /// this long, it is held by something stuck or hostile.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(2);
-/// Even `--no-wait` waits this long for such a lock: another lockrun may be in the middle of its microseconds.
-const GRACE: Duration = Duration::from_millis(100);
+/// Even `--no-wait` waits this long for such a lock: the lockrun in the middle
+/// of its microseconds with it may be descheduled on a busy host.
+const GRACE: Duration = Duration::from_millis(500);
 
-/// When to give up on a lock that lockrun holds only for microseconds: after
-/// the busy timeout, and not after the wait's `deadline` (less the grace).
+/// When to give up on a lock that lockrun holds only for microseconds: at the
+/// wait's `deadline` or after the busy timeout, whichever comes first, but not
+/// before the grace has passed.
 pub fn brief_lock_deadline(deadline: Option<Moment>) -> Moment {
     let patience = deadline.map_or(BUSY_TIMEOUT, |deadline| {
         deadline.remaining().clamp(GRACE, BUSY_TIMEOUT)
