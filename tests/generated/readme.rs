@@ -147,7 +147,10 @@ fn cells(row: &str) -> Vec<String> {
     let mut chars = row.chars().peekable();
     while let Some(c) = chars.next() {
         match c {
-            '\\' if chars.peek() == Some(&'|') => cells.last_mut().expect("one").push('|'),
+            '\\' if chars.peek() == Some(&'|') => {
+                chars.next();
+                cells.last_mut().expect("one").push('|');
+            }
             '|' => cells.push(String::new()),
             c => cells.last_mut().expect("one").push(c),
         }
