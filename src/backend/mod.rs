@@ -13,6 +13,8 @@
 //! one line in the per-backend test list (`tests/core.rs`).
 
 mod file;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 pub mod record;
 #[cfg(feature = "redis")]
 mod redis;

@@ -1,0 +1,398 @@
+//! A blocking session with PostgreSQL in which every call has a hard deadline.
+//!
+//! lockrun's supervisor is single-threaded and must stop its command before
+//! a lease it cannot renew runs out, so no call may block past the time it
+//! was given. The `postgres` crate's blocking client has no such limit: a
+//! server that goes silent mid-call (a network partition, a frozen host)
+//! leaves it waiting until TCP gives up. This session drives tokio-postgres
+//! on a runtime of its own, on the calling thread, and races every call
+//! against a timer; a call that runs out of time ends the connection, since
+//! its reply could still arrive and be taken for the next call's.
+//!
+//! Two things back the timer up. TCP keepalives and `tcp_user_timeout` make
+//! the kernel drop a connection whose peer is gone within seconds, even when
+//! lockrun is not calling (a waiter that sits on LISTEN). And a transaction
+//! sets `statement_timeout`, `lock_timeout` and
+//! `idle_in_transaction_session_timeout` for itself (`SET LOCAL`, which works
+//! behind a transaction-pooling pgbouncer, unlike startup options), so that the
+//! server, too, gives up on a transaction whose client has gone, and releases
+//! its row locks.
+
+use std::collections::VecDeque;
+use std::future::{Future, poll_fn};
+use std::pin::pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use tokio::runtime::Runtime;
+use tokio_postgres::config::{SslMode as WireSslMode, TargetSessionAttrs};
+use tokio_postgres::tls::MakeTlsConnect;
+use tokio_postgres::{AsyncMessage, Client, Config, Connection, Notification, Socket};
+use tokio_postgres_rustls::MakeRustlsConnect;
+
+use super::failure::{Failure, Kind, Trouble, describe};
+use super::target::{Host, SslMode, Target};
+use super::tls;
+
+/// Idle time before the first keepalive probe, the time between probes, and
+/// how many go unanswered before the kernel drops the connection: a dead
+/// peer is noticed within about 8 seconds of silence.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(5);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
+const KEEPALIVE_RETRIES: u32 = 3;
+/// How long sent data may go unacknowledged before the kernel drops the
+/// connection; covers a peer that vanished while lockrun was sending.
+const TCP_USER_TIMEOUT: Duration = Duration::from_secs(8);
+
+type TlsStream = <MakeRustlsConnect as MakeTlsConnect<Socket>>::Stream;
+
+/// One connection to PostgreSQL.
+pub struct Session {
+    runtime: Runtime,
+    client: Client,
+    connection: Connection<Socket, TlsStream>,
+    /// The connection has ended, or a call timed out: the session is of no
+    /// further use, and the backend should connect anew.
+    broken: bool,
+    /// Notifications that arrived during calls, for [`Session::notification`].
+    notifications: VecDeque<Notification>,
+    target: Target,
+}
+
+impl Session {
+    /// Connects to `target` (trying its hosts in order) within `within` at
+    /// most, and within the target's `connect_timeout` for each host.
+    pub fn connect(target: &Target, within: Duration) -> Result<Self, Failure> {
+        let tls = tls::connector(target)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()
+            .map_err(|err| {
+                Failure::new(Kind::Internal, format!("cannot start a runtime: {err}"))
+            })?;
+        let config = config(target);
+        let connect = runtime.block_on(async {
+            tokio::time::timeout(within, config.connect(tls))
+                .await
+                .map_err(|_| Trouble::TimedOut(within))?
+                .map_err(Trouble::from)
+        });
+        let (client, connection) =
+            connect.map_err(|trouble| describe(target, "connect", &trouble))?;
+        Ok(Self {
+            runtime,
+            client,
+            connection,
+            broken: false,
+            notifications: VecDeque::new(),
+            target: target.clone(),
+        })
+    }
+
+    /// The server as messages show it: the target, redacted.
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+
+    /// Whether the session can take more calls; after a lost connection or a
+    /// timed-out call it cannot, and the backend should connect anew.
+    pub fn is_usable(&self) -> bool {
+        !self.broken
+    }
+
+    /// Runs `work` (statements outside a transaction: each commits by itself)
+    /// and waits for it `within` this long at most; `what` names it in messages.
+    pub fn call<T>(
+        &mut self,
+        what: &str,
+        within: Duration,
+        work: impl AsyncFnOnce(&Client) -> Result<T, tokio_postgres::Error>,
+    ) -> Result<T, Failure> {
+        self.drive(within, work)
+            .map_err(|trouble| describe(&self.target, what, &trouble))
+    }
+
+    /// Runs `work` in one transaction, committed when it succeeds and rolled
+    /// back otherwise, all within `within`. The server's own timeouts are set
+    /// for the transaction to `within` too, so it never outlives its client.
+    pub fn transaction<T>(
+        &mut self,
+        what: &str,
+        within: Duration,
+        work: impl AsyncFnOnce(&Client) -> Result<T, tokio_postgres::Error>,
+    ) -> Result<T, Failure> {
+        let deadline = Instant::now() + within;
+        // Whole milliseconds, at least one: zero would mean no limit at all.
+        let limit = within.as_millis().clamp(1, i32::MAX as u128);
+        let begin_with_limits = format!(
+            "BEGIN; SET LOCAL statement_timeout = {limit}; SET LOCAL lock_timeout = {limit}; \
+             SET LOCAL idle_in_transaction_session_timeout = {limit}"
+        );
+        let result = self.drive(within, async |client: &Client| {
+            // BEGIN goes out in the same write as the work's first statement,
+            // saving a round trip. Should that batch fail, the transaction is
+            // aborted, so the work's statements fail too: none runs outside it.
+            let (begun, done) = both(client.batch_execute(&begin_with_limits), work(client)).await;
+            begun?;
+            let value = done?;
+            client.batch_execute("COMMIT").await?;
+            Ok(value)
+        });
+        if result.is_err() && !self.broken {
+            // A server error leaves the transaction aborted: end it, in the
+            // time left, so that the session stays usable. Failing that, the
+            // session is broken.
+            let left = deadline.saturating_duration_since(Instant::now());
+            let _ = self.drive(left, async |client: &Client| {
+                client.batch_execute("ROLLBACK").await
+            });
+        }
+        result.map_err(|trouble| describe(&self.target, what, &trouble))
+    }
+
+    /// Waits up to `within` for a notification on a channel this session
+    /// LISTENs to (`None`: none came); notifications that arrived during
+    /// earlier calls come first.
+    pub fn notification(&mut self, within: Duration) -> Result<Option<Notification>, Failure> {
+        if let Some(notification) = self.notifications.pop_front() {
+            return Ok(Some(notification));
+        }
+        match self.drive_until_notified(within) {
+            Ok(notification) => Ok(Some(notification)),
+            Err(Trouble::TimedOut(_)) if !self.broken => Ok(None),
+            Err(trouble) => Err(describe(&self.target, "wait for a notification", &trouble)),
+        }
+    }
+
+    /// Polls `work` and the connection together until `work` is done, the
+    /// connection ends, or `within` passes. Anything but a server error from
+    /// `work` breaks the session: its connection is gone, or a reply to a
+    /// call that ran out of time may still arrive.
+    fn drive<T>(
+        &mut self,
+        within: Duration,
+        work: impl AsyncFnOnce(&Client) -> Result<T, tokio_postgres::Error>,
+    ) -> Result<T, Trouble> {
+        let Self {
+            runtime,
+            client,
+            connection,
+            broken,
+            notifications,
+            ..
+        } = self;
+        let mut work = pin!(work(client));
+        let mut done = None;
+        let pumped = pump(
+            runtime,
+            connection,
+            notifications,
+            broken,
+            within,
+            &mut |cx, _| work.as_mut().poll(cx).map(|result| done = Some(result)),
+        );
+        match (pumped, done) {
+            (_, Some(Ok(value))) => Ok(value),
+            (_, Some(Err(err))) => {
+                if err.as_db_error().is_none() {
+                    self.broken = true;
+                }
+                Err(Trouble::Postgres(err))
+            }
+            (Err(trouble), None) => {
+                self.broken = true;
+                Err(trouble)
+            }
+            (Ok(()), None) => unreachable!("the work was done without a result"),
+        }
+    }
+
+    /// Waits up to `within` for a notification, reading what the server sends.
+    fn drive_until_notified(&mut self, within: Duration) -> Result<Notification, Trouble> {
+        let Self {
+            runtime,
+            connection,
+            broken,
+            notifications,
+            ..
+        } = self;
+        let mut found = None;
+        pump(
+            runtime,
+            connection,
+            notifications,
+            broken,
+            within,
+            &mut |_, notifications| match notifications.pop_front() {
+                Some(notification) => {
+                    found = Some(notification);
+                    Poll::Ready(())
+                }
+                None => Poll::Pending,
+            },
+        )?;
+        Ok(found.expect("a notification was found"))
+    }
+}
+
+/// The one loop on the session's runtime: reads what the server sends
+/// (keeping notifications), writes what calls queued, and polls `step` after
+/// every wake-up, until `step` is ready, the connection ends or fails (which
+/// marks the session `broken`), or `within` passes.
+fn pump(
+    runtime: &Runtime,
+    connection: &mut Connection<Socket, TlsStream>,
+    notifications: &mut VecDeque<Notification>,
+    broken: &mut bool,
+    within: Duration,
+    step: &mut dyn FnMut(&mut Context<'_>, &mut VecDeque<Notification>) -> Poll<()>,
+) -> Result<(), Trouble> {
+    if *broken {
+        return Err(Trouble::Lost);
+    }
+    runtime.block_on(async {
+        let mut timer = pin!(tokio::time::sleep(within));
+        poll_fn(|cx| {
+            loop {
+                match connection.poll_message(cx) {
+                    Poll::Ready(Some(Ok(AsyncMessage::Notification(notification)))) => {
+                        notifications.push_back(notification);
+                    }
+                    Poll::Ready(Some(Ok(_))) => {} // a notice
+                    Poll::Ready(Some(Err(err))) => {
+                        *broken = true;
+                        return Poll::Ready(Err(Trouble::Postgres(err)));
+                    }
+                    Poll::Ready(None) => {
+                        *broken = true;
+                        return Poll::Ready(Err(Trouble::Lost));
+                    }
+                    Poll::Pending => break,
+                }
+            }
+            if step(cx, notifications).is_ready() {
+                return Poll::Ready(Ok(()));
+            }
+            timer
+                .as_mut()
+                .poll(cx)
+                .map(|()| Err(Trouble::TimedOut(within)))
+        })
+        .await
+    })
+}
+
+/// Both futures, polled together, so that requests they send go out in one write.
+async fn both<A: Future, B: Future>(a: A, b: B) -> (A::Output, B::Output) {
+    let (mut a, mut b) = (pin!(a), pin!(b));
+    let (mut a_done, mut b_done) = (None, None);
+    poll_fn(|cx| {
+        if a_done.is_none()
+            && let Poll::Ready(output) = a.as_mut().poll(cx)
+        {
+            a_done = Some(output);
+        }
+        if b_done.is_none()
+            && let Poll::Ready(output) = b.as_mut().poll(cx)
+        {
+            b_done = Some(output);
+        }
+        if a_done.is_some() && b_done.is_some() {
+            Poll::Ready((a_done.take().unwrap(), b_done.take().unwrap()))
+        } else {
+            Poll::Pending
+        }
+    })
+    .await
+}
+
+/// tokio-postgres's configuration for `target`, with lockrun's keepalives.
+fn config(target: &Target) -> Config {
+    let mut config = Config::new();
+    for host in &target.hosts {
+        match host {
+            Host::Tcp(name) => config.host(name),
+            Host::Socket(dir) => config.host_path(dir),
+        };
+    }
+    for &port in &target.ports {
+        config.port(port);
+    }
+    config
+        .user(&target.user)
+        .dbname(&target.dbname)
+        .application_name(&target.application_name)
+        .connect_timeout(target.connect_timeout)
+        .keepalives(true)
+        .keepalives_idle(KEEPALIVE_IDLE)
+        .keepalives_interval(KEEPALIVE_INTERVAL)
+        .keepalives_retries(KEEPALIVE_RETRIES)
+        .tcp_user_timeout(TCP_USER_TIMEOUT)
+        .ssl_mode(wire_ssl_mode(target));
+    if let Some(password) = target.password() {
+        config.password(password);
+    }
+    if target.read_write {
+        config.target_session_attrs(TargetSessionAttrs::ReadWrite);
+    }
+    config
+}
+
+/// The protocol's side of `sslmode` (the certificate checks are in the TLS
+/// connector); none on Unix sockets, as in libpq.
+fn wire_ssl_mode(target: &Target) -> WireSslMode {
+    let all_sockets = target
+        .hosts
+        .iter()
+        .all(|host| matches!(host, Host::Socket(_)));
+    match target.tls.mode {
+        _ if all_sockets => WireSslMode::Disable,
+        SslMode::Disable => WireSslMode::Disable,
+        SslMode::Prefer => WireSslMode::Prefer,
+        SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => WireSslMode::Require,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::TcpListener;
+
+    use super::*;
+
+    fn target(port: u16) -> Target {
+        let spec = format!("host=127.0.0.1 port={port} user=u password=s3cret sslmode=disable");
+        Target::parse_with(&spec, &|_| None, &|| None).unwrap()
+    }
+
+    fn connect_failure(target: &Target, within: Duration) -> Failure {
+        match Session::connect(target, within) {
+            Ok(_) => panic!("connected to {target}"),
+            Err(failure) => failure,
+        }
+    }
+
+    #[test]
+    fn a_server_that_never_answers_or_is_not_there_is_unreachable_at_once() {
+        // Connections queue in the listener's backlog; nothing ever answers them.
+        let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+        let target = target(silent.local_addr().unwrap().port());
+        let started = Instant::now();
+        let failure = connect_failure(&target, Duration::from_millis(200));
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(failure.kind, Kind::Unreachable);
+        assert_eq!(
+            failure.to_string(),
+            format!("PostgreSQL at {target}: connect failed: no answer within 200ms")
+        );
+        drop(silent);
+        let failure = connect_failure(&target, Duration::from_secs(5));
+        assert_eq!(failure.kind, Kind::Unreachable);
+        assert!(failure.to_string().contains("refused"), "{failure}");
+        assert!(!failure.to_string().contains("s3cret"), "{failure}");
+    }
+}
