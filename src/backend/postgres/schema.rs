@@ -1,0 +1,196 @@
+//! lockrun's schema in PostgreSQL (`--prefix`, default `lockrun`): created on
+//! first use, versioned, and never touched when it is not lockrun's.
+//!
+//! The mark is a comment on the `holders` table, `lockrun schema version N`:
+//! a table lockrun created is lockrun's to comment on, even in a schema a
+//! database administrator made for it. A schema is used when it carries the
+//! mark with this lockrun's version; created in when it is missing or empty;
+//! refused untouched when it holds anything without the mark (someone else's
+//! `holders` table, say), or a newer version.
+
+use std::time::Duration;
+
+use tokio_postgres::Client;
+use tokio_postgres::types::Type;
+
+use super::connect::Session;
+use super::failure::{Failure, Kind};
+
+/// Bumped when the tables change, so that a later lockrun can migrate them.
+pub const SCHEMA_VERSION: i64 = 1;
+/// The comment that marks the `holders` table (and so the schema) as lockrun's.
+const MARK: &str = "lockrun schema version ";
+/// The tables, with `{schema}` and `{marker}` to fill in.
+const TABLES: &str = include_str!("schema.sql");
+/// The tables a complete schema has.
+const TABLE_NAMES: [&str; 3] = ["locks", "holders", "waiters"];
+/// PostgreSQL's longest identifier, in bytes; a longer one would be cut short.
+const MAX_IDENTIFIER: usize = 63;
+/// The first key of the advisory lock that serializes creating the schema:
+/// "LKRN", as in the SQLite database's application id.
+const LOCK_CLASS: i32 = 0x4c4b_524e;
+
+/// The schema's name, checked, and quoted for SQL text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Schema {
+    name: String,
+    quoted: String,
+}
+
+impl Schema {
+    /// The schema `--prefix` names: any 1 to 63 bytes but NUL.
+    pub fn new(prefix: &str) -> Result<Self, Failure> {
+        if prefix.is_empty() || prefix.len() > MAX_IDENTIFIER || prefix.contains('\0') {
+            return Err(Failure::usage(format!(
+                "--prefix {prefix:?} cannot name a PostgreSQL schema: it must be 1 to {MAX_IDENTIFIER} bytes, without NUL"
+            )));
+        }
+        Ok(Self {
+            name: prefix.to_owned(),
+            quoted: format!("\"{}\"", prefix.replace('"', "\"\"")),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `table` in this schema, quoted for SQL text.
+    pub fn table(&self, table: &str) -> String {
+        format!("{}.{table}", self.quoted)
+    }
+}
+
+/// What the catalog says about the schema.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Found {
+    /// No such schema, or one with nothing in it: lockrun may create its tables there.
+    Room,
+    /// lockrun's, of this version; `complete` when every table is there.
+    Lockrun { version: i64, complete: bool },
+    /// Something else's.
+    Foreign,
+}
+
+/// Makes sure `schema` is lockrun's, of this version, creating it when it is
+/// missing or empty; refuses (untouched) a schema that is someone else's or a
+/// newer lockrun's. Costs one round trip when the schema is already there.
+/// Concurrent first uses are safe: creating takes an advisory lock and looks again.
+pub fn create_or_check(
+    session: &mut Session,
+    schema: &Schema,
+    within: Duration,
+) -> Result<(), Failure> {
+    let name = schema.name();
+    let mut found = session.call("check the schema", within, async |client: &Client| {
+        inspect(client, name).await
+    })?;
+    if found == Found::Room {
+        let tables = TABLES
+            .replace("{schema}", &schema.quoted)
+            .replace("{marker}", &format!("{MARK}{SCHEMA_VERSION}"));
+        found = session.transaction("create the schema", within, async |client: &Client| {
+            client
+                .query_typed(
+                    "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+                    &[(&LOCK_CLASS, Type::INT4), (&name, Type::TEXT)],
+                )
+                .await?;
+            let found = inspect(client, name).await?;
+            if found == Found::Room {
+                client.batch_execute(&tables).await?;
+            }
+            Ok(found)
+        })?;
+    }
+    let refuse = |why: String| {
+        Failure::new(
+            Kind::Refused,
+            format!(
+                "PostgreSQL at {}: schema {:?} {why}; refusing to touch it (choose another --prefix)",
+                session.target(),
+                schema.name
+            ),
+        )
+    };
+    match found {
+        Found::Room
+        | Found::Lockrun {
+            version: SCHEMA_VERSION,
+            complete: true,
+        } => Ok(()),
+        Found::Lockrun {
+            version: SCHEMA_VERSION,
+            complete: false,
+        } => Err(refuse("is lockrun's but lacks some of its tables".into())),
+        Found::Lockrun { version, .. } => Err(refuse(format!(
+            "was made by another lockrun (schema version {version}; this lockrun knows {SCHEMA_VERSION})"
+        ))),
+        Found::Foreign => Err(refuse("is not lockrun's: it holds other objects".into())),
+    }
+}
+
+/// Reads the catalog, in one statement: whether the schema exists, its mark,
+/// how many of lockrun's tables it has, and whether anything at all is in it.
+async fn inspect(client: &Client, name: &str) -> Result<Found, tokio_postgres::Error> {
+    let rows = client
+        .query_typed(
+            "SELECT n.oid IS NOT NULL,
+                    obj_description(h.oid, 'pg_class'),
+                    (SELECT count(*) FROM pg_class c
+                      WHERE c.relnamespace = n.oid AND c.relkind = 'r' AND c.relname = ANY($2)),
+                    EXISTS (SELECT FROM pg_class c WHERE c.relnamespace = n.oid)
+                    OR EXISTS (SELECT FROM pg_proc p WHERE p.pronamespace = n.oid)
+                    -- types of their own, not the row and array types of tables
+                    OR EXISTS (SELECT FROM pg_type t WHERE t.typnamespace = n.oid
+                                AND t.typrelid = 0 AND t.typcategory <> 'A')
+               FROM (VALUES (1)) AS one
+               LEFT JOIN pg_namespace n ON n.nspname = $1
+               LEFT JOIN pg_class h ON h.relnamespace = n.oid AND h.relname = 'holders'
+                                   AND h.relkind = 'r'",
+            &[(&name, Type::TEXT), (&&TABLE_NAMES[..], Type::TEXT_ARRAY)],
+        )
+        .await?;
+    let row = &rows[0];
+    let (present, mark, tables, occupied): (bool, Option<String>, i64, bool) =
+        (row.get(0), row.get(1), row.get(2), row.get(3));
+    let version = mark
+        .as_deref()
+        .and_then(|mark| mark.strip_prefix(MARK))
+        .and_then(|version| version.parse().ok());
+    Ok(match version {
+        Some(version) => Found::Lockrun {
+            version,
+            complete: usize::try_from(tables) == Ok(TABLE_NAMES.len()),
+        },
+        None if !present || !occupied => Found::Room,
+        None => Found::Foreign,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prefix_is_quoted_and_bounded() {
+        let schema = Schema::new("my \"locks\"").unwrap();
+        assert_eq!(schema.table("holders"), "\"my \"\"locks\"\"\".holders");
+        assert_eq!(schema.name(), "my \"locks\"");
+        for bad in ["", "a\0b", &"x".repeat(64)] {
+            assert_eq!(Schema::new(bad).unwrap_err().kind, Kind::Usage);
+        }
+        assert!(Schema::new(&"é".repeat(31)).is_ok());
+    }
+
+    #[test]
+    fn the_tables_fill_in_the_schema_and_the_mark() {
+        assert!(TABLES.contains("{schema}.holders") && TABLES.contains("'{marker}'"));
+        for table in TABLE_NAMES {
+            assert!(
+                TABLES.contains(&format!("CREATE TABLE {{schema}}.{table} (")),
+                "{table}"
+            );
+        }
+    }
+}
