@@ -10,6 +10,8 @@ mod line;
 mod neighbours;
 mod operator;
 mod partition;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod redis;
 mod source;
 mod sqlite;

@@ -448,22 +448,6 @@ fn verbose_warns_when_the_server_may_evict_lock_keys() {
     );
 }
 
-/// A CA and a server certificate for localhost, as PEM files in `dir`.
-fn write_certificates(dir: &std::path::Path) {
-    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
-    let key = KeyPair::generate().unwrap();
-    let cert = CertificateParams::new(vec!["localhost".to_owned()])
-        .unwrap()
-        .signed_by(&key, &ca)
-        .unwrap();
-    fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
-    fs::write(dir.join("server.pem"), cert.pem()).unwrap();
-    fs::write(dir.join("server.key"), key.serialize_pem()).unwrap();
-}
-
 #[test]
 fn rediss_connects_with_tls_and_refuses_an_unknown_certificate() {
     let scratch = Scratch::new();

@@ -1,6 +1,8 @@
 //! Test harness: real lockrun processes against real stores, with every wait bounded.
 
 pub mod netns;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 pub mod pty;
 pub mod users;
 
@@ -305,6 +307,23 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// A CA and a server certificate for localhost, as PEM files in `dir`:
+/// `ca.pem`, `server.pem`, `server.key`.
+pub fn write_certificates(dir: &Path) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(vec!["localhost".to_owned()])
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
+    fs::write(dir.join("server.pem"), cert.pem()).unwrap();
+    fs::write(dir.join("server.key"), key.serialize_pem()).unwrap();
 }
 
 /// A loopback port nothing listens on right now.

@@ -1,0 +1,413 @@
+//! A PostgreSQL server of a test's own: a fresh data directory on a free
+//! loopback port, password (SCRAM) authentication on TCP and no trust
+//! anywhere, no Unix socket. It can be killed like a crashed host and started
+//! again on the same data, to test that a restart loses nothing.
+//!
+//! initdb runs once per PostgreSQL version (and server user): its result is
+//! kept under cargo's target directory and copied for every server, which is
+//! far cheaper than initdb. PostgreSQL refuses to run as root, so when the
+//! tests run as root the server runs as `nobody` (or a system user made for it).
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{self, Signal};
+use nix::unistd::{Gid, Pid, Uid, User};
+use tempfile::TempDir;
+
+use super::{PATIENCE, free_port, process_exists, wait_until};
+
+/// The superuser initdb makes, the one the tests connect as.
+pub const USER: &str = "lockrun";
+/// Its password; tests check that no message repeats it.
+pub const PASSWORD: &str = "pg-test-s3cret";
+const DATABASE: &str = "postgres";
+/// Settings for a throwaway server: nothing forced to disk (the data still
+/// survives a killed server, in the kernel's cache, just not a crashed host),
+/// little memory, TCP on loopback only. Commits stay synchronous, so a
+/// committed row survives a SIGKILL.
+const SETTINGS: &str = "
+fsync = off
+full_page_writes = off
+shared_buffers = 16MB
+listen_addresses = '127.0.0.1'
+unix_socket_directories = ''
+";
+/// Bumped when SETTINGS or the initdb flags change, so that an old template is not used.
+const TEMPLATE_VERSION: u32 = 1;
+
+/// Where the server binaries are, and who runs them.
+struct Installation {
+    bin: PathBuf,
+    /// The uid and gid to run the server as, when the tests run as root.
+    user: Option<(Uid, Gid)>,
+    template: PathBuf,
+}
+
+pub struct PostgresServer {
+    port: u16,
+    installation: &'static Installation,
+    /// Holds `data/` and the server's log.
+    dir: TempDir,
+    child: Mutex<Option<Child>>,
+}
+
+impl PostgresServer {
+    /// Starts a server. `None` after a loud notice when PostgreSQL's server
+    /// binaries are missing; under `CI=true` that fails the test.
+    pub fn start() -> Option<Self> {
+        let installation = installation()?;
+        let dir = TempDir::new().expect("temp dir");
+        let status = Command::new("cp")
+            .arg("-a")
+            .arg(&installation.template)
+            .arg(dir.path().join("data"))
+            .status()
+            .expect("run cp");
+        assert!(status.success(), "copy the template data directory");
+        if let Some((uid, gid)) = installation.user {
+            nix::unistd::chown(dir.path(), Some(uid), Some(gid)).expect("chown the server's dir");
+        }
+        let mut server = Self {
+            port: free_port(),
+            installation,
+            dir,
+            child: Mutex::new(None),
+        };
+        // Another process may take the free port before the server binds it: try again.
+        for _ in 0..5 {
+            if server.restart() {
+                return Some(server);
+            }
+            server.port = free_port();
+        }
+        panic!("could not start postgres:\n{}", server.log());
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `postgres://lockrun:PASSWORD@127.0.0.1:PORT/postgres`.
+    pub fn url(&self) -> String {
+        self.url_with(USER, PASSWORD)
+    }
+
+    /// The server's URL with another user and password.
+    pub fn url_with(&self, user: &str, password: &str) -> String {
+        format!(
+            "postgres://{user}:{password}@127.0.0.1:{}/{DATABASE}",
+            self.port
+        )
+    }
+
+    /// A connection for setting up and inspecting what a test needs.
+    pub fn client(&self) -> postgres::Client {
+        postgres::Config::new()
+            .host("127.0.0.1")
+            .port(self.port)
+            .user(USER)
+            .password(PASSWORD)
+            .dbname(DATABASE)
+            .connect_timeout(PATIENCE)
+            .connect(postgres::NoTls)
+            .expect("connect to the test's postgres")
+    }
+
+    /// Kills the server and all its processes at once, as a crash of its host
+    /// would, but with the data kept. Every backend is a process group of its
+    /// own, so the postmaster is stopped (it forks no more), its children are
+    /// killed, then it is.
+    pub fn kill(&self) {
+        let Some(mut child) = self.child.lock().unwrap().take() else {
+            return;
+        };
+        let postmaster = child.id().cast_signed();
+        let _ = signal::kill(Pid::from_raw(postmaster), Signal::SIGSTOP);
+        let children = children_of(postmaster);
+        for &pid in &children {
+            let _ = signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        for pid in children {
+            wait_until("a killed backend to be gone", || !process_exists(pid));
+        }
+    }
+
+    /// (Re)starts the server on its data and port (after a kill: crash
+    /// recovery); true once it accepts connections.
+    pub fn restart(&self) -> bool {
+        self.kill();
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("server.log"))
+            .expect("open the server log");
+        let mut command = Command::new(self.installation.bin.join("postgres"));
+        command
+            .arg("-D")
+            .arg(self.data())
+            .args(["-p", &self.port.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        if let Some((uid, gid)) = self.installation.user {
+            command.uid(uid.as_raw()).gid(gid.as_raw());
+        }
+        let child = command.spawn().expect("spawn postgres");
+        let pid = child.id();
+        *self.child.lock().unwrap() = Some(child);
+        let started = Instant::now();
+        while started.elapsed() < PATIENCE {
+            if self.is_ready(pid) {
+                return true;
+            }
+            let exited = self
+                .child
+                .lock()
+                .unwrap()
+                .as_mut()
+                .is_none_or(|child| child.try_wait().ok().flatten().is_some());
+            if exited {
+                return false;
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
+        false
+    }
+
+    /// Turns TLS on with the certificate and key that [`write_certificates`]
+    /// wrote to `dir`, and restarts the server.
+    ///
+    /// [`write_certificates`]: super::write_certificates
+    pub fn use_tls(&self, dir: &Path) {
+        for (from, to) in [("server.pem", "server.crt"), ("server.key", "server.key")] {
+            let to = self.data().join(to);
+            fs::copy(dir.join(from), &to).expect("copy the certificate or key");
+            // The server refuses a key that others can read.
+            fs::set_permissions(&to, fs::Permissions::from_mode(0o600)).expect("chmod");
+            if let Some((uid, gid)) = self.installation.user {
+                nix::unistd::chown(&to, Some(uid), Some(gid)).expect("chown");
+            }
+        }
+        File::options()
+            .append(true)
+            .open(self.data().join("postgresql.conf"))
+            .and_then(|mut conf| conf.write_all(b"ssl = on\n"))
+            .expect("turn TLS on");
+        assert!(self.restart(), "restart with TLS:\n{}", self.log());
+    }
+
+    /// The server log, for a failing test's message.
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// Whether postmaster `pid` says it accepts connections: the eighth line of postmaster.pid.
+    fn is_ready(&self, pid: u32) -> bool {
+        let Ok(status) = fs::read_to_string(self.data().join("postmaster.pid")) else {
+            return false;
+        };
+        let lines: Vec<&str> = status.lines().collect();
+        lines.first() == Some(&pid.to_string().as_str())
+            && lines.get(7).is_some_and(|line| line.trim() == "ready")
+    }
+}
+
+impl Drop for PostgresServer {
+    /// Stops the server the fastest way (SIGQUIT: immediate shutdown), killing it if it lingers.
+    fn drop(&mut self) {
+        if let Some(child) = self.child.lock().unwrap().as_mut() {
+            let _ = signal::kill(Pid::from_raw(child.id().cast_signed()), Signal::SIGQUIT);
+            let started = Instant::now();
+            while started.elapsed() < Duration::from_secs(5) {
+                if child.try_wait().ok().flatten().is_some() {
+                    return;
+                }
+                thread::sleep(Duration::from_millis(5));
+            }
+        }
+        self.kill();
+    }
+}
+
+/// The processes whose parent is `parent`.
+fn children_of(parent: i32) -> Vec<i32> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| {
+            // Field 4 of /proc/PID/stat, after the parenthesized command name.
+            fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                stat.rsplit_once(") ")
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse().ok())
+                    == Some(parent)
+            })
+        })
+        .collect()
+}
+
+/// The installation, found (and its template made) once per test process;
+/// `None` when PostgreSQL is not installed.
+fn installation() -> Option<&'static Installation> {
+    static INSTALLATION: OnceLock<Option<Installation>> = OnceLock::new();
+    let installation = INSTALLATION.get_or_init(|| {
+        let bin = server_binaries()?;
+        let user = server_user();
+        let template = template(&bin, user);
+        Some(Installation {
+            bin,
+            user,
+            template,
+        })
+    });
+    if installation.is_none() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "PostgreSQL's initdb and postgres are not installed; CI must run the PostgreSQL tests"
+        );
+        eprintln!(
+            "\n*** SKIPPED: PostgreSQL's server (initdb, postgres) is not installed, so this PostgreSQL test did not run ***\n"
+        );
+    }
+    installation.as_ref()
+}
+
+/// The directory of `initdb` and `postgres`: where `initdb` on PATH really
+/// is, else Debian's /usr/lib/postgresql/VERSION/bin, the newest version.
+fn server_binaries() -> Option<PathBuf> {
+    let on_path = std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|dir| dir.join("initdb"))
+            .find(|initdb| initdb.is_file())
+            .and_then(|initdb| fs::canonicalize(initdb).ok())
+            .and_then(|initdb| initdb.parent().map(Path::to_path_buf))
+    });
+    let debian = || {
+        let mut versions: Vec<(u32, PathBuf)> = fs::read_dir("/usr/lib/postgresql")
+            .ok()?
+            .filter_map(Result::ok)
+            .filter_map(|entry| {
+                let version = entry.file_name().to_str()?.parse().ok()?;
+                Some((version, entry.path().join("bin")))
+            })
+            .collect();
+        versions.sort();
+        versions.pop().map(|(_, bin)| bin)
+    };
+    on_path
+        .or_else(debian)
+        .filter(|bin| bin.join("initdb").is_file() && bin.join("postgres").is_file())
+}
+
+/// Who runs the server: `nobody` (or a system user made for it) when the
+/// tests run as root, since PostgreSQL refuses root; the tests' own user otherwise.
+fn server_user() -> Option<(Uid, Gid)> {
+    const MADE: &str = "lockrun-postgres";
+    if !Uid::effective().is_root() {
+        return None;
+    }
+    let find = |name| User::from_name(name).ok().flatten();
+    let user = find("nobody").or_else(|| find(MADE)).unwrap_or_else(|| {
+        let status = Command::new("useradd")
+            .args([
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                MADE,
+            ])
+            .status()
+            .expect("run useradd");
+        assert!(status.success(), "useradd {MADE}");
+        find(MADE).expect("the user just made")
+    });
+    Some((user.uid, user.gid))
+}
+
+/// A data directory made by initdb with the tests' user and settings, made
+/// once and kept under cargo's target directory for later runs.
+fn template(bin: &Path, user: Option<(Uid, Gid)>) -> PathBuf {
+    let version = Command::new(bin.join("initdb"))
+        .arg("--version")
+        .output()
+        .expect("run initdb --version");
+    let version = String::from_utf8_lossy(&version.stdout);
+    let version = version.split_whitespace().nth(2).unwrap_or("unknown");
+    let uid = user.map_or(Uid::effective(), |(uid, _)| uid);
+    let kept = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("postgres-{version}-uid{uid}-v{TEMPLATE_VERSION}"));
+    if kept.join("PG_VERSION").is_file() {
+        return kept;
+    }
+    // initdb runs as the server user, so in a directory that user can reach.
+    let staging = TempDir::new().expect("temp dir");
+    if let Some((uid, gid)) = user {
+        nix::unistd::chown(staging.path(), Some(uid), Some(gid)).expect("chown the staging dir");
+    }
+    let password_file = staging.path().join("password");
+    fs::write(&password_file, PASSWORD).expect("write the password file");
+    let data = staging.path().join("data");
+    let mut initdb = Command::new(bin.join("initdb"));
+    initdb
+        .arg("-D")
+        .arg(&data)
+        // 1 MB WAL segments instead of 16: the template copies faster.
+        .args([
+            "--no-sync",
+            "--no-instructions",
+            "--auth=scram-sha-256",
+            "--wal-segsize=1",
+        ])
+        .args(["--username", USER, "--encoding=UTF8", "--locale=C"])
+        .arg(format!("--pwfile={}", password_file.display()))
+        .stdout(Stdio::null());
+    if let Some((uid, gid)) = user {
+        nix::unistd::chown(&password_file, Some(uid), Some(gid)).expect("chown the password file");
+        initdb.uid(uid.as_raw()).gid(gid.as_raw());
+    }
+    let output = initdb.output().expect("run initdb");
+    assert!(
+        output.status.success(),
+        "initdb failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    File::options()
+        .append(true)
+        .open(data.join("postgresql.conf"))
+        .and_then(|mut conf| conf.write_all(SETTINGS.as_bytes()))
+        .expect("append the test settings");
+    // Copied next to its final place, then renamed: a concurrent test process
+    // sees the whole template or none.
+    fs::create_dir_all(env!("CARGO_TARGET_TMPDIR")).expect("create the target's tmp dir");
+    let copy = TempDir::new_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir");
+    let status = Command::new("cp")
+        .arg("-a")
+        .arg(&data)
+        .arg(copy.path().join("data"))
+        .status()
+        .expect("run cp");
+    assert!(status.success(), "copy the new template");
+    let kept_now = fs::rename(copy.path().join("data"), &kept).is_ok();
+    assert!(
+        kept_now || kept.join("PG_VERSION").is_file(),
+        "could not keep the template at {}",
+        kept.display()
+    );
+    kept
+}
