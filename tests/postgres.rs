@@ -219,13 +219,28 @@ fn the_schema_is_made_once_and_foreign_or_newer_ones_are_left_alone() {
         return;
     };
     let url = server.url();
+    let lockrun = Schema::new("lockrun").unwrap();
+    let mut session = connect(&url).expect("connect");
+    // Looking (status, release) creates nothing.
+    let present = create_or_check(&mut session, &lockrun, false, CALL).expect("a look");
+    assert!(!present);
+    let mut admin = server.client();
+    let schemas: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_namespace WHERE nspname = 'lockrun'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(schemas, 0, "a look made the schema");
+
     // Four lockruns that use the server for the first time at once.
     let first_uses: Vec<_> = (0..4)
         .map(|_| {
             let url = url.clone();
             thread::spawn(move || {
                 let mut session = connect(&url).expect("connect");
-                create_or_check(&mut session, &Schema::new("lockrun").unwrap(), CALL)
+                create_or_check(&mut session, &Schema::new("lockrun").unwrap(), true, CALL)
             })
         })
         .collect();
@@ -235,10 +250,7 @@ fn the_schema_is_made_once_and_foreign_or_newer_ones_are_left_alone() {
             .expect("a first use")
             .expect("made or found");
     }
-    let mut session = connect(&url).expect("connect");
-    let lockrun = Schema::new("lockrun").unwrap();
-    create_or_check(&mut session, &lockrun, CALL).expect("found");
-    let mut admin = server.client();
+    assert!(create_or_check(&mut session, &lockrun, false, CALL).expect("found"));
     let tables = |admin: &mut postgres::Client, schema: &str| -> Vec<String> {
         admin
             .query(
@@ -257,7 +269,7 @@ fn the_schema_is_made_once_and_foreign_or_newer_ones_are_left_alone() {
 
     // An empty schema an administrator made for lockrun is used.
     admin.batch_execute("CREATE SCHEMA premade").unwrap();
-    create_or_check(&mut session, &Schema::new("premade").unwrap(), CALL).expect("used");
+    create_or_check(&mut session, &Schema::new("premade").unwrap(), true, CALL).expect("used");
     assert_eq!(
         tables(&mut admin, "premade"),
         ["holders", "locks", "waiters"]
@@ -269,7 +281,7 @@ fn the_schema_is_made_once_and_foreign_or_newer_ones_are_left_alone() {
             "CREATE SCHEMA other; CREATE TABLE other.holders (id int); INSERT INTO other.holders VALUES (7)",
         )
         .unwrap();
-    let failure = create_or_check(&mut session, &Schema::new("other").unwrap(), CALL)
+    let failure = create_or_check(&mut session, &Schema::new("other").unwrap(), true, CALL)
         .expect_err("someone else's schema");
     assert_eq!(failure.kind, Kind::Refused, "{failure}");
     assert!(
@@ -293,7 +305,7 @@ fn the_schema_is_made_once_and_foreign_or_newer_ones_are_left_alone() {
         .batch_execute("COMMENT ON TABLE lockrun.holders IS 'lockrun schema version 2'")
         .unwrap();
     let failure =
-        create_or_check(&mut session, &lockrun, CALL).expect_err("a newer lockrun's schema");
+        create_or_check(&mut session, &lockrun, true, CALL).expect_err("a newer lockrun's schema");
     assert_eq!(failure.kind, Kind::Refused, "{failure}");
     assert!(
         failure.to_string().contains("schema version 2"),
@@ -328,7 +340,7 @@ fn leases_are_dated_by_the_server_clock_and_never_revived() {
     };
     let mut session = connect(&server.url()).expect("connect");
     let schema = Schema::new("lockrun").unwrap();
-    create_or_check(&mut session, &schema, CALL).expect("the schema");
+    create_or_check(&mut session, &schema, true, CALL).expect("the schema");
     assert_eq!(take_slot(&mut session, &schema, "job", 300), 300);
 
     // A renewal extends only a lease that has not run out.
@@ -367,7 +379,7 @@ fn a_server_restart_loses_nothing() {
     let url = server.url();
     let schema = Schema::new("lockrun").unwrap();
     let mut session = connect(&url).expect("connect");
-    create_or_check(&mut session, &schema, CALL).expect("the schema");
+    create_or_check(&mut session, &schema, true, CALL).expect("the schema");
     take_slot(&mut session, &schema, "job", 60_000);
 
     server.kill();
@@ -378,7 +390,7 @@ fn a_server_restart_loses_nothing() {
 
     assert!(server.restart(), "restart:\n{}", server.log());
     let mut session = connect(&url).expect("reconnect");
-    create_or_check(&mut session, &schema, CALL).expect("the schema is still lockrun's");
+    create_or_check(&mut session, &schema, true, CALL).expect("the schema is still lockrun's");
     let holders = format!(
         "SELECT token FROM {} WHERE name = 'job'",
         schema.table("holders")

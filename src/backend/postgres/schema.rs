@@ -72,19 +72,25 @@ enum Found {
     Foreign,
 }
 
-/// Makes sure `schema` is lockrun's, of this version, creating it when it is
-/// missing or empty; refuses (untouched) a schema that is someone else's or a
-/// newer lockrun's. Costs one round trip when the schema is already there.
-/// Concurrent first uses are safe: creating takes an advisory lock and looks again.
+/// Makes sure `schema` is lockrun's, of this version, and says whether its
+/// tables are there. When it is missing or empty, they are created if
+/// `create` (running a command), else left so (`status` and `release` only
+/// look). A schema that is someone else's or a newer lockrun's is refused,
+/// untouched. Costs one round trip when the schema is already there; concurrent
+/// first uses are safe: creating takes an advisory lock and looks again.
 pub fn create_or_check(
     session: &mut Session,
     schema: &Schema,
+    create: bool,
     within: Duration,
-) -> Result<(), Failure> {
+) -> Result<bool, Failure> {
     let name = schema.name();
     let mut found = session.call("check the schema", within, async |client: &Client| {
         inspect(client, name).await
     })?;
+    if found == Found::Room && !create {
+        return Ok(false);
+    }
     if found == Found::Room {
         let tables = TABLES
             .replace("{schema}", &schema.quoted)
@@ -118,7 +124,7 @@ pub fn create_or_check(
         | Found::Lockrun {
             version: SCHEMA_VERSION,
             complete: true,
-        } => Ok(()),
+        } => Ok(true),
         Found::Lockrun {
             version: SCHEMA_VERSION,
             complete: false,
