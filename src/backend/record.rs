@@ -3,7 +3,9 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::Line;
 use crate::identity::Process;
+use crate::platform::clock::Moment;
 
 /// Who takes or waits for a slot, as the store keeps it: enough to show in
 /// `status` and, on the same host, to tell whether its process still lives.
@@ -131,6 +133,61 @@ pub fn sort(entries: &mut [Entry]) {
             b.position,
         ))
     });
+}
+
+/// The waiters of one or more names as `status` lists them, from `(name,
+/// owner, since, expires_at)` in line order: those whose processes are known
+/// to be gone are left out, and the others numbered from 1 in each name's line.
+pub fn waiting<'a>(
+    waiters: impl IntoIterator<Item = (&'a str, &'a Owner, u64, Option<u64>)>,
+) -> Vec<Entry> {
+    let mut entries: Vec<Entry> = Vec::new();
+    for (name, owner, since, expires_at) in waiters {
+        if owner.process.is_gone() {
+            continue;
+        }
+        let position = match entries.last() {
+            Some(last) if last.name == name => last.position + 1,
+            _ => 1,
+        };
+        entries.push(Entry::waiter(name, position, owner, Some(since)).expiring(expires_at));
+    }
+    entries
+}
+
+/// A holder or waiter ahead of us, as one look at the line saw it.
+pub struct Ahead<'a> {
+    pub owner: &'a Owner,
+    /// Kept taken by `--min-hold` after its holder left: no process to watch.
+    pub kept: bool,
+    /// When it goes by itself: its lease ends, or its place in line lapses.
+    pub ends: Moment,
+}
+
+/// Where we stand after a look at the line that found us at `position` (0:
+/// not in line) behind `holders` and, unless at the head, `just_ahead`, the
+/// waiter just ahead of us. At the head (or out of line) the line moves by
+/// itself when the first lease ends; second, when the head's place lapses;
+/// further back we are told (see [`local_ahead`]).
+pub fn line(me: &Process, position: u32, holders: &[Ahead], just_ahead: Option<&Ahead>) -> Line {
+    let moves_by = match position {
+        0 | 1 => holders.iter().map(|holder| holder.ends).min(),
+        2 => just_ahead.map(|waiter| waiter.ends),
+        _ => None,
+    };
+    Line {
+        position,
+        local_ahead: local_ahead(
+            me,
+            position,
+            holders
+                .iter()
+                .filter(|holder| !holder.kept)
+                .map(|holder| holder.owner),
+            just_ahead.map(|waiter| waiter.owner),
+        ),
+        moves_by,
+    }
 }
 
 /// The entries ahead of us whose owners run on this host, so that the waiting

@@ -10,7 +10,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::{Duration, SystemTime};
 
-use super::record::{HolderRecord, WaiterRecord, local_ahead, sort};
+use super::record::{HolderRecord, WaiterRecord, local_ahead, sort, waiting};
 use super::{
     Abilities, Attempt, Common, Entry, Line, Owner, Renewal, Request, Slot, Store, Wakeup,
 };
@@ -130,17 +130,18 @@ impl RedisStore {
                 .borrow_mut()
                 .call_idempotent("reading waiters", MAX_CALL_TIMEOUT, |c| pipe.query(c))?;
         let now = now_millis();
-        let records = replies.into_iter().filter_map(|(value, pttl)| {
-            let record: WaiterRecord = serde_json::from_str(&value?).ok()?;
-            (!record.owner.process.is_gone()).then_some((record, pttl))
-        });
-        Ok(records
-            .zip(1..)
-            .map(|((record, pttl), position)| {
-                Entry::waiter(&record.name, position, &record.owner, Some(record.since))
-                    .expiring(expiry(now, pttl))
-            })
-            .collect())
+        let records: Vec<(WaiterRecord, i64)> = replies
+            .into_iter()
+            .filter_map(|(value, pttl)| Some((serde_json::from_str(&value?).ok()?, pttl)))
+            .collect();
+        Ok(waiting(records.iter().map(|(record, pttl)| {
+            (
+                record.name.as_str(),
+                &record.owner,
+                record.since,
+                expiry(now, *pttl),
+            )
+        })))
     }
 
     /// Every key matching `pattern`, by SCAN (never KEYS, which blocks the server).

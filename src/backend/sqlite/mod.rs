@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::record::{local_ahead, sort};
+use super::record::{Ahead, line, sort, waiting};
 use super::{
     Abilities, Attempt, Common, Entry, Line, Owner, Renewal, Request, Slot, Store, Wakeup,
 };
@@ -124,23 +124,26 @@ impl Look {
         } else {
             0
         };
-        let kept_or_holding = self.holders.iter().filter(|row| !row.released);
-        Line {
+        let holders: Vec<Ahead> = self
+            .holders
+            .iter()
+            .map(|row| Ahead {
+                owner: &row.owner,
+                kept: row.released,
+                ends: moment_at(row.expires_at),
+            })
+            .collect();
+        let just_ahead = self.ahead.last().map(|row| Ahead {
+            owner: &row.owner,
+            kept: false,
+            ends: moment_at(row.expires_at),
+        });
+        line(
+            &request.owner.process,
             position,
-            local_ahead: local_ahead(
-                &request.owner.process,
-                position,
-                kept_or_holding.map(|row| &row.owner),
-                self.ahead.last().map(|row| &row.owner),
-            ),
-            // At the head the line moves when a lease ends; second, when the head's place lapses.
-            moves_by: match position {
-                0 | 1 => self.holders.iter().map(|row| row.expires_at).min(),
-                2 => self.ahead.last().map(|row| row.expires_at),
-                _ => None,
-            }
-            .map(moment_at),
-        }
+            &holders,
+            just_ahead.as_ref(),
+        )
     }
 }
 
@@ -314,20 +317,14 @@ impl Store for SqliteStore {
             .filter(|row| row.released || !row.owner.process.is_gone())
             .map(HolderRow::entry)
             .collect();
-        let mut position = 0;
-        let mut previous = "";
-        for row in waiters.iter().filter(|row| !row.owner.process.is_gone()) {
-            position = if row.name == previous {
-                position + 1
-            } else {
-                1
-            };
-            previous = &row.name;
-            entries.push(
-                Entry::waiter(&row.name, position, &row.owner, Some(row.since))
-                    .expiring(Some(row.expires_at)),
-            );
-        }
+        entries.extend(waiting(waiters.iter().map(|row| {
+            (
+                row.name.as_str(),
+                &row.owner,
+                row.since,
+                Some(row.expires_at),
+            )
+        })));
         sort(&mut entries);
         Ok(entries)
     }
