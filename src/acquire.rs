@@ -181,10 +181,12 @@ impl Waiter<'_> {
         self.reported = Some(line.position);
     }
 
-    /// Waits out trouble with the backend once it has answered before, a backoff
-    /// step at a time until `--timeout`; anything else ends the wait.
+    /// Waits out trouble with the backend once it has answered before (or a
+    /// server that is there but full), a backoff step at a time until
+    /// `--timeout`; anything else ends the wait.
     fn ride_out(&mut self, err: Error) -> Result<()> {
-        let Some(retry) = Retry::for_error(&err).filter(|_| self.reached) else {
+        let waited_out = self.reached || err.passes_at_first_contact();
+        let Some(retry) = Retry::for_error(&err).filter(|_| waited_out) else {
             return Err(err);
         };
         if self.deadline.is_some_and(Moment::has_passed) || !self.request.queue {

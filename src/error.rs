@@ -70,6 +70,18 @@ impl Error {
         Self::Output(format!("{stream}: {reason}"))
     }
 
+    /// Whether this is trouble worth waiting out before the store ever answered a look:
+    /// only a server that is there but full, never one that cannot be reached.
+    pub fn passes_at_first_contact(&self) -> bool {
+        matches!(
+            self,
+            Self::Trouble {
+                kind: Trouble::Crowded,
+                ..
+            }
+        )
+    }
+
     pub fn internal(context: impl std::fmt::Display, err: impl std::fmt::Display) -> Self {
         Self::Internal(format!("{context}: {err}"))
     }
@@ -82,6 +94,9 @@ pub enum Trouble {
     Unavailable,
     /// The store answered but could not do it now (a database locked by another process).
     Busy,
+    /// The server is up but has no room for another client now (PostgreSQL's "too many
+    /// clients"): waited out even at first contact, as when a whole fleet starts at once.
+    Crowded,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

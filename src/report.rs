@@ -221,7 +221,7 @@ impl Retry {
             } => Some(Self::Unavailable(message.clone())),
             Error::Trouble {
                 message,
-                kind: Trouble::Busy,
+                kind: Trouble::Busy | Trouble::Crowded,
             } => Some(Self::TransientError(message.clone())),
             _ => None,
         }

@@ -83,7 +83,7 @@ fn connects_with_the_password_and_refuses_others_without_showing_them() {
         "{message}"
     );
     assert!(!message.contains('\n'), "one line: {message}");
-    assert_eq!(failure.at_first_contact().exit_code(), 69);
+    assert_eq!(failure.into_error().exit_code(), 69);
 
     if std::env::var_os("PGPASSWORD").is_none() {
         let failure = refusal(&format!(

@@ -1,8 +1,9 @@
 //! What went wrong talking to PostgreSQL, sorted by what lockrun does about
 //! it (README: exit status): a bad `--postgres-url` is a usage error; a server
 //! that cannot be reached or refuses lockrun at first contact ends lockrun with
-//! 69 at once; trouble that passes (a lost connection, a restart, too many
-//! clients, a serialization failure) is ridden out once the server was reached.
+//! 69 at once; trouble that passes (a lost connection, a restart, a
+//! serialization failure) is ridden out once the server was reached, and a
+//! server with too many clients even before.
 //! Every message names the server redacted and has the password scrubbed out.
 
 use std::error::Error as _;
@@ -13,7 +14,7 @@ use std::time::Duration;
 use tokio_postgres::error::SqlState;
 
 use super::target::Target;
-use crate::error::Error;
+use crate::error::{Error, Trouble as Passing};
 
 /// What lockrun does about a failure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,10 +30,15 @@ pub enum Kind {
     /// verify, a schema that is not lockrun's. Exit 69.
     Refused,
     /// Trouble that passes: the connection was lost or ended by an
-    /// administrator (`pg_terminate_backend`), the server is starting, shutting
-    /// down or out of connections, a serialization failure, deadlock, lock or
-    /// statement timeout. Exit 69 at first contact; later, retried with backoff.
+    /// administrator (`pg_terminate_backend`), the server is starting or
+    /// shutting down, a serialization failure, deadlock, lock or statement
+    /// timeout. Exit 69 at first contact; later, retried with backoff.
     Transient,
+    /// The server is there but has no room for another connection ("too many
+    /// clients", 53300). Retried with backoff even at first contact: a fleet
+    /// whose cron jobs all start in the same minute fills `max_connections`
+    /// for a moment, and that is no reason for their jobs to fail.
+    Crowded,
     /// SQL the server rejected that lockrun should never have sent: a bug, exit 70.
     Internal,
 }
@@ -58,15 +64,23 @@ impl Failure {
 
     /// Whether the backend should retry this once it has reached the server.
     pub fn passes(&self) -> bool {
-        matches!(self.kind, Kind::Unreachable | Kind::Transient)
+        matches!(
+            self.kind,
+            Kind::Unreachable | Kind::Transient | Kind::Crowded
+        )
     }
 
-    /// lockrun's error for this failure before it has reached the server: nothing is retried then.
-    pub fn at_first_contact(self) -> Error {
+    /// lockrun's error for this failure: trouble that passes is for the
+    /// waiting loop to wait out (once the server answered, or when it is
+    /// only full), and ends lockrun with 69 anywhere else.
+    pub fn into_error(self) -> Error {
         match self.kind {
             Kind::Usage => Error::Usage(self.message),
             Kind::Internal => Error::Internal(self.message),
-            Kind::Unreachable | Kind::Refused | Kind::Transient => Error::Unavailable(self.message),
+            Kind::Refused => Error::Unavailable(self.message),
+            Kind::Unreachable => Error::trouble(Passing::Unavailable, self.message),
+            Kind::Transient => Error::trouble(Passing::Busy, self.message),
+            Kind::Crowded => Error::trouble(Passing::Crowded, self.message),
         }
     }
 }
@@ -143,6 +157,7 @@ fn classify(trouble: &Trouble) -> (Kind, String) {
 fn kind_of_state(code: &SqlState) -> Kind {
     let code = code.code();
     match code {
+        "53300" => Kind::Crowded,
         // Shutting down, crashed, starting up, pg_terminate_backend; a cancelled
         // statement (statement_timeout), a lock or idle-in-transaction timeout;
         // a standby that cannot take writes (after a failover).
@@ -151,7 +166,7 @@ fn kind_of_state(code: &SqlState) -> Kind {
         "57P04" | "3D000" | "3F000" | "42501" => Kind::Refused,
         _ => match &code[..2] {
             // Connection exceptions, serialization failures and deadlocks,
-            // insufficient resources (too many clients, disk full), I/O errors.
+            // insufficient resources (disk full, out of memory), I/O errors.
             "08" | "40" | "53" | "58" => Kind::Transient,
             // Authentication and authorization; a server lacking a feature.
             "28" | "0A" => Kind::Refused,
@@ -210,7 +225,7 @@ mod tests {
             (SqlState::ADMIN_SHUTDOWN, Kind::Transient),
             (SqlState::CRASH_SHUTDOWN, Kind::Transient),
             (SqlState::CANNOT_CONNECT_NOW, Kind::Transient),
-            (SqlState::TOO_MANY_CONNECTIONS, Kind::Transient),
+            (SqlState::TOO_MANY_CONNECTIONS, Kind::Crowded),
             (SqlState::T_R_SERIALIZATION_FAILURE, Kind::Transient),
             (SqlState::T_R_DEADLOCK_DETECTED, Kind::Transient),
             (SqlState::LOCK_NOT_AVAILABLE, Kind::Transient),
@@ -246,9 +261,9 @@ mod tests {
             "PostgreSQL at postgres://u:***@h:5432/d: renew failed: no answer within 2s"
         );
         assert!(describe(&target, "renew", &Trouble::Lost).passes());
-        assert_eq!(timed_out.at_first_contact().exit_code(), 69);
+        assert_eq!(timed_out.into_error().exit_code(), 69);
         let usage = Failure::usage("--postgres-url: bad");
         assert!(!usage.passes());
-        assert_eq!(usage.at_first_contact().exit_code(), 64);
+        assert_eq!(usage.into_error().exit_code(), 64);
     }
 }
