@@ -7,7 +7,7 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-use lockrun::backend::postgres::connect::Session;
+use lockrun::backend::postgres::connect::{Connector, Session};
 use lockrun::backend::postgres::failure::{Failure, Kind};
 use lockrun::backend::postgres::schema::{Schema, create_or_check};
 use lockrun::backend::postgres::target::Target;
@@ -21,7 +21,7 @@ use crate::support::{PATIENCE, Scratch, signal, write_certificates};
 const CALL: Duration = Duration::from_secs(5);
 
 fn connect(url: &str) -> Result<Session, Failure> {
-    Session::connect(&Target::parse(Some(url)).expect("a valid URL"), CALL)
+    Connector::new(Target::parse(Some(url)).expect("a valid URL"))?.connect(CALL)
 }
 
 /// The failure connecting to `url`, which must fail.

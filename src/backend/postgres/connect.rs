@@ -20,18 +20,20 @@
 
 use std::collections::VecDeque;
 use std::future::{Future, poll_fn};
-use std::pin::pin;
+use std::pin::{Pin, pin};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use tokio::runtime::Runtime;
 use tokio_postgres::config::{SslMode as WireSslMode, TargetSessionAttrs};
 use tokio_postgres::tls::MakeTlsConnect;
-use tokio_postgres::{AsyncMessage, Client, Config, Connection, Notification, Socket};
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{AsyncMessage, Client, Config, Connection, Notification, Row, Socket};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::failure::{Failure, Kind, Trouble, describe};
-use super::target::{Host, SslMode, Target};
+use super::resolve::{self, Endpoint};
+use super::target::{SslMode, Target};
 use super::tls;
 
 /// Idle time before the first keepalive probe, the time between probes, and
@@ -45,6 +47,89 @@ const KEEPALIVE_RETRIES: u32 = 3;
 const TCP_USER_TIMEOUT: Duration = Duration::from_secs(8);
 
 type TlsStream = <MakeRustlsConnect as MakeTlsConnect<Socket>>::Stream;
+
+/// A statement for [`Session::transact`]: its SQL and its parameters, each with its type.
+pub type Statement<'a> = (&'a str, &'a [(&'a (dyn ToSql + Sync), Type)]);
+
+/// How lockrun reaches a server: the target, and TLS set up for it once
+/// (loading the system's root certificates is not free, and a waiter far back
+/// in line connects anew for every look).
+pub struct Connector {
+    target: Target,
+    tls: MakeRustlsConnect,
+}
+
+impl Connector {
+    pub fn new(target: Target) -> Result<Self, Failure> {
+        Ok(Self {
+            tls: tls::connector(&target)?,
+            target,
+        })
+    }
+
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+
+    /// Connects to the first place of the target's that answers (each host in
+    /// turn, a name's addresses in the order name resolution gives them),
+    /// within `within` in all and the target's `connect_timeout` for each place.
+    /// When none answers, the last failure says why.
+    pub fn connect(&self, within: Duration) -> Result<Session, Failure> {
+        let deadline = Instant::now() + within;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()
+            .map_err(|err| {
+                Failure::new(Kind::Internal, format!("cannot start a runtime: {err}"))
+            })?;
+        let target = &self.target;
+        let mut failure = None;
+        for endpoint in resolve::endpoints(target) {
+            let endpoint = match endpoint {
+                Ok(endpoint) => endpoint,
+                Err(unresolved) => {
+                    failure = Some(unresolved);
+                    continue;
+                }
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            let config = config(target, &endpoint);
+            let connect = runtime.block_on(async {
+                tokio::time::timeout(left, config.connect(self.tls.clone()))
+                    .await
+                    .map_err(|_| Trouble::TimedOut(within))?
+                    .map_err(Trouble::from)
+            });
+            match connect {
+                Ok((client, connection)) => {
+                    return Ok(Session {
+                        runtime,
+                        client,
+                        connection,
+                        broken: false,
+                        notifications: VecDeque::new(),
+                        target: target.clone(),
+                    });
+                }
+                Err(trouble) => {
+                    let out_of_time = matches!(trouble, Trouble::TimedOut(_));
+                    failure = Some(describe(target, "connect", &trouble));
+                    if out_of_time {
+                        break;
+                    }
+                }
+            }
+        }
+        Err(failure.unwrap_or_else(|| {
+            Failure::new(
+                Kind::Unreachable,
+                format!("PostgreSQL at {target}: connect failed: no address to connect to"),
+            )
+        }))
+    }
+}
 
 /// One connection to PostgreSQL.
 pub struct Session {
@@ -60,36 +145,6 @@ pub struct Session {
 }
 
 impl Session {
-    /// Connects to `target` (trying its hosts in order) within `within` at
-    /// most, and within the target's `connect_timeout` for each host.
-    pub fn connect(target: &Target, within: Duration) -> Result<Self, Failure> {
-        let tls = tls::connector(target)?;
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_io()
-            .enable_time()
-            .build()
-            .map_err(|err| {
-                Failure::new(Kind::Internal, format!("cannot start a runtime: {err}"))
-            })?;
-        let config = config(target);
-        let connect = runtime.block_on(async {
-            tokio::time::timeout(within, config.connect(tls))
-                .await
-                .map_err(|_| Trouble::TimedOut(within))?
-                .map_err(Trouble::from)
-        });
-        let (client, connection) =
-            connect.map_err(|trouble| describe(target, "connect", &trouble))?;
-        Ok(Self {
-            runtime,
-            client,
-            connection,
-            broken: false,
-            notifications: VecDeque::new(),
-            target: target.clone(),
-        })
-    }
-
     /// The server as messages show it: the target, redacted.
     pub fn target(&self) -> &Target {
         &self.target
@@ -116,6 +171,8 @@ impl Session {
     /// Runs `work` in one transaction, committed when it succeeds and rolled
     /// back otherwise, all within `within`. The server's own timeouts are set
     /// for the transaction to `within` too, so it never outlives its client.
+    /// Work whose statements do not depend on each other's answers takes one
+    /// round trip less with [`Session::transact`].
     pub fn transaction<T>(
         &mut self,
         what: &str,
@@ -123,12 +180,7 @@ impl Session {
         work: impl AsyncFnOnce(&Client) -> Result<T, tokio_postgres::Error>,
     ) -> Result<T, Failure> {
         let deadline = Instant::now() + within;
-        // Whole milliseconds, at least one: zero would mean no limit at all.
-        let limit = within.as_millis().clamp(1, i32::MAX as u128);
-        let begin_with_limits = format!(
-            "BEGIN; SET LOCAL statement_timeout = {limit}; SET LOCAL lock_timeout = {limit}; \
-             SET LOCAL idle_in_transaction_session_timeout = {limit}"
-        );
+        let begin_with_limits = begin_with_limits(within);
         let result = self.drive(within, async |client: &Client| {
             // BEGIN goes out in the same write as the work's first statement,
             // saving a round trip. Should that batch fail, the transaction is
@@ -149,6 +201,42 @@ impl Session {
             });
         }
         result.map_err(|trouble| describe(&self.target, what, &trouble))
+    }
+
+    /// Runs `statements` in order in one transaction, in one round trip:
+    /// BEGIN (with the server's timeouts, as in [`Session::transaction`]),
+    /// the statements and COMMIT go out in one write. Each statement sees
+    /// what the ones before it did. Returns the rows of each; a failing
+    /// statement aborts the transaction (the ones after it fail too, and
+    /// COMMIT rolls it back) and is the failure returned.
+    pub fn transact(
+        &mut self,
+        what: &str,
+        within: Duration,
+        statements: &[Statement],
+    ) -> Result<Vec<Vec<Row>>, Failure> {
+        let begin = begin_with_limits(within);
+        self.drive(within, async |client: &Client| {
+            let mut steps: Vec<Step> = Vec::with_capacity(statements.len() + 2);
+            steps.push(Box::pin(async {
+                client.batch_execute(&begin).await.map(|()| Vec::new())
+            }));
+            for (sql, params) in statements {
+                steps.push(Box::pin(client.query_typed(sql, params)));
+            }
+            steps.push(Box::pin(async {
+                client.batch_execute("COMMIT").await.map(|()| Vec::new())
+            }));
+            let mut results = all(steps).await.into_iter();
+            results.next().expect("BEGIN's result")?;
+            let rows = results
+                .by_ref()
+                .take(statements.len())
+                .collect::<Result<Vec<_>, _>>()?;
+            results.next().expect("COMMIT's result")?;
+            Ok(rows)
+        })
+        .map_err(|trouble| describe(&self.target, what, &trouble))
     }
 
     /// Waits up to `within` for a notification on a channel this session
@@ -283,6 +371,47 @@ fn pump(
     })
 }
 
+/// `BEGIN`, and the server's timeouts for the transaction: statements, lock
+/// waits and the client's silence are limited to `within`, so that a
+/// transaction never outlives its client (nor holds its row locks longer).
+fn begin_with_limits(within: Duration) -> String {
+    // Whole milliseconds, at least one: zero would mean no limit at all.
+    let limit = within.as_millis().clamp(1, i32::MAX as u128);
+    format!(
+        "BEGIN; SET LOCAL statement_timeout = {limit}; SET LOCAL lock_timeout = {limit}; \
+         SET LOCAL idle_in_transaction_session_timeout = {limit}"
+    )
+}
+
+/// One step of [`Session::transact`], boxed so that steps of different kinds line up.
+type Step<'a> = Pin<Box<dyn Future<Output = Result<Vec<Row>, tokio_postgres::Error>> + 'a>>;
+
+/// The futures, polled together and in order, so that the requests they send
+/// go out in order and in one write; their outputs in the same order.
+async fn all<T>(mut futures: Vec<Pin<Box<dyn Future<Output = T> + '_>>>) -> Vec<T> {
+    let mut outputs: Vec<Option<T>> = futures.iter().map(|_| None).collect();
+    poll_fn(|cx| {
+        for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if output.is_none()
+                && let Poll::Ready(value) = future.as_mut().poll(cx)
+            {
+                *output = Some(value);
+            }
+        }
+        if outputs.iter().all(Option::is_some) {
+            Poll::Ready(
+                outputs
+                    .iter_mut()
+                    .map(|output| output.take().unwrap())
+                    .collect(),
+            )
+        } else {
+            Poll::Pending
+        }
+    })
+    .await
+}
+
 /// Both futures, polled together, so that requests they send go out in one write.
 async fn both<A: Future, B: Future>(a: A, b: B) -> (A::Output, B::Output) {
     let (mut a, mut b) = (pin!(a), pin!(b));
@@ -307,19 +436,26 @@ async fn both<A: Future, B: Future>(a: A, b: B) -> (A::Output, B::Output) {
     .await
 }
 
-/// tokio-postgres's configuration for `target`, with lockrun's keepalives.
-fn config(target: &Target) -> Config {
+/// tokio-postgres's configuration for one place of `target`'s, with lockrun's keepalives.
+fn config(target: &Target, endpoint: &Endpoint) -> Config {
     let mut config = Config::new();
-    for host in &target.hosts {
-        match host {
-            Host::Tcp(name) => config.host(name),
-            Host::Socket(dir) => config.host_path(dir),
-        };
-    }
-    for &port in &target.ports {
-        config.port(port);
-    }
+    let (port, ssl_mode) = match endpoint {
+        Endpoint::Tcp {
+            name,
+            address,
+            port,
+        } => {
+            config.host(name).hostaddr(*address);
+            (*port, wire_ssl_mode(target.tls.mode))
+        }
+        // No TLS on a Unix socket, as in libpq.
+        Endpoint::Socket { dir, port } => {
+            config.host_path(dir);
+            (*port, WireSslMode::Disable)
+        }
+    };
     config
+        .port(port)
         .user(&target.user)
         .dbname(&target.dbname)
         .application_name(&target.application_name)
@@ -329,7 +465,7 @@ fn config(target: &Target) -> Config {
         .keepalives_interval(KEEPALIVE_INTERVAL)
         .keepalives_retries(KEEPALIVE_RETRIES)
         .tcp_user_timeout(TCP_USER_TIMEOUT)
-        .ssl_mode(wire_ssl_mode(target));
+        .ssl_mode(ssl_mode);
     if let Some(password) = target.password() {
         config.password(password);
     }
@@ -339,15 +475,9 @@ fn config(target: &Target) -> Config {
     config
 }
 
-/// The protocol's side of `sslmode` (the certificate checks are in the TLS
-/// connector); none on Unix sockets, as in libpq.
-fn wire_ssl_mode(target: &Target) -> WireSslMode {
-    let all_sockets = target
-        .hosts
-        .iter()
-        .all(|host| matches!(host, Host::Socket(_)));
-    match target.tls.mode {
-        _ if all_sockets => WireSslMode::Disable,
+/// The protocol's side of `sslmode` (the certificate checks are in the TLS connector).
+fn wire_ssl_mode(mode: SslMode) -> WireSslMode {
+    match mode {
         SslMode::Disable => WireSslMode::Disable,
         SslMode::Prefer => WireSslMode::Prefer,
         SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => WireSslMode::Require,
@@ -366,7 +496,7 @@ mod tests {
     }
 
     fn connect_failure(target: &Target, within: Duration) -> Failure {
-        match Session::connect(target, within) {
+        match Connector::new(target.clone()).unwrap().connect(within) {
             Ok(_) => panic!("connected to {target}"),
             Err(failure) => failure,
         }

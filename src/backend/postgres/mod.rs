@@ -4,6 +4,7 @@
 
 pub mod connect;
 pub mod failure;
+mod resolve;
 pub mod schema;
 pub mod target;
 mod tls;
