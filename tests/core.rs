@@ -54,6 +54,8 @@ macro_rules! backend_tests {
 backend_tests!(file_backend, Store::file());
 backend_tests!(sqlite_backend, Store::sqlite());
 backend_tests!(redis_backend, Store::redis());
+#[cfg(feature = "postgres")]
+backend_tests!(postgres_backend, Store::postgres());
 
 /// A command that holds the lock until `release` appears, after writing `ready`.
 pub fn hold(store: &Store, scratch: &Scratch, name: &str, extra: &[&str]) -> Running {

@@ -13,6 +13,7 @@
 //! one line in the per-backend test list (`tests/core.rs`).
 
 mod file;
+/// Public for the integration tests of its groundwork (sessions, schema, failures).
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod record;
@@ -76,6 +77,8 @@ backends! {
     sqlite => sqlite,
     #[cfg(feature = "redis")]
     redis => redis,
+    #[cfg(feature = "postgres")]
+    postgres => postgres,
 }
 
 /// What every backend is told when it opens its store.

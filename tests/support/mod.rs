@@ -79,6 +79,26 @@ impl Store {
         }
     }
 
+    /// The PostgreSQL backend on a server of its own; `None` (after a loud
+    /// notice) when PostgreSQL's server is not installed, unless `CI=true`.
+    pub fn postgres() -> Option<Self> {
+        postgres::PostgresServer::start().map(|server| Self::on_postgres(&Arc::new(server)))
+    }
+
+    /// The PostgreSQL backend on `server`, which the store keeps alive.
+    pub fn on_postgres(server: &Arc<postgres::PostgresServer>) -> Self {
+        Self {
+            kind: "postgres",
+            args: vec![
+                "--backend".into(),
+                "postgres".into(),
+                "--postgres-url".into(),
+                server.url().into(),
+            ],
+            _keep: Box::new(Arc::clone(server)),
+        }
+    }
+
     /// The SQLite backend on a fresh database file.
     pub fn sqlite() -> Self {
         let dir = TempDir::new().expect("temp dir");

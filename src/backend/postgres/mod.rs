@@ -1,10 +1,291 @@
-//! Groundwork for the PostgreSQL backend: which server (`--postgres-url` and
-//! libpq's defaults), a session whose every call has a deadline, TLS, failures
-//! sorted by what lockrun does about them, and lockrun's schema.
+//! The PostgreSQL backend (README: "PostgreSQL backend"): leases as rows in
+//! lockrun's schema, dated by the server's clock; the waiting line as rows by
+//! ticket; every look and change one short transaction in one round trip.
+//! A release wakes the waiter at the head of the line with NOTIFY on its own
+//! channel. Only the first waiters of a line keep a connection (and LISTEN);
+//! the ones behind them connect for each look and poll with the backoff.
+//!
+//! Groundwork, public for its integration tests: which server
+//! (`target`), sessions whose every call has a deadline (`connect`), failures
+//! sorted (`failure`), the schema (`schema`).
 
 pub mod connect;
 pub mod failure;
+mod link;
+mod look;
 mod resolve;
 pub mod schema;
+mod slot;
+mod sql;
 pub mod target;
 mod tls;
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::Duration;
+
+use tokio_postgres::Row;
+use tokio_postgres::types::{ToSql, Type};
+
+use super::record::{sort, waiting};
+use super::{Abilities, Attempt, Common, Entry, Owner, Request, Slot, Store, Wakeup};
+use crate::error::Result;
+use crate::identity::Process;
+use crate::name::Name;
+use crate::platform::clock::Moment;
+use connect::{Connector, Statement};
+use failure::Failure;
+use link::{Link, MAX_CALL};
+use look::{Look, wake_params};
+use schema::Schema;
+use slot::PostgresSlot;
+use sql::Sql;
+use target::Target;
+
+/// Its command-line options (a group of their own is not needed: clap flattens them).
+#[derive(Debug, clap::Args)]
+#[group(skip)]
+pub struct Options {
+    /// PostgreSQL server: `postgres://[user[:pass]@]host[:port]/db[?sslmode=...]` or a `key=value` conninfo string [default: libpq's: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]
+    #[arg(
+        long,
+        env = "LOCKRUN_POSTGRES_URL",
+        value_name = "URL",
+        hide_env_values = true
+    )]
+    pub postgres_url: Option<String>,
+}
+
+impl Options {
+    pub fn open(&self, common: &Common) -> Result<Box<dyn Store>> {
+        let target = Target::parse(self.postgres_url.as_deref()).map_err(Failure::into_error)?;
+        let schema = Schema::new(common.prefix).map_err(Failure::into_error)?;
+        let connector = Connector::new(target).map_err(Failure::into_error)?;
+        Ok(Box::new(PostgresStore {
+            sql: Rc::new(Sql::new(&schema)),
+            link: Rc::new(RefCell::new(Link::new(connector, schema, common.create))),
+            in_line: false,
+            woken: false,
+            look_again: false,
+        }))
+    }
+}
+
+/// Waiters this far back in line beyond the slots keep their connection and
+/// are woken by NOTIFY; this many places in all at most. The ones behind
+/// them connect only to look, so a line of thousands needs a few connections.
+const SPARE_LISTENERS: u32 = 8;
+const MAX_LISTENERS: u32 = 64;
+
+struct PostgresStore {
+    link: Rc<RefCell<Link>>,
+    sql: Rc<Sql>,
+    /// Whether we joined the line.
+    in_line: bool,
+    /// The last wait ended with a wake-up: a slot is free for us.
+    woken: bool,
+    /// The last look began to listen without the name's lock: a wake-up
+    /// may have gone out just before, so look again rather than wait.
+    look_again: bool,
+}
+
+/// The timeout of one call for a lease of `ttl`: well inside a renewal interval.
+fn call_timeout(ttl: Duration) -> Duration {
+    (ttl / 5).min(MAX_CALL)
+}
+
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl PostgresStore {
+    /// One look at the line (see [`Look::take`]). A waiter far back in line
+    /// then lets its connection go until its next look.
+    fn look(&mut self, request: &Request, act: bool) -> Result<Look> {
+        let mut link = self.link.borrow_mut();
+        let look = Look::take(&mut link, &self.sql, request, act)?;
+        let listener_places = (request.parallelism + SPARE_LISTENERS).min(MAX_LISTENERS);
+        if look.position > listener_places {
+            link.disconnect();
+        }
+        // Without the name's lock, a wake-up may have gone out just before we listened.
+        self.look_again = look.began_listening && !act && link.listening();
+        Ok(look)
+    }
+}
+
+/// Runs `statements` under the lock of `name`'s row, then wakes the head of
+/// its line if a slot of `parallelism` is free for it; the statements' rows.
+fn change(
+    link: &RefCell<Link>,
+    sql: &Sql,
+    what: &str,
+    within: Duration,
+    name: &str,
+    parallelism: i32,
+    statements: &[Statement],
+) -> Result<Vec<Vec<Row>>> {
+    let locked: [(&(dyn ToSql + Sync), Type); 1] = [(&name, Type::TEXT)];
+    let wake = wake_params(&name, &parallelism);
+    let mut all: Vec<Statement> = vec![(&sql.lock, &locked)];
+    all.extend_from_slice(statements);
+    all.push((&sql.wake, &wake));
+    let mut results = link.borrow_mut().transact(what, within, &all)?;
+    results.pop();
+    results.remove(0);
+    Ok(results)
+}
+
+impl Store for PostgresStore {
+    fn abilities(&self) -> Abilities {
+        Abilities {
+            leases: true,
+            breakable: true,
+            wakeup: Wakeup::Told,
+        }
+    }
+
+    fn attempt(&mut self, request: &Request) -> Result<Attempt> {
+        let me = &request.owner.process;
+        if self.in_line && !std::mem::take(&mut self.woken) {
+            // Keeping our place takes no lock; only a slot that may be ours needs it.
+            let look = self.look(request, false)?;
+            let ours = look.position == 0 || (look.position == 1 && look.free);
+            if !ours {
+                return Ok(Attempt::Waiting(look.line(me)));
+            }
+        }
+        let sent = Moment::now();
+        let look = self.look(request, true)?;
+        self.in_line = look.position > 0;
+        let Some((slot, fence)) = look.taken else {
+            return Ok(Attempt::Waiting(look.line(me)));
+        };
+        Ok(Attempt::Taken(Box::new(PostgresSlot {
+            link: Rc::clone(&self.link),
+            sql: Rc::clone(&self.sql),
+            name: request.name.to_string(),
+            slot,
+            fence,
+            token: request.owner.token.clone(),
+            ttl: request.ttl,
+            parallelism: request.parallelism,
+            taken_at: sent,
+        })))
+    }
+
+    fn evict(&mut self, request: &Request, owners: &[Owner]) -> Result<()> {
+        let name = request.name.as_str();
+        let tokens: Vec<&str> = owners.iter().map(|owner| owner.token.as_str()).collect();
+        let params: [(&(dyn ToSql + Sync), Type); 2] =
+            [(&name, Type::TEXT), (&tokens, Type::TEXT_ARRAY)];
+        let parallelism = request.parallelism.cast_signed();
+        let evict: Statement = (&self.sql.evict, &params);
+        change(
+            &self.link,
+            &self.sql,
+            "drop dead entries",
+            MAX_CALL,
+            name,
+            parallelism,
+            &[evict],
+        )?;
+        Ok(())
+    }
+
+    fn wait(&mut self, _request: &Request, until: Moment) -> Result<Option<Box<dyn Slot>>> {
+        if !std::mem::take(&mut self.look_again) {
+            self.woken = self.link.borrow_mut().woken(until.remaining())?;
+        }
+        Ok(None)
+    }
+
+    fn leave(&mut self, request: &Request) -> Result<()> {
+        if std::mem::take(&mut self.in_line) {
+            self.evict(request, std::slice::from_ref(&request.owner))?;
+        }
+        Ok(())
+    }
+
+    fn list(&mut self, name: Option<&Name>) -> Result<Vec<Entry>> {
+        if !self.link.borrow_mut().present()? {
+            return Ok(Vec::new());
+        }
+        let name = name.map(Name::as_str);
+        let params: [(&(dyn ToSql + Sync), Type); 1] = [(&name, Type::TEXT)];
+        let mut link = self.link.borrow_mut();
+        let within = link.patience();
+        let rows = link
+            .transact("list the holders", within, &[(&self.sql.list, &params)])?
+            .pop()
+            .unwrap_or_default();
+        Ok(entries(&rows))
+    }
+
+    fn break_slots(&mut self, name: &Name, slot: Option<u32>) -> Result<Vec<Entry>> {
+        if !self.link.borrow_mut().present()? {
+            return Ok(Vec::new());
+        }
+        let name = name.as_str();
+        let slot = slot.map(u32::cast_signed);
+        let params: [(&(dyn ToSql + Sync), Type); 2] = [(&name, Type::TEXT), (&slot, Type::INT4)];
+        // Whatever the slots, the head of the line looks again.
+        let broken: Statement = (&self.sql.break_slots, &params);
+        let rows = change(
+            &self.link,
+            &self.sql,
+            "break the leases",
+            MAX_CALL,
+            name,
+            i32::MAX,
+            &[broken],
+        )?
+        .pop()
+        .unwrap_or_default();
+        Ok(entries(&rows))
+    }
+}
+
+/// `status` entries from rows of `list` (or `break_slots`): the holders
+/// whose processes live or whose slots are kept, then the live waiters.
+fn entries(rows: &[Row]) -> Vec<Entry> {
+    let owner = |row: &Row| Owner {
+        token: row.get("token"),
+        process: Process {
+            pid: row.get::<_, i32>("pid").cast_unsigned(),
+            start_time: row.get::<_, i64>("start_time").cast_unsigned(),
+            boot_id: row.get("boot_id"),
+            host: row.get("host"),
+        },
+        command: row.get("command"),
+    };
+    let millis = |row: &Row, column: &str| row.get::<_, i64>(column) as u64;
+    let mut holders = Vec::new();
+    let mut waiters = Vec::new();
+    for row in rows {
+        let name: String = row.get("name");
+        match row.get::<_, Option<i32>>("slot") {
+            Some(slot) => {
+                let owner = owner(row);
+                if row.get("kept") || !owner.process.is_gone() {
+                    holders.push(
+                        Entry::holder(&name, slot as u32, &owner, Some(millis(row, "since_ms")))
+                            .fenced(row.get::<_, i64>("fence") as u64)
+                            .expiring(Some(millis(row, "expires_ms"))),
+                    );
+                }
+            }
+            None => waiters.push((
+                name,
+                owner(row),
+                millis(row, "since_ms"),
+                millis(row, "expires_ms"),
+            )),
+        }
+    }
+    holders.extend(waiting(waiters.iter().map(
+        |(name, owner, since, expires)| (name.as_str(), owner, *since, Some(*expires)),
+    )));
+    sort(&mut holders);
+    holders
+}

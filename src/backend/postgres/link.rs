@@ -1,0 +1,146 @@
+//! The backend's connection to the server, shared by the store and the slot
+//! it hands out: made when first needed (lockrun's schema checked, and made
+//! if running may, on the first one), made anew after it broke (a restart, a
+//! failover, `pg_terminate_backend`), and given up between looks by a waiter
+//! far back in line. What fails comes out as lockrun's errors.
+
+use std::time::{Duration, Instant};
+
+use tokio_postgres::Row;
+
+use super::connect::{Connector, Session, Statement};
+use super::failure::{Failure, Kind};
+use super::schema::{Schema, create_or_check};
+use crate::error::Result;
+
+/// The longest a call for a lease waits for its answer (less with a short TTL).
+pub const MAX_CALL: Duration = Duration::from_secs(2);
+
+pub struct Link {
+    connector: Connector,
+    schema: Schema,
+    /// Whether a missing schema may be made (running), or only looked for.
+    create: bool,
+    session: Option<Session>,
+    /// Whether lockrun's tables are there, once a first connection looked.
+    present: Option<bool>,
+    /// Whether the session LISTENs for wake-ups (a new session does not).
+    listening: bool,
+}
+
+impl Link {
+    pub fn new(connector: Connector, schema: Schema, create: bool) -> Self {
+        Self {
+            connector,
+            schema,
+            create,
+            session: None,
+            present: None,
+            listening: false,
+        }
+    }
+
+    /// How long a look at the line (or `status`) may take, connecting
+    /// included: the target's `connect_timeout`, and at least [`MAX_CALL`].
+    pub fn patience(&self) -> Duration {
+        self.connector.target().connect_timeout.max(MAX_CALL)
+    }
+
+    /// Whether lockrun's tables are there (made first, when running).
+    pub fn present(&mut self) -> Result<bool> {
+        self.session(self.patience())?;
+        Ok(self.present == Some(true))
+    }
+
+    /// Whether the session listens for wake-ups.
+    pub fn listening(&self) -> bool {
+        self.listening && self.session.as_ref().is_some_and(Session::is_usable)
+    }
+
+    /// The session now listens (a LISTEN it ran was committed).
+    pub fn listens(&mut self) {
+        self.listening = true;
+    }
+
+    /// Gives the connection up, until the next call.
+    pub fn disconnect(&mut self) {
+        self.session = None;
+        self.listening = false;
+    }
+
+    /// Runs `statements` in one transaction and one round trip (see
+    /// [`Session::transact`]) within `within`, connecting first if needed.
+    /// A connection found dead on reuse (the server restarted since) is
+    /// replaced once, in the time left: the statements are all safe to repeat.
+    pub fn transact(
+        &mut self,
+        what: &str,
+        within: Duration,
+        statements: &[Statement],
+    ) -> Result<Vec<Vec<Row>>> {
+        let deadline = Instant::now() + within;
+        let reused = self.session.as_ref().is_some_and(Session::is_usable);
+        let result = self.session(within)?.transact(what, within, statements);
+        match result {
+            Err(failure) if reused && failure.kind == Kind::Transient && self.is_broken() => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                self.session(left)?
+                    .transact(what, left, statements)
+                    .map_err(|failure| self.failed(failure))
+            }
+            result => result.map_err(|failure| self.failed(failure)),
+        }
+    }
+
+    /// Waits up to `within` for a wake-up on the session's channel: true when
+    /// one came. Without a listening session, it only sleeps.
+    pub fn woken(&mut self, within: Duration) -> Result<bool> {
+        if !self.listening() {
+            std::thread::sleep(within);
+            return Ok(false);
+        }
+        let session = self.session.as_mut().expect("a listening session");
+        // Any notification on it is ours: the session listens on our channel alone.
+        let woken = session
+            .notification(within)
+            .map(|notification| notification.is_some());
+        woken.map_err(|failure| self.failed(failure))
+    }
+
+    /// The session, connected within `within` (and the target's
+    /// `connect_timeout` for each address), the schema checked on the first one.
+    fn session(&mut self, within: Duration) -> Result<&mut Session> {
+        if self.is_broken() {
+            self.disconnect();
+        }
+        if self.session.is_none() {
+            let started = Instant::now();
+            let mut session = self
+                .connector
+                .connect(within)
+                .map_err(Failure::into_error)?;
+            if self.present.is_none() {
+                let left = within.saturating_sub(started.elapsed());
+                let present = create_or_check(&mut session, &self.schema, self.create, left)
+                    .map_err(Failure::into_error)?;
+                self.present = Some(present);
+            }
+            self.session = Some(session);
+        }
+        Ok(self.session.as_mut().expect("connected above"))
+    }
+
+    fn is_broken(&self) -> bool {
+        self.session
+            .as_ref()
+            .is_some_and(|session| !session.is_usable())
+    }
+
+    /// lockrun's error for `failure`; a session it broke is let go.
+    fn failed(&mut self, failure: Failure) -> crate::error::Error {
+        if self.is_broken() {
+            self.disconnect();
+        }
+        failure.into_error()
+    }
+}

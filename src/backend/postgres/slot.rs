@@ -1,0 +1,94 @@
+//! A slot of the PostgreSQL backend: a row in `holders` with a lease that
+//! the server's clock dates, renewed on the connection that took it (made
+//! anew if it broke: a restart or failover loses the holder nothing).
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::{Duration, SystemTime};
+
+use tokio_postgres::types::{ToSql, Type};
+
+use super::link::Link;
+use super::sql::Sql;
+use super::{call_timeout, change, millis};
+use crate::backend::{Renewal, Slot};
+use crate::error::Result;
+use crate::platform::clock::Moment;
+
+pub struct PostgresSlot {
+    pub link: Rc<RefCell<Link>>,
+    pub sql: Rc<Sql>,
+    pub name: String,
+    pub slot: u32,
+    pub fence: u64,
+    pub token: String,
+    pub ttl: Duration,
+    pub parallelism: u32,
+    pub taken_at: Moment,
+}
+
+impl Slot for PostgresSlot {
+    fn number(&self) -> u32 {
+        self.slot
+    }
+
+    fn fence(&self) -> u64 {
+        self.fence
+    }
+
+    fn taken_at(&self) -> Moment {
+        self.taken_at
+    }
+
+    fn renew(&mut self, within: Duration) -> Result<Renewal> {
+        let (slot, ttl) = (self.slot.cast_signed(), millis(self.ttl));
+        let params: [(&(dyn ToSql + Sync), Type); 4] = [
+            (&self.name, Type::TEXT),
+            (&slot, Type::INT4),
+            (&self.token, Type::TEXT),
+            (&ttl, Type::INT8),
+        ];
+        let within = call_timeout(self.ttl).min(within);
+        let renewed = self.link.borrow_mut().transact(
+            "renew the lease",
+            within,
+            &[(&self.sql.renew, &params)],
+        )?;
+        Ok(Renewal::confirmed(renewed[0].len() == 1))
+    }
+
+    fn release(self: Box<Self>, keep_until: Option<SystemTime>) -> Result<()> {
+        // A duration from now, not a time: only the server's clock dates leases.
+        let keep = keep_until
+            .and_then(|until| until.duration_since(SystemTime::now()).ok())
+            .map_or(0, millis);
+        let slot = self.slot.cast_signed();
+        let params: [(&(dyn ToSql + Sync), Type); 4] = [
+            (&self.name, Type::TEXT),
+            (&slot, Type::INT4),
+            (&self.token, Type::TEXT),
+            (&keep, Type::INT8),
+        ];
+        let within = call_timeout(self.ttl);
+        if keep > 0 {
+            // Kept taken, and nobody to wake: the slot is not free.
+            let kept = [(self.sql.keep.as_str(), &params[..])];
+            self.link
+                .borrow_mut()
+                .transact("keep the slot", within, &kept)?;
+        } else {
+            let freed = [(self.sql.release.as_str(), &params[..3])];
+            let parallelism = self.parallelism.cast_signed();
+            change(
+                &self.link,
+                &self.sql,
+                "release the slot",
+                within,
+                &self.name,
+                parallelism,
+                &freed,
+            )?;
+        }
+        Ok(())
+    }
+}

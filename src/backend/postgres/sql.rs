@@ -1,0 +1,189 @@
+//! The SQL of every look and change, in lockrun's schema (`{schema}` filled
+//! in once per store). Plain statements from the client, no functions in
+//! the database: a lockrun of another version that shares the schema runs
+//! its own, and the statements need only the tables' privileges.
+//!
+//! A change to a name's holders or waiters first locks the name's row in
+//! `locks`, so that changes to one name happen one at a time under READ
+//! COMMITTED; every statement after that lock sees everything committed
+//! before it. A look from a waiter that only keeps its place takes no such
+//! lock. Times are the server's: `now()` (the transaction's start) dates
+//! leases and places, `clock_timestamp()` says how long they have left.
+
+use super::schema::Schema;
+
+/// `NOTIFY` channels are this and a waiter's token (a release wakes one waiter, not the line).
+pub const CHANNEL_PREFIX: &str = "lockrun:";
+
+/// The statements, for one schema.
+pub struct Sql {
+    /// $1 name. Locks the name's row, made on its first use.
+    pub lock_new: String,
+    /// $1 name. Locks the name's row, if the name was ever used.
+    pub lock: String,
+    /// $1 name. Drops the holders and waiters whose leases or places lapsed.
+    pub purge: String,
+    /// $1 name, $2 token, $3 parallelism, $4 TTL ms, $5-$9 pid, start time,
+    /// boot id, host, command. Takes the first free slot when nobody waits
+    /// ahead of us, leaving the line, or finds the slot ours already (a repeat
+    /// after a lost reply) and renews it: (slot, fence), or no row.
+    pub take: String,
+    /// $1 name, $2 token, $4 TTL ms, $5-$9 as for `take`, $10 whether to join.
+    /// Unless we hold a slot now: joins the line at its end, or keeps our place for another TTL.
+    pub join: String,
+    /// $2 token, $4 TTL ms. Keeps our place in line for another TTL, if it has not lapsed.
+    pub keep_place: String,
+    /// $1 name, $2 parallelism, $3 channel prefix. Wakes the waiter at the head
+    /// of the line when a slot is free for it.
+    pub wake: String,
+    /// $1 name, $2 token, $3 parallelism. Where we stand: our place (0: not
+    /// in line), whether a slot is free, the live holders and the waiter just
+    /// ahead as JSON (owner, `kept`, `left_ms` until the lease or place ends).
+    pub report: String,
+    /// $1 name, $2 tokens. Drops dead holders (not kept ones) and waiters.
+    pub evict: String,
+    /// $1 name, $2 slot, $3 token, $4 TTL ms. Renews a lease that has not
+    /// lapsed (never revives one): one row when renewed.
+    pub renew: String,
+    /// $1 name, $2 slot, $3 token. Frees the slot.
+    pub release: String,
+    /// $1 name, $2 slot, $3 token, $4 ms. Keeps the slot taken that long
+    /// (`--min-hold`) though its holder leaves, if its lease has not lapsed.
+    pub keep: String,
+    /// $1 name or NULL for all. Holders and waiters, name by name, holders by
+    /// slot and waiters in line order; times in epoch milliseconds.
+    pub list: String,
+    /// $1 name, $2 slot or NULL for all. Breaks leases: the rows deleted, as `list` gives them.
+    pub break_slots: String,
+}
+
+/// Milliseconds from now until `expires_at`, by the server's clock.
+const LEFT_MS: &str = "(extract(epoch FROM expires_at - clock_timestamp()) * 1000)::bigint";
+
+impl Sql {
+    #[allow(clippy::too_many_lines)] // one SQL text per field, nothing else
+    pub fn new(schema: &Schema) -> Self {
+        let holders = schema.table("holders");
+        let waiters = schema.table("waiters");
+        let locks = schema.table("locks");
+        let owner_json = "'token', token, 'pid', pid, 'start_time', start_time, \
+                          'boot_id', boot_id, 'host', host, 'command', command";
+        let list_columns = "token, pid, start_time, boot_id, host, command, \
+                            (extract(epoch FROM expires_at) * 1000)::bigint AS expires_ms";
+        Self {
+            lock_new: format!(
+                "INSERT INTO {locks} AS l (name) VALUES ($1)
+                 ON CONFLICT (name) DO UPDATE SET fence = l.fence"
+            ),
+            lock: format!("SELECT FROM {locks} WHERE name = $1 FOR UPDATE"),
+            purge: format!(
+                "WITH lapsed AS (DELETE FROM {holders} WHERE name = $1 AND expires_at <= now())
+                 DELETE FROM {waiters} WHERE name = $1 AND expires_at <= now()"
+            ),
+            // The fence is one more than the last, and never below the server's
+            // clock in microseconds: it keeps growing even if a failover to a
+            // replica that lagged behind lost the last ones.
+            take: format!(
+                "WITH ours AS (
+                   UPDATE {holders} SET expires_at = now() + $4 * interval '1 millisecond'
+                   WHERE name = $1 AND token = $2 AND NOT kept
+                   RETURNING slot, fence
+                 ), free AS (
+                   SELECT min(s) AS slot FROM generate_series(0, $3 - 1) AS s
+                   WHERE NOT EXISTS (SELECT FROM ours)
+                     AND NOT EXISTS (SELECT FROM {holders} h WHERE h.name = $1 AND h.slot = s)
+                     AND NOT EXISTS (
+                       SELECT FROM {waiters} w WHERE w.name = $1 AND w.ticket < coalesce(
+                         (SELECT ticket FROM {waiters} WHERE token = $2), 9223372036854775807))
+                   HAVING min(s) IS NOT NULL
+                 ), fence AS (
+                   UPDATE {locks} SET fence = greatest(
+                     fence + 1, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint)
+                   WHERE name = $1 AND EXISTS (SELECT FROM free)
+                   RETURNING fence
+                 ), taken AS (
+                   INSERT INTO {holders} (name, slot, token, fence, pid, start_time, boot_id,
+                                          host, command, acquired_at, expires_at)
+                   SELECT $1, free.slot, $2, fence.fence, $5, $6, $7, $8, $9,
+                          now(), now() + $4 * interval '1 millisecond'
+                   FROM free, fence
+                   RETURNING slot, fence
+                 ), left_line AS (
+                   DELETE FROM {waiters} WHERE token = $2
+                     AND (EXISTS (SELECT FROM taken) OR EXISTS (SELECT FROM ours))
+                 )
+                 SELECT slot, fence FROM ours UNION ALL SELECT slot, fence FROM taken"
+            ),
+            join: format!(
+                "INSERT INTO {waiters} (name, token, pid, start_time, boot_id, host, command,
+                                        since, expires_at)
+                 SELECT $1, $2, $5, $6, $7, $8, $9, now(), now() + $4 * interval '1 millisecond'
+                 WHERE $10 AND NOT EXISTS (SELECT FROM {holders} WHERE name = $1 AND token = $2)
+                 ON CONFLICT (token) DO UPDATE SET expires_at = excluded.expires_at"
+            ),
+            keep_place: format!(
+                "UPDATE {waiters} SET expires_at = now() + $4 * interval '1 millisecond'
+                 WHERE token = $2 AND expires_at > now()"
+            ),
+            wake: format!(
+                "SELECT pg_notify($3 || head.token, '') FROM (
+                   SELECT token FROM {waiters} WHERE name = $1 AND expires_at > now()
+                   ORDER BY ticket LIMIT 1
+                 ) AS head
+                 WHERE (SELECT count(*) FROM {holders}
+                        WHERE name = $1 AND slot < $2 AND expires_at > now()) < $2"
+            ),
+            report: format!(
+                "WITH me AS (
+                   SELECT ticket FROM {waiters} WHERE token = $2 AND expires_at > now()
+                 ), ahead AS (
+                   SELECT * FROM {waiters} WHERE name = $1 AND expires_at > now()
+                     AND ticket < coalesce((SELECT ticket FROM me), 9223372036854775807)
+                 ), live AS (
+                   SELECT * FROM {holders} WHERE name = $1 AND expires_at > now()
+                 )
+                 SELECT CASE WHEN EXISTS (SELECT FROM me)
+                             THEN (SELECT count(*) FROM ahead)::integer + 1 ELSE 0 END,
+                        (SELECT count(*) FROM live WHERE slot < $3) < $3,
+                        (SELECT json_agg(json_build_object({owner_json}, 'kept', kept,
+                                                           'left_ms', {LEFT_MS}))
+                         FROM live)::text,
+                        (SELECT json_build_object({owner_json}, 'kept', false, 'left_ms', {LEFT_MS})
+                         FROM ahead ORDER BY ticket DESC LIMIT 1)::text"
+            ),
+            evict: format!(
+                "WITH dead AS (
+                   DELETE FROM {holders} WHERE name = $1 AND token = ANY($2) AND NOT kept
+                 )
+                 DELETE FROM {waiters} WHERE name = $1 AND token = ANY($2)"
+            ),
+            renew: format!(
+                "UPDATE {holders} SET expires_at = now() + $4 * interval '1 millisecond'
+                 WHERE name = $1 AND slot = $2 AND token = $3 AND NOT kept AND expires_at > now()
+                 RETURNING 1"
+            ),
+            release: format!("DELETE FROM {holders} WHERE name = $1 AND slot = $2 AND token = $3"),
+            keep: format!(
+                "UPDATE {holders} SET kept = true, expires_at = now() + $4 * interval '1 millisecond'
+                 WHERE name = $1 AND slot = $2 AND token = $3 AND expires_at > now()"
+            ),
+            list: format!(
+                "SELECT name, slot, fence, kept, NULL::bigint AS ticket,
+                        (extract(epoch FROM acquired_at) * 1000)::bigint AS since_ms, {list_columns}
+                 FROM {holders} WHERE ($1::text IS NULL OR name = $1) AND expires_at > now()
+                 UNION ALL
+                 SELECT name, NULL, NULL, false, ticket,
+                        (extract(epoch FROM since) * 1000)::bigint, {list_columns}
+                 FROM {waiters} WHERE ($1::text IS NULL OR name = $1) AND expires_at > now()
+                 ORDER BY name, ticket NULLS FIRST, slot"
+            ),
+            break_slots: format!(
+                "DELETE FROM {holders}
+                 WHERE name = $1 AND ($2::integer IS NULL OR slot = $2) AND expires_at > now()
+                 RETURNING name, slot, fence, kept, NULL::bigint AS ticket,
+                           (extract(epoch FROM acquired_at) * 1000)::bigint AS since_ms,
+                           {list_columns}"
+            ),
+        }
+    }
+}
