@@ -12,6 +12,8 @@ mod operator;
 mod partition;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "postgres")]
+mod postgres_runs;
 mod redis;
 mod source;
 mod sqlite;

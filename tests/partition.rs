@@ -92,3 +92,65 @@ fn partition_a_waiter_cut_off_from_redis_gets_the_lock_when_the_holder_leaves() 
     assert_eq!(wait(&mut waiter).code(), Some(0), "{}", events());
     assert!(scratch.path("ran").exists());
 }
+
+#[cfg(feature = "postgres")]
+#[test]
+#[ignore = "partition suite: cargo test --test integration -- --ignored partition"]
+fn partition_a_holder_cut_off_from_postgres_stops_before_the_next_one_starts() {
+    use crate::support::postgres::PostgresServer;
+
+    let Some(network) = Network::new(3) else {
+        return;
+    };
+    let Some(server) = PostgresServer::start_on(&network, 0) else {
+        return;
+    };
+    let url = server.url();
+    let lockrun_on = |host: usize| {
+        let mut command = network.command(host, env!("CARGO_BIN_EXE_lockrun"));
+        command.args(["--backend", "postgres", "--postgres-url", &url]);
+        command.args(["--name", "cut", "--ttl", "3", "--log-format", "json"]);
+        command
+    };
+    let scratch = Scratch::new();
+    let holder_script = format!(
+        "echo $LOCKRUN_FENCE > '{fence}'; echo $$ > '{pid}'; exec sleep 1000",
+        fence = scratch.path("holder-fence").display(),
+        pid = scratch.path("holder-pid").display(),
+    );
+    let mut holder = lockrun_on(1)
+        .args(["-c", &holder_script])
+        .stderr(fs::File::create(scratch.path("holder")).unwrap())
+        .start();
+    let command = read_pid(&scratch.path("holder-pid"));
+    // The waiter's command notes whether the holder's is still there when it starts.
+    let waiter_script = format!(
+        "cut -d' ' -f3 /proc/{command}/stat > '{state}' 2>/dev/null; echo $LOCKRUN_FENCE > '{fence}'",
+        state = scratch.path("holder-state").display(),
+        fence = scratch.path("waiter-fence").display(),
+    );
+    let mut waiter = lockrun_on(2)
+        .args(["-w", "60", "--initial-delay", "0.2", "--max-delay", "1"])
+        .args(["-c", &waiter_script])
+        .stderr(fs::File::create(scratch.path("waiter")).unwrap())
+        .start();
+    let log = |file: &str| fs::read_to_string(scratch.path(file)).unwrap_or_default();
+    wait_until("the waiter to join the line", || {
+        log("waiter").contains(r#""event":"waiting""#)
+    });
+
+    network.cut(1);
+    assert_eq!(wait(&mut waiter).code(), Some(0), "{}", log("waiter"));
+    let state = log("holder-state");
+    assert!(
+        state.trim().is_empty() || state.starts_with('Z'),
+        "the holder's command ran on ({state:?}) when the waiter's started"
+    );
+    assert_eq!(wait(&mut holder).code(), Some(76), "{}", log("holder"));
+    let fence = |file: &str| log(file).trim().parse::<u64>().expect("a fence");
+    assert!(
+        fence("waiter-fence") > fence("holder-fence"),
+        "fences increase"
+    );
+    network.join(1);
+}

@@ -60,27 +60,16 @@ impl Network {
 
     /// `program` to run on `host`, under the host name `host-N`.
     pub fn command(&self, host: usize, program: impl AsRef<std::ffi::OsStr>) -> Command {
-        let mut command = Command::new("ip");
-        command
-            .args(["netns", "exec", &self.namespace(host)])
-            .args([
-                "unshare",
-                "--uts",
-                "sh",
-                "-c",
-                r#"hostname "$0" && exec "$@""#,
-            ])
-            .arg(format!("host-{host}"))
-            .arg(program);
-        for (key, _) in std::env::vars_os() {
-            if key.to_string_lossy().starts_with("LOCKRUN_") {
-                command.env_remove(key);
-            }
-        }
-        command.stdin(Stdio::null());
-        command
+        self.host(host).command(program)
     }
 
+    /// Test host `host`, to run programs on later (while the network lasts).
+    pub fn host(&self, host: usize) -> Host {
+        Host {
+            namespace: self.namespace(host),
+            name: format!("host-{host}"),
+        }
+    }
     /// Cuts `host` off: whatever it sends or is sent vanishes.
     pub fn cut(&self, host: usize) {
         self.set_port(host, "down");
@@ -102,6 +91,38 @@ impl Network {
 
     fn bridge(&self) -> String {
         format!("{}br", self.id)
+    }
+}
+
+/// One test host of a [`Network`].
+#[derive(Clone, Debug)]
+pub struct Host {
+    namespace: String,
+    name: String,
+}
+
+impl Host {
+    /// `program` to run on this host, under its host name.
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut command = Command::new("ip");
+        command
+            .args(["netns", "exec", &self.namespace])
+            .args([
+                "unshare",
+                "--uts",
+                "sh",
+                "-c",
+                r#"hostname "$0" && exec "$@""#,
+            ])
+            .arg(&self.name)
+            .arg(program);
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("LOCKRUN_") {
+                command.env_remove(key);
+            }
+        }
+        command.stdin(Stdio::null());
+        command
     }
 }
 

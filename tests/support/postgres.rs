@@ -9,12 +9,14 @@
 //! tests run as root the server runs as `nobody` (or a system user made for it).
 
 use std::fs::{self, File, OpenOptions};
-use std::io::Write;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -22,6 +24,7 @@ use nix::sys::signal::{self, Signal};
 use nix::unistd::{Gid, Pid, Uid, User};
 use tempfile::TempDir;
 
+use super::netns::{Host, Network};
 use super::{PATIENCE, free_port, process_exists, wait_until};
 
 /// The superuser initdb makes, the one the tests connect as.
@@ -31,17 +34,19 @@ pub const PASSWORD: &str = "pg-test-s3cret";
 const DATABASE: &str = "postgres";
 /// Settings for a throwaway server: nothing forced to disk (the data still
 /// survives a killed server, in the kernel's cache, just not a crashed host),
-/// little memory, TCP on loopback only. Commits stay synchronous, so a
+/// little memory (the address to listen on is given at start). Commits stay synchronous, so a
 /// committed row survives a SIGKILL.
 const SETTINGS: &str = "
 fsync = off
 full_page_writes = off
 shared_buffers = 16MB
-listen_addresses = '127.0.0.1'
 unix_socket_directories = ''
 ";
-/// Bumped when SETTINGS or the initdb flags change, so that an old template is not used.
-const TEMPLATE_VERSION: u32 = 1;
+/// Passwords on TCP from the server's own networks too (test hosts in network
+/// namespaces); initdb allows only loopback.
+const HBA: &str = "host all all samenet scram-sha-256\n";
+/// Bumped when SETTINGS, HBA or the initdb flags change, so that an old template is not used.
+const TEMPLATE_VERSION: u32 = 2;
 
 /// Where the server binaries are, and who runs them.
 struct Installation {
@@ -52,17 +57,37 @@ struct Installation {
 }
 
 pub struct PostgresServer {
+    /// The address it listens on.
+    host: String,
     port: u16,
     installation: &'static Installation,
     /// Holds `data/` and the server's log.
     dir: TempDir,
     child: Mutex<Option<Child>>,
+    /// `-c NAME=VALUE` settings on its command line.
+    settings: Vec<String>,
+    /// The test host it runs on, else this one.
+    host_of: Option<Host>,
 }
 
 impl PostgresServer {
     /// Starts a server. `None` after a loud notice when PostgreSQL's server
     /// binaries are missing; under `CI=true` that fails the test.
     pub fn start() -> Option<Self> {
+        Self::start_with(&[])
+    }
+
+    /// Starts a server with `settings` (`max_connections=12`) on its command line.
+    pub fn start_with(settings: &[&str]) -> Option<Self> {
+        Self::launch(settings, None)
+    }
+
+    /// Starts a server on test host `host` of `network`, at its address on port 5432.
+    pub fn start_on(network: &Network, host: usize) -> Option<Self> {
+        Self::launch(&[], Some((network.host(host), Network::address(host))))
+    }
+
+    fn launch(settings: &[&str], host_of: Option<(Host, String)>) -> Option<Self> {
         let installation = installation()?;
         let dir = TempDir::new().expect("temp dir");
         let status = Command::new("cp")
@@ -75,11 +100,18 @@ impl PostgresServer {
         if let Some((uid, gid)) = installation.user {
             nix::unistd::chown(dir.path(), Some(uid), Some(gid)).expect("chown the server's dir");
         }
+        let (host_of, host) = match host_of {
+            Some((host_of, address)) => (Some(host_of), address),
+            None => (None, "127.0.0.1".to_owned()),
+        };
         let mut server = Self {
-            port: free_port(),
+            host,
+            port: if host_of.is_some() { 5432 } else { free_port() },
             installation,
             dir,
             child: Mutex::new(None),
+            settings: settings.iter().map(|&setting| setting.to_owned()).collect(),
+            host_of,
         };
         // Another process may take the free port before the server binds it: try again.
         for _ in 0..5 {
@@ -103,22 +135,26 @@ impl PostgresServer {
     /// The server's URL with another user and password.
     pub fn url_with(&self, user: &str, password: &str) -> String {
         format!(
-            "postgres://{user}:{password}@127.0.0.1:{}/{DATABASE}",
-            self.port
+            "postgres://{user}:{password}@{}:{}/{DATABASE}",
+            self.host, self.port
         )
     }
 
     /// A connection for setting up and inspecting what a test needs.
     pub fn client(&self) -> postgres::Client {
+        self.try_client().expect("connect to the test's postgres")
+    }
+
+    /// [`PostgresServer::client`], or why not (a full server).
+    pub fn try_client(&self) -> Result<postgres::Client, postgres::Error> {
         postgres::Config::new()
-            .host("127.0.0.1")
+            .host(&self.host)
             .port(self.port)
             .user(USER)
             .password(PASSWORD)
             .dbname(DATABASE)
             .connect_timeout(PATIENCE)
             .connect(postgres::NoTls)
-            .expect("connect to the test's postgres")
     }
 
     /// Kills the server and all its processes at once, as a crash of its host
@@ -151,15 +187,31 @@ impl PostgresServer {
             .append(true)
             .open(self.dir.path().join("server.log"))
             .expect("open the server log");
-        let mut command = Command::new(self.installation.bin.join("postgres"));
+        let postgres = self.installation.bin.join("postgres");
+        let mut command = match (&self.host_of, self.installation.user) {
+            (None, _) => Command::new(postgres),
+            // `ip netns exec` needs root: the server's user is taken on the way in.
+            (Some(host), Some((uid, gid))) => {
+                let mut command = host.command("setpriv");
+                command
+                    .arg(format!("--reuid={uid}"))
+                    .arg(format!("--regid={gid}"))
+                    .args(["--clear-groups", "--"])
+                    .arg(postgres);
+                command
+            }
+            (Some(host), None) => host.command(postgres),
+        };
         command
             .arg("-D")
             .arg(self.data())
             .args(["-p", &self.port.to_string()])
+            .args(["-c", &format!("listen_addresses={}", self.host)])
+            .args(self.settings.iter().flat_map(|setting| ["-c", setting]))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
-        if let Some((uid, gid)) = self.installation.user {
+        if let (None, Some((uid, gid))) = (&self.host_of, self.installation.user) {
             command.uid(uid.as_raw()).gid(gid.as_raw());
         }
         let child = command.spawn().expect("spawn postgres");
@@ -392,6 +444,11 @@ fn template(bin: &Path, user: Option<(Uid, Gid)>) -> PathBuf {
         .open(data.join("postgresql.conf"))
         .and_then(|mut conf| conf.write_all(SETTINGS.as_bytes()))
         .expect("append the test settings");
+    File::options()
+        .append(true)
+        .open(data.join("pg_hba.conf"))
+        .and_then(|mut hba| hba.write_all(HBA.as_bytes()))
+        .expect("append the test's pg_hba line");
     // Copied next to its final place, then renamed: a concurrent test process
     // sees the whole template or none.
     fs::create_dir_all(env!("CARGO_TARGET_TMPDIR")).expect("create the target's tmp dir");
@@ -410,4 +467,92 @@ fn template(bin: &Path, user: Option<(Uid, Gid)>) -> PathBuf {
         kept.display()
     );
     kept
+}
+
+/// A TCP proxy in front of a test server that counts round trips and can
+/// drop the server's notifications, as a transaction-pooling pgbouncer loses
+/// them. It reads the server's messages, so its clients must not use TLS
+/// (`sslmode=disable`: a TLS request's one-byte answer has no message frame).
+pub struct Proxy {
+    port: u16,
+    /// Times a client spoke after the server had: round trips, connecting included.
+    turns: Arc<AtomicUsize>,
+}
+
+impl Proxy {
+    /// A proxy to `server`; it forwards notifications only with `notify`.
+    pub fn start(server: &PostgresServer, notify: bool) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
+        let port = listener.local_addr().expect("the proxy's port").port();
+        let upstream = (server.host.clone(), server.port);
+        let turns = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&turns);
+        thread::spawn(move || {
+            for client in listener.incoming().map_while(Result::ok) {
+                let Ok(server) = TcpStream::connect(upstream.clone()) else {
+                    continue;
+                };
+                relay(client, server, notify, Arc::clone(&counted));
+            }
+        });
+        Self { port, turns }
+    }
+
+    /// The server's URL through the proxy, without TLS.
+    pub fn url(&self) -> String {
+        format!(
+            "postgres://{USER}:{PASSWORD}@127.0.0.1:{}/{DATABASE}?sslmode=disable",
+            self.port
+        )
+    }
+
+    pub fn turns(&self) -> usize {
+        self.turns.load(Ordering::SeqCst)
+    }
+}
+
+/// Copies bytes both ways between a client and the server, message by
+/// message from the server (dropping notifications unless `notify`), and
+/// counts the client's turns.
+fn relay(client: TcpStream, server: TcpStream, notify: bool, turns: Arc<AtomicUsize>) {
+    let answered = Arc::new(AtomicBool::new(true));
+    let (mut from_client, mut to_server) =
+        (client.try_clone().unwrap(), server.try_clone().unwrap());
+    let heard = Arc::clone(&answered);
+    thread::spawn(move || {
+        let mut buffer = [0u8; 8192];
+        while let Ok(read) = from_client.read(&mut buffer) {
+            if read == 0 || to_server.write_all(&buffer[..read]).is_err() {
+                break;
+            }
+            if heard.swap(false, Ordering::SeqCst) {
+                turns.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let _ = to_server.shutdown(std::net::Shutdown::Write);
+    });
+    let (mut from_server, mut to_client) = (server, client);
+    thread::spawn(move || {
+        let mut header = [0u8; 5];
+        while from_server.read_exact(&mut header).is_ok() {
+            let length = u32::from_be_bytes(header[1..].try_into().unwrap()) as usize;
+            let mut body = vec![0u8; length.saturating_sub(4)];
+            if from_server.read_exact(&mut body).is_err() {
+                break;
+            }
+            answered.store(true, Ordering::SeqCst);
+            // 'A': NotificationResponse.
+            if header[0] == b'A' && !notify {
+                continue;
+            }
+            if to_client
+                .write_all(&header)
+                .and_then(|()| to_client.write_all(&body))
+                .is_err()
+            {
+                break;
+            }
+        }
+        let _ = to_client.shutdown(std::net::Shutdown::Both);
+    });
 }

@@ -1,0 +1,461 @@
+//! lockrun on PostgreSQL, beyond the tests every backend runs (tests/core.rs):
+//! one thread, a restart or a terminated session during a hold, a waiter
+//! across a restart, refusals that show no password and touch nothing, a
+//! full server at first contact, a long line on few connections, and a line
+//! that moves without notifications (as behind a transaction-pooling pgbouncer).
+
+use std::fs;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::core::hold;
+use crate::support::postgres::{PASSWORD, PostgresServer, Proxy, USER};
+use crate::support::*;
+
+/// The events a lockrun wrote with `--log-format json` to `file`.
+fn events(file: &std::path::Path) -> Vec<serde_json::Value> {
+    fs::read_to_string(file)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect()
+}
+
+fn count(events: &[serde_json::Value], event: &str) -> usize {
+    events.iter().filter(|e| e["event"] == event).count()
+}
+
+/// lockrun's connections to `server`, as the server counts them; waits for
+/// room to ask when the server is full for a moment.
+fn connections(server: &PostgresServer) -> i64 {
+    let mut admin = None;
+    wait_until("room for one more connection", || {
+        admin = server.try_client().ok();
+        admin.is_some()
+    });
+    admin
+        .expect("connected")
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'lockrun'",
+            &[],
+        )
+        .expect("pg_stat_activity")
+        .get(0)
+}
+
+/// A holder of `name` on `store` until `release` appears in `scratch`, with
+/// its events in `scratch`'s `events` file.
+fn holder(store: &Store, scratch: &Scratch, name: &str, extra: &[&str]) -> Running {
+    let script = format!(
+        "touch '{ready}'; while [ ! -e '{release}' ]; do sleep 0.02; done",
+        ready = scratch.path("ready").display(),
+        release = scratch.path("release").display(),
+    );
+    let child = store
+        .lockrun()
+        .args(["--name", name, "--log-format", "json"])
+        .args(extra)
+        .args(["-c", &script])
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(scratch.path("events")).unwrap())
+        .start();
+    wait_for_file(&scratch.path("ready"));
+    child
+}
+
+#[test]
+fn lockrun_stays_one_thread_connected_by_host_name() {
+    let Some(server) = PostgresServer::start() else {
+        return;
+    };
+    let url = server.url().replace("127.0.0.1", "localhost");
+    let scratch = Scratch::new();
+    let count_threads = |file: &str| {
+        format!(
+            "ls /proc/$PPID/task | wc -l > '{}'",
+            scratch.path(file).display()
+        )
+    };
+    let output = run(lockrun()
+        .args(["--backend", "postgres", "--postgres-url", &url])
+        .args(["--name", "threads", "-c", &count_threads("holding")]));
+    assert_status(&output, 0);
+    assert_eq!(scratch.lines("holding"), ["1"], "threads of the holder");
+
+    // A waiter, connected and listening, is one thread too.
+    let store = Store::on_postgres(&Arc::new(server));
+    let mut holder = hold(&store, &scratch, "threads", &[]);
+    let mut waiter = lockrun()
+        .args(["--backend", "postgres", "--postgres-url", &url])
+        .args(["--name", "threads", "-v", "-c", &count_threads("waited")])
+        .stderr(Stdio::piped())
+        .start();
+    wait_for_stderr(&mut waiter, "waiting");
+    let tasks = fs::read_dir(format!("/proc/{}/task", waiter.id()))
+        .unwrap()
+        .count();
+    assert_eq!(tasks, 1, "threads of the waiter");
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(wait(&mut holder).code(), Some(0));
+    assert_eq!(wait(&mut waiter).code(), Some(0));
+    assert_eq!(scratch.lines("waited"), ["1"]);
+}
+
+#[test]
+fn a_server_restart_during_a_hold_loses_nothing() {
+    let Some(server) = PostgresServer::start().map(Arc::new) else {
+        return;
+    };
+    let store = Store::on_postgres(&server);
+    let scratch = Scratch::new();
+    let mut holder = holder(&store, &scratch, "restart", &["--ttl", "6"]);
+    server.kill();
+    thread::sleep(Duration::from_millis(500));
+    assert!(server.restart(), "restart:\n{}", server.log());
+    let restarted = count(&events(&scratch.path("events")), "renewed");
+    wait_until("a renewal after the restart", || {
+        count(&events(&scratch.path("events")), "renewed") > restarted
+    });
+    let shown = run(store.status().args(["restart", "--json"]));
+    assert!(
+        stdout(&shown).contains(&format!("\"pid\":{}", holder.id())),
+        "{}",
+        stdout(&shown)
+    );
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(
+        wait(&mut holder).code(),
+        Some(0),
+        "{:?}",
+        events(&scratch.path("events"))
+    );
+    assert_status(
+        &run(store.lockrun().args(["--name", "restart", "-n", "true"])),
+        0,
+    );
+}
+
+#[test]
+fn a_terminated_session_is_made_anew_and_the_lease_renewed() {
+    let Some(server) = PostgresServer::start().map(Arc::new) else {
+        return;
+    };
+    let store = Store::on_postgres(&server);
+    let scratch = Scratch::new();
+    let mut holder = holder(&store, &scratch, "terminated", &["--ttl", "1.5"]);
+    let ended: i64 = server
+        .client()
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+             WHERE application_name = 'lockrun'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(ended, 1, "the holder's session");
+    let before = count(&events(&scratch.path("events")), "renewed");
+    wait_until("two renewals on a new session", || {
+        count(&events(&scratch.path("events")), "renewed") >= before + 2
+    });
+    assert_eq!(connections(&server), 1);
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(wait(&mut holder).code(), Some(0));
+}
+
+#[test]
+fn a_holder_that_cannot_reach_the_server_within_its_lease_stops_its_command() {
+    let Some(server) = PostgresServer::start().map(Arc::new) else {
+        return;
+    };
+    let store = Store::on_postgres(&server);
+    let scratch = Scratch::new();
+    let mut holder = holder(&store, &scratch, "gone", &["--ttl", "1.5"]);
+    server.kill();
+    let killed = Instant::now();
+    assert_eq!(wait(&mut holder).code(), Some(76));
+    assert!(
+        killed.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        killed.elapsed()
+    );
+    let lost = events(&scratch.path("events"));
+    assert_eq!(count(&lost, "lost"), 1, "{lost:?}");
+}
+
+#[test]
+fn a_waiter_rides_out_a_server_restart() {
+    let Some(server) = PostgresServer::start().map(Arc::new) else {
+        return;
+    };
+    let store = Store::on_postgres(&server);
+    let scratch = Scratch::new();
+    let mut holder = holder(&store, &scratch, "ridden", &["--ttl", "6"]);
+    let mut waiter = store
+        .lockrun()
+        .args([
+            "--name",
+            "ridden",
+            "-w",
+            "60",
+            "--initial-delay",
+            "0.2",
+            "--max-delay",
+            "1",
+        ])
+        .args(["--log-format", "json", "--", "touch"])
+        .arg(scratch.path("ran"))
+        .stderr(fs::File::create(scratch.path("waiter")).unwrap())
+        .start();
+    wait_until("the waiter to join the line", || {
+        count(&events(&scratch.path("waiter")), "waiting") == 1
+    });
+    server.kill();
+    wait_until("the waiter to notice", || {
+        events(&scratch.path("waiter"))
+            .iter()
+            .any(|e| e["event"] == "retry" && e["reason"] != "contended")
+    });
+    assert!(server.restart(), "restart:\n{}", server.log());
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(wait(&mut holder).code(), Some(0));
+    assert_eq!(
+        wait(&mut waiter).code(),
+        Some(0),
+        "{:?}",
+        events(&scratch.path("waiter"))
+    );
+    assert!(scratch.path("ran").exists());
+}
+
+#[test]
+fn a_wrong_password_exits_69_and_is_never_shown() {
+    let Some(server) = PostgresServer::start() else {
+        return;
+    };
+    let wrong = "wr0ng-s3cret";
+    let url = server.url_with(USER, wrong);
+    for command in [
+        lockrun().args([
+            "-b",
+            "postgres",
+            "--postgres-url",
+            &url,
+            "--name",
+            "x",
+            "true",
+        ]),
+        lockrun().args(["status", "-b", "postgres", "--postgres-url", &url]),
+    ] {
+        let output = run(command);
+        assert_status(&output, 69);
+        let err = stderr(&output);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains("password authentication failed"), "{err}");
+        assert!(!err.contains(wrong) && !err.contains(PASSWORD), "{err}");
+        assert!(stdout(&output).is_empty());
+    }
+    // Nor does --help show the variable's value.
+    let help = run(lockrun().arg("--help").env("LOCKRUN_POSTGRES_URL", &url));
+    assert!(!stdout(&help).contains(wrong), "{}", stdout(&help));
+}
+
+#[test]
+fn a_schema_that_is_not_lockruns_is_refused_and_left_alone() {
+    let Some(server) = PostgresServer::start().map(Arc::new) else {
+        return;
+    };
+    let mut admin = server.client();
+    admin
+        .batch_execute(
+            "CREATE SCHEMA lockrun; CREATE TABLE lockrun.holders (id int);
+             INSERT INTO lockrun.holders VALUES (7)",
+        )
+        .unwrap();
+    let store = Store::on_postgres(&server);
+    for output in [
+        run(store.lockrun().args(["--name", "x", "true"])),
+        run(&mut store.status()),
+        run(store.release().args(["x", "--force"])),
+    ] {
+        assert_status(&output, 69);
+        assert!(
+            stderr(&output).contains("is not lockrun's"),
+            "{}",
+            stderr(&output)
+        );
+    }
+    let tables: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_tables WHERE schemaname = 'lockrun'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    let id: i32 = admin
+        .query_one("SELECT id FROM lockrun.holders", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!((tables, id), (1, 7), "untouched");
+}
+
+#[test]
+fn status_and_release_on_a_new_server_create_nothing() {
+    let Some(server) = PostgresServer::start().map(Arc::new) else {
+        return;
+    };
+    let store = Store::on_postgres(&server);
+    let output = run(&mut store.status());
+    assert_status(&output, 0);
+    assert_eq!(stdout(&output), "no lock is held\n");
+    let output = run(store.release().args(["x", "--force"]));
+    assert_status(&output, 0);
+    assert!(
+        stdout(&output).starts_with("nothing to release"),
+        "{}",
+        stdout(&output)
+    );
+    let schemas: i64 = server
+        .client()
+        .query_one(
+            "SELECT count(*) FROM pg_namespace WHERE nspname = 'lockrun'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(schemas, 0, "a look made the schema");
+}
+
+#[test]
+fn a_full_server_is_waited_out_and_a_long_line_needs_few_connections() {
+    // Room for 20 connections, none kept for superusers: 41 lockruns at once overflow it.
+    let Some(server) =
+        PostgresServer::start_with(&["max_connections=20", "superuser_reserved_connections=0"])
+            .map(Arc::new)
+    else {
+        return;
+    };
+    let store = Store::on_postgres(&server);
+    let scratch = Scratch::new();
+    let mut first = hold(&store, &scratch, "crowd", &[]);
+    let log = scratch.path("fences");
+    let waiters: Vec<Running> = (0..40)
+        .map(|_| {
+            store
+                .lockrun()
+                .args(["--name", "crowd", "-w", "60", "--initial-delay", "0.1"])
+                .args(["--max-delay", "1", "--log-format", "json", "--"])
+                .args(["sh", "-c", "echo $LOCKRUN_FENCE >> \"$0\"; sleep 0.02"])
+                .arg(&log)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .start()
+        })
+        .collect();
+    // All 40 in line at once, on a server with room for 20: only the first
+    // ones keep a connection, the others connect to look.
+    wait_until("40 waiters in line", || {
+        let output = run(store.status().args(["crowd", "--json"]));
+        stdout(&output).matches("\"waiting\"").count() == 40
+    });
+    let peak = (0..20)
+        .map(|_| {
+            thread::sleep(Duration::from_millis(50));
+            connections(&server)
+        })
+        .max()
+        .unwrap();
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(wait(&mut first).code(), Some(0));
+    let mut crowded = 0;
+    for waiter in waiters {
+        let output = finish(waiter);
+        assert_status(&output, 0);
+        crowded += usize::from(stderr(&output).contains("too many clients"));
+    }
+    assert_eq!(scratch.lines("fences").len(), 40);
+    eprintln!(
+        "41 lockruns: at most {peak} connections while 40 waited; {crowded} found the server full at first and waited"
+    );
+}
+
+#[test]
+fn without_notifications_the_line_still_moves_by_polling() {
+    let Some(server) = PostgresServer::start() else {
+        return;
+    };
+    let proxy = Proxy::start(&server, false);
+    let url = proxy.url();
+    let scratch = Scratch::new();
+    let lockrun_on = |name: &str| {
+        let mut command = lockrun();
+        command.args(["-b", "postgres", "--postgres-url", &url, "--name", name]);
+        command
+    };
+    let holder_script = format!(
+        "touch '{ready}'; while [ ! -e '{release}' ]; do sleep 0.02; done",
+        ready = scratch.path("ready").display(),
+        release = scratch.path("release").display(),
+    );
+    let mut holder = lockrun_on("quiet").args(["-c", &holder_script]).start();
+    wait_for_file(&scratch.path("ready"));
+    let log = scratch.path("order");
+    let mut waiters = Vec::new();
+    for id in 1..=3 {
+        waiters.push(
+            lockrun_on("quiet")
+                .args([
+                    "-w",
+                    "30",
+                    "--initial-delay",
+                    "0.2",
+                    "--max-delay",
+                    "0.5",
+                    "-v",
+                ])
+                .args(["-c", &format!("echo {id} >> '{}'", log.display())])
+                .stderr(Stdio::piped())
+                .start(),
+        );
+        wait_for_stderr(waiters.last_mut().unwrap(), "waiting");
+    }
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(wait(&mut holder).code(), Some(0));
+    for waiter in &mut waiters {
+        assert_eq!(wait(waiter).code(), Some(0));
+    }
+    assert_eq!(
+        scratch.lines("order"),
+        ["1", "2", "3"],
+        "first come, first served"
+    );
+}
+
+#[test]
+fn an_uncontended_run_takes_few_round_trips() {
+    let Some(server) = PostgresServer::start() else {
+        return;
+    };
+    let proxy = Proxy::start(&server, true);
+    let url = proxy.url();
+    let run_true = || {
+        run(lockrun().args([
+            "-b",
+            "postgres",
+            "--postgres-url",
+            &url,
+            "--name",
+            "rt",
+            "true",
+        ]))
+    };
+    // The first run makes the schema.
+    assert_status(&run_true(), 0);
+    let before = proxy.turns();
+    assert_status(&run_true(), 0);
+    let turns = proxy.turns() - before;
+    eprintln!("an uncontended run: {turns} round trips, connecting included");
+    // Startup and SCRAM (3), the schema check, the acquire, the release.
+    assert!(turns <= 6, "{turns} round trips");
+}
