@@ -143,6 +143,8 @@ struct Bench {
     /// Lease backends this build has, or why not.
     sqlite: Result<Locker, String>,
     redis: Result<(Locker, Redis), String>,
+    /// On the server `LOCKRUN_BENCH_POSTGRES_URL` names (the benchmark starts none).
+    postgres: Result<Locker, String>,
     outcomes: Vec<Outcome>,
     notes: Vec<String>,
 }
@@ -189,12 +191,26 @@ fn benchmark() {
         })?;
         Ok((locker, server))
     });
+    let postgres = std::env::var("LOCKRUN_BENCH_POSTGRES_URL")
+        .map_err(|_| "LOCKRUN_BENCH_POSTGRES_URL is not set".to_owned())
+        .and_then(|url| {
+            available(Locker::Lockrun {
+                backend: "postgres",
+                flags: vec![
+                    "--backend".into(),
+                    "postgres".into(),
+                    "--postgres-url".into(),
+                    url.into(),
+                ],
+            })
+        });
     let mut bench = Bench {
         scratch,
         file,
         flock,
         sqlite,
         redis,
+        postgres,
         outcomes: Vec::new(),
         notes: Vec::new(),
     };
@@ -300,6 +316,7 @@ impl Bench {
                 Some(Target::Absolute(Duration::from_millis(50))),
             ),
             ("redis", redis, Some(Target::Ratio(2.0))),
+            ("postgres", self.postgres.clone(), Some(Target::Ratio(2.0))),
         ];
         // Gaps per contender; an error once a round did not finish or the backend is missing.
         let mut gaps: Vec<Result<Vec<Duration>, String>> = contenders

@@ -56,64 +56,119 @@ impl Seen {
     }
 }
 
-impl Look {
-    /// Looks at the line of `request.name`, acting (`act`) or only keeping
-    /// our place. A look made while we queue listens for wake-ups on our own
-    /// channel, in the same transaction, if the session does not yet.
-    pub fn take(link: &mut Link, sql: &Sql, request: &Request, act: bool) -> Result<Self> {
-        let owner = &request.owner;
-        let process = &owner.process;
-        let name = request.name.as_str();
-        let (parallelism, ttl) = (request.parallelism.cast_signed(), millis(request.ttl));
-        let (pid, start_time) = (process.pid.cast_signed(), process.start_time.cast_signed());
-        let params: [(&(dyn ToSql + Sync), Type); 10] = [
-            (&name, Type::TEXT),
+/// The parameters every look binds: $1 name, $2 token, $3 parallelism, $4
+/// TTL ms, $5-$9 the owner's pid, start time, boot id, host and command, $10
+/// whether to join the line.
+struct Params<'a> {
+    name: &'a str,
+    parallelism: i32,
+    ttl: i64,
+    pid: i32,
+    start_time: i64,
+    request: &'a Request,
+}
+
+impl<'a> Params<'a> {
+    fn new(request: &'a Request) -> Self {
+        let process = &request.owner.process;
+        Self {
+            name: request.name.as_str(),
+            parallelism: request.parallelism.cast_signed(),
+            ttl: millis(request.ttl),
+            pid: process.pid.cast_signed(),
+            start_time: process.start_time.cast_signed(),
+            request,
+        }
+    }
+
+    fn all(&self) -> [(&(dyn ToSql + Sync), Type); 10] {
+        let owner = &self.request.owner;
+        [
+            (&self.name, Type::TEXT),
             (&owner.token, Type::TEXT),
-            (&parallelism, Type::INT4),
-            (&ttl, Type::INT8),
-            (&pid, Type::INT4),
-            (&start_time, Type::INT8),
-            (&process.boot_id, Type::TEXT),
-            (&process.host, Type::TEXT),
+            (&self.parallelism, Type::INT4),
+            (&self.ttl, Type::INT8),
+            (&self.pid, Type::INT4),
+            (&self.start_time, Type::INT8),
+            (&owner.process.boot_id, Type::TEXT),
+            (&owner.process.host, Type::TEXT),
             (&owner.command, Type::TEXT),
-            (&request.queue, Type::BOOL),
-        ];
-        let wake = wake_params(&name, &parallelism);
-        let listen = format!("LISTEN \"{CHANNEL_PREFIX}{}\"", owner.token);
+            (&self.request.queue, Type::BOOL),
+        ]
+    }
+}
+
+/// The slot and fence the take statement returned, if any.
+fn taken(rows: &[Row]) -> Option<(u32, u64)> {
+    rows.first().map(|row| {
+        let (slot, fence): (i32, i64) = (row.get(0), row.get(1));
+        (slot.cast_unsigned(), fence.cast_unsigned())
+    })
+}
+
+/// Takes a free slot if the line lets us, under the name's lock, and does
+/// nothing else: for a waiter whose turn it likely is (woken, or at the head
+/// with a slot free), so that the handoff costs as little as it can.
+pub fn take(link: &mut Link, sql: &Sql, request: &Request) -> Result<Option<(u32, u64)>> {
+    let params = Params::new(request);
+    let all = params.all();
+    let wake = wake_params(&params.name, &params.parallelism);
+    let mut statements: Vec<Statement> = vec![(&sql.lock, &all[..1]), (&sql.take, &all[..9])];
+    if request.parallelism > 1 {
+        // Slots go out in line order: the next waiter, if another is free.
+        statements.push((&sql.wake, &wake));
+    }
+    let results = link.transact("take a slot", link.patience(), &statements)?;
+    Ok(taken(&results[1]))
+}
+
+impl Look {
+    /// Looks at the line of `request.name`: with `join`, under the name's
+    /// lock, takes a free slot when the line lets us, else joins it or keeps
+    /// our place; without, keeps our place (for another TTL if `refresh`) and
+    /// takes no lock. A look made while we queue listens for wake-ups on our
+    /// own channel, in the same transaction, if the session does not yet.
+    pub fn take(
+        link: &mut Link,
+        sql: &Sql,
+        request: &Request,
+        join: bool,
+        refresh: bool,
+    ) -> Result<Self> {
+        let params = Params::new(request);
+        let all = params.all();
+        let wake = wake_params(&params.name, &params.parallelism);
+        let listen = format!("LISTEN \"{CHANNEL_PREFIX}{}\"", request.owner.token);
         let began_listening = request.queue && !link.listening();
         let mut statements: Vec<Statement> = Vec::new();
         if began_listening {
             statements.push((&listen, &[]));
         }
-        if act {
+        // Where the take's rows are, when there is one.
+        let take = statements.len() + 2;
+        if join {
             statements.extend([
-                (sql.lock_new.as_str(), &params[..1]),
-                (&sql.purge, &params[..1]),
-                (&sql.take, &params[..9]),
-                (&sql.join, &params[..]),
+                (sql.lock_new.as_str(), &all[..1]),
+                (&sql.purge, &all[..1]),
+                (&sql.take, &all[..9]),
+                (&sql.join, &all[..]),
                 (&sql.wake, &wake[..]),
             ]);
-        } else {
-            statements.push((&sql.keep_place, &params[..4]));
+        } else if refresh {
+            statements.push((&sql.keep_place, &all[..4]));
         }
-        statements.push((&sql.report, &params[..3]));
-        let what = if act {
-            "take a slot"
+        statements.push((&sql.report, &all[..3]));
+        let what = if join {
+            "join the line"
         } else {
-            "keep our place in line"
+            "look at the line"
         };
         let results = link.transact(what, link.patience(), &statements)?;
         if began_listening {
             link.listens();
         }
-        // The take's rows come after the LISTEN, the lock and the purge.
-        let take = usize::from(began_listening) + 2;
-        let taken = act.then(|| results[take].first()).flatten().map(|row| {
-            let (slot, fence): (i32, i64) = (row.get(0), row.get(1));
-            (slot.cast_unsigned(), fence.cast_unsigned())
-        });
         let mut look = Self::report(&results[results.len() - 1][0])?;
-        look.taken = taken;
+        look.taken = join.then(|| taken(&results[take])).flatten();
         look.began_listening = began_listening;
         Ok(look)
     }

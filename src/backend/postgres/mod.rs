@@ -67,6 +67,7 @@ impl Options {
             in_line: false,
             woken: false,
             look_again: false,
+            refresh_due: None,
         }))
     }
 }
@@ -87,6 +88,8 @@ struct PostgresStore {
     /// The last look began to listen without the name's lock: a wake-up
     /// may have gone out just before, so look again rather than wait.
     look_again: bool,
+    /// When our place in line must be kept for another TTL, lest it lapse.
+    refresh_due: Option<Moment>,
 }
 
 /// The timeout of one call for a lease of `ttl`: well inside a renewal interval.
@@ -101,16 +104,35 @@ fn millis(duration: Duration) -> i64 {
 impl PostgresStore {
     /// One look at the line (see [`Look::take`]). A waiter far back in line
     /// then lets its connection go until its next look.
-    fn look(&mut self, request: &Request, act: bool) -> Result<Look> {
+    fn look(&mut self, request: &Request, join: bool) -> Result<Look> {
+        let refresh = join || self.refresh_due.is_none_or(Moment::has_passed);
         let mut link = self.link.borrow_mut();
-        let look = Look::take(&mut link, &self.sql, request, act)?;
+        let look = Look::take(&mut link, &self.sql, request, join, refresh)?;
+        if refresh {
+            self.refresh_due = Some(Moment::now() + request.ttl / 3);
+        }
         let listener_places = (request.parallelism + SPARE_LISTENERS).min(MAX_LISTENERS);
         if look.position > listener_places {
             link.disconnect();
         }
         // Without the name's lock, a wake-up may have gone out just before we listened.
-        self.look_again = look.began_listening && !act && link.listening();
+        self.look_again = look.began_listening && !join && link.listening();
         Ok(look)
+    }
+
+    /// The slot `taken` (slot, fence) by a request sent at `sent`.
+    fn slot(&self, request: &Request, (slot, fence): (u32, u64), sent: Moment) -> Attempt {
+        Attempt::Taken(Box::new(PostgresSlot {
+            link: Rc::clone(&self.link),
+            sql: Rc::clone(&self.sql),
+            name: request.name.to_string(),
+            slot,
+            fence,
+            token: request.owner.token.clone(),
+            ttl: request.ttl,
+            parallelism: request.parallelism,
+            taken_at: sent,
+        }))
     }
 }
 
@@ -147,31 +169,34 @@ impl Store for PostgresStore {
 
     fn attempt(&mut self, request: &Request) -> Result<Attempt> {
         let me = &request.owner.process;
-        if self.in_line && !std::mem::take(&mut self.woken) {
-            // Keeping our place takes no lock; only a slot that may be ours needs it.
-            let look = self.look(request, false)?;
-            let ours = look.position == 0 || (look.position == 1 && look.free);
-            if !ours {
-                return Ok(Attempt::Waiting(look.line(me)));
+        if self.in_line {
+            // Keeping our place takes no lock; only a slot that is likely ours needs it.
+            let our_turn = std::mem::take(&mut self.woken) || {
+                let look = self.look(request, false)?;
+                if look.position > 1 || (look.position == 1 && !look.free) {
+                    return Ok(Attempt::Waiting(look.line(me)));
+                }
+                look.position == 1
+            };
+            if our_turn {
+                let sent = Moment::now();
+                if let Some(taken) = look::take(&mut self.link.borrow_mut(), &self.sql, request)? {
+                    return Ok(self.slot(request, taken, sent));
+                }
+                let look = self.look(request, false)?;
+                if look.position > 0 {
+                    return Ok(Attempt::Waiting(look.line(me)));
+                }
             }
         }
+        // Not in line (the first look, --no-wait, or our place lapsed): join it.
         let sent = Moment::now();
         let look = self.look(request, true)?;
         self.in_line = look.position > 0;
-        let Some((slot, fence)) = look.taken else {
-            return Ok(Attempt::Waiting(look.line(me)));
-        };
-        Ok(Attempt::Taken(Box::new(PostgresSlot {
-            link: Rc::clone(&self.link),
-            sql: Rc::clone(&self.sql),
-            name: request.name.to_string(),
-            slot,
-            fence,
-            token: request.owner.token.clone(),
-            ttl: request.ttl,
-            parallelism: request.parallelism,
-            taken_at: sent,
-        })))
+        Ok(match look.taken {
+            Some(taken) => self.slot(request, taken, sent),
+            None => Attempt::Waiting(look.line(me)),
+        })
     }
 
     fn evict(&mut self, request: &Request, owners: &[Owner]) -> Result<()> {

@@ -21,12 +21,14 @@ pub struct Sql {
     pub lock_new: String,
     /// $1 name. Locks the name's row, if the name was ever used.
     pub lock: String,
-    /// $1 name. Drops the holders and waiters whose leases or places lapsed.
+    /// $1 name. Drops the holders and waiters whose leases or places lapsed
+    /// (housekeeping: every other statement passes over them).
     pub purge: String,
     /// $1 name, $2 token, $3 parallelism, $4 TTL ms, $5-$9 pid, start time,
-    /// boot id, host, command. Takes the first free slot when nobody waits
-    /// ahead of us, leaving the line, or finds the slot ours already (a repeat
-    /// after a lost reply) and renews it: (slot, fence), or no row.
+    /// boot id, host, command. Takes the first free slot (a lapsed lease's
+    /// is free) when nobody waits ahead of us, leaving the line, or finds the
+    /// slot ours already (a repeat after a lost reply) and renews it: (slot,
+    /// fence), or no row.
     pub take: String,
     /// $1 name, $2 token, $4 TTL ms, $5-$9 as for `take`, $10 whether to join.
     /// Unless we hold a slot now: joins the line at its end, or keeps our place for another TTL.
@@ -86,15 +88,18 @@ impl Sql {
             take: format!(
                 "WITH ours AS (
                    UPDATE {holders} SET expires_at = now() + $4 * interval '1 millisecond'
-                   WHERE name = $1 AND token = $2 AND NOT kept
+                   WHERE name = $1 AND token = $2 AND NOT kept AND expires_at > now()
                    RETURNING slot, fence
                  ), free AS (
                    SELECT min(s) AS slot FROM generate_series(0, $3 - 1) AS s
                    WHERE NOT EXISTS (SELECT FROM ours)
-                     AND NOT EXISTS (SELECT FROM {holders} h WHERE h.name = $1 AND h.slot = s)
+                     AND NOT EXISTS (SELECT FROM {holders} h
+                                     WHERE h.name = $1 AND h.slot = s AND h.expires_at > now())
                      AND NOT EXISTS (
-                       SELECT FROM {waiters} w WHERE w.name = $1 AND w.ticket < coalesce(
-                         (SELECT ticket FROM {waiters} WHERE token = $2), 9223372036854775807))
+                       SELECT FROM {waiters} w
+                       WHERE w.name = $1 AND w.expires_at > now() AND w.ticket < coalesce(
+                         (SELECT ticket FROM {waiters} WHERE token = $2 AND expires_at > now()),
+                         9223372036854775807))
                    HAVING min(s) IS NOT NULL
                  ), fence AS (
                    UPDATE {locks} SET fence = greatest(
@@ -102,11 +107,19 @@ impl Sql {
                    WHERE name = $1 AND EXISTS (SELECT FROM free)
                    RETURNING fence
                  ), taken AS (
-                   INSERT INTO {holders} (name, slot, token, fence, pid, start_time, boot_id,
-                                          host, command, acquired_at, expires_at)
+                   -- A lapsed holder's row in the slot is taken over.
+                   INSERT INTO {holders} AS h (name, slot, token, fence, pid, start_time, boot_id,
+                                               host, command, acquired_at, expires_at)
                    SELECT $1, free.slot, $2, fence.fence, $5, $6, $7, $8, $9,
                           now(), now() + $4 * interval '1 millisecond'
                    FROM free, fence
+                   ON CONFLICT (name, slot) DO UPDATE SET
+                     token = excluded.token, fence = excluded.fence, pid = excluded.pid,
+                     start_time = excluded.start_time, boot_id = excluded.boot_id,
+                     host = excluded.host, command = excluded.command,
+                     acquired_at = excluded.acquired_at, expires_at = excluded.expires_at,
+                     kept = false
+                   WHERE h.expires_at <= now()
                    RETURNING slot, fence
                  ), left_line AS (
                    DELETE FROM {waiters} WHERE token = $2
