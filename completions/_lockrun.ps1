@@ -28,6 +28,7 @@ Register-ArgumentCompleter -Native -CommandName 'lockrun' -ScriptBlock {
             [CompletionResult]::new('--dir', '--dir', [CompletionResultType]::ParameterName, 'File backend''s directory [default: `$XDG_RUNTIME_DIR/lockrun`, else `/run/lock/lockrun`, else `$TMPDIR/lockrun-$UID`]')
             [CompletionResult]::new('--db', '--db', [CompletionResultType]::ParameterName, '`SQLite` database [default: `$XDG_STATE_HOME/lockrun/locks.sqlite3`, else `~/.local/state/lockrun/locks.sqlite3`]')
             [CompletionResult]::new('--redis-url', '--redis-url', [CompletionResultType]::ParameterName, 'Redis server: `redis://[user:pass@]host:port[/db]`, `rediss://` (TLS) or `redis+unix:///path`')
+            [CompletionResult]::new('--postgres-url', '--postgres-url', [CompletionResultType]::ParameterName, 'PostgreSQL server: `postgres://[user[:pass]@]host[:port]/db[?sslmode=...]` or a `key=value` conninfo string [default: libpq''s: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]')
             [CompletionResult]::new('-p', '-p', [CompletionResultType]::ParameterName, 'How many holders at once (slots), 1 to 1024')
             [CompletionResult]::new('--parallelism', '--parallelism', [CompletionResultType]::ParameterName, 'How many holders at once (slots), 1 to 1024')
             [CompletionResult]::new('-w', '-w', [CompletionResultType]::ParameterName, 'Longest wait for a slot; `inf` waits forever')
@@ -35,10 +36,10 @@ Register-ArgumentCompleter -Native -CommandName 'lockrun' -ScriptBlock {
             [CompletionResult]::new('--initial-delay', '--initial-delay', [CompletionResultType]::ParameterName, 'First retry delay when polling')
             [CompletionResult]::new('--max-delay', '--max-delay', [CompletionResultType]::ParameterName, 'Cap on the retry delay')
             [CompletionResult]::new('--backoff-multiplier', '--backoff-multiplier', [CompletionResultType]::ParameterName, 'Growth of the retry delay per retry (>= 1)')
-            [CompletionResult]::new('--ttl', '--ttl', [CompletionResultType]::ParameterName, 'Lease length on sqlite and redis; renewed every TTL/3 while the command runs')
+            [CompletionResult]::new('--ttl', '--ttl', [CompletionResultType]::ParameterName, 'Lease length on sqlite, redis and postgres; renewed every TTL/3 while the command runs')
             [CompletionResult]::new('--min-hold', '--min-hold', [CompletionResultType]::ParameterName, 'Keep the slot taken at least this long after acquiring')
             [CompletionResult]::new('--max-runtime', '--max-runtime', [CompletionResultType]::ParameterName, 'Stop the command after this long (exit 124)')
-            [CompletionResult]::new('--kill-grace', '--kill-grace', [CompletionResultType]::ParameterName, 'Time between SIGTERM and SIGKILL when lockrun stops the command [default: 10s, at most TTL/3 on sqlite and redis]')
+            [CompletionResult]::new('--kill-grace', '--kill-grace', [CompletionResultType]::ParameterName, 'Time between SIGTERM and SIGKILL when lockrun stops the command [default: 10s, at most TTL/3 on sqlite, redis and postgres]')
             [CompletionResult]::new('-E', '-E ', [CompletionResultType]::ParameterName, 'Exit status when no slot was acquired, 0 to 255')
             [CompletionResult]::new('--conflict-exit-code', '--conflict-exit-code', [CompletionResultType]::ParameterName, 'Exit status when no slot was acquired, 0 to 255')
             [CompletionResult]::new('-c', '-c', [CompletionResultType]::ParameterName, 'Run this string with /bin/sh -c instead of COMMAND ARGS')
@@ -55,7 +56,7 @@ Register-ArgumentCompleter -Native -CommandName 'lockrun' -ScriptBlock {
             [CompletionResult]::new('-V', '-V ', [CompletionResultType]::ParameterName, 'Print version')
             [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print version')
             [CompletionResult]::new('status', 'status', [CompletionResultType]::ParameterValue, 'List who holds a lock (every name when NAME is omitted)')
-            [CompletionResult]::new('release', 'release', [CompletionResultType]::ParameterValue, 'Break a lease that is known to be dead (sqlite and redis)')
+            [CompletionResult]::new('release', 'release', [CompletionResultType]::ParameterValue, 'Break a lease that is known to be dead (sqlite, redis and postgres)')
             [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
             break
         }
@@ -66,6 +67,7 @@ Register-ArgumentCompleter -Native -CommandName 'lockrun' -ScriptBlock {
             [CompletionResult]::new('--dir', '--dir', [CompletionResultType]::ParameterName, 'File backend''s directory [default: `$XDG_RUNTIME_DIR/lockrun`, else `/run/lock/lockrun`, else `$TMPDIR/lockrun-$UID`]')
             [CompletionResult]::new('--db', '--db', [CompletionResultType]::ParameterName, '`SQLite` database [default: `$XDG_STATE_HOME/lockrun/locks.sqlite3`, else `~/.local/state/lockrun/locks.sqlite3`]')
             [CompletionResult]::new('--redis-url', '--redis-url', [CompletionResultType]::ParameterName, 'Redis server: `redis://[user:pass@]host:port[/db]`, `rediss://` (TLS) or `redis+unix:///path`')
+            [CompletionResult]::new('--postgres-url', '--postgres-url', [CompletionResultType]::ParameterName, 'PostgreSQL server: `postgres://[user[:pass]@]host[:port]/db[?sslmode=...]` or a `key=value` conninfo string [default: libpq''s: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]')
             [CompletionResult]::new('--log-format', '--log-format', [CompletionResultType]::ParameterName, 'Diagnostics as text lines or one JSON event per line')
             [CompletionResult]::new('--json', '--json', [CompletionResultType]::ParameterName, 'Print a JSON array instead of a table')
             [CompletionResult]::new('-v', '-v', [CompletionResultType]::ParameterName, 'More diagnostics on stderr: waiting, acquired, renewals, release')
@@ -84,6 +86,7 @@ Register-ArgumentCompleter -Native -CommandName 'lockrun' -ScriptBlock {
             [CompletionResult]::new('--dir', '--dir', [CompletionResultType]::ParameterName, 'File backend''s directory [default: `$XDG_RUNTIME_DIR/lockrun`, else `/run/lock/lockrun`, else `$TMPDIR/lockrun-$UID`]')
             [CompletionResult]::new('--db', '--db', [CompletionResultType]::ParameterName, '`SQLite` database [default: `$XDG_STATE_HOME/lockrun/locks.sqlite3`, else `~/.local/state/lockrun/locks.sqlite3`]')
             [CompletionResult]::new('--redis-url', '--redis-url', [CompletionResultType]::ParameterName, 'Redis server: `redis://[user:pass@]host:port[/db]`, `rediss://` (TLS) or `redis+unix:///path`')
+            [CompletionResult]::new('--postgres-url', '--postgres-url', [CompletionResultType]::ParameterName, 'PostgreSQL server: `postgres://[user[:pass]@]host[:port]/db[?sslmode=...]` or a `key=value` conninfo string [default: libpq''s: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]')
             [CompletionResult]::new('--log-format', '--log-format', [CompletionResultType]::ParameterName, 'Diagnostics as text lines or one JSON event per line')
             [CompletionResult]::new('--force', '--force', [CompletionResultType]::ParameterName, 'Required: breaking a live holder''s lease lets a second holder in')
             [CompletionResult]::new('-v', '-v', [CompletionResultType]::ParameterName, 'More diagnostics on stderr: waiting, acquired, renewals, release')
@@ -96,7 +99,7 @@ Register-ArgumentCompleter -Native -CommandName 'lockrun' -ScriptBlock {
         }
         'lockrun;help' {
             [CompletionResult]::new('status', 'status', [CompletionResultType]::ParameterValue, 'List who holds a lock (every name when NAME is omitted)')
-            [CompletionResult]::new('release', 'release', [CompletionResultType]::ParameterValue, 'Break a lease that is known to be dead (sqlite and redis)')
+            [CompletionResult]::new('release', 'release', [CompletionResultType]::ParameterValue, 'Break a lease that is known to be dead (sqlite, redis and postgres)')
             [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
             break
         }

@@ -25,6 +25,7 @@ set edit:completion:arg-completer[lockrun] = {|@words|
             cand --dir 'File backend''s directory [default: `$XDG_RUNTIME_DIR/lockrun`, else `/run/lock/lockrun`, else `$TMPDIR/lockrun-$UID`]'
             cand --db '`SQLite` database [default: `$XDG_STATE_HOME/lockrun/locks.sqlite3`, else `~/.local/state/lockrun/locks.sqlite3`]'
             cand --redis-url 'Redis server: `redis://[user:pass@]host:port[/db]`, `rediss://` (TLS) or `redis+unix:///path`'
+            cand --postgres-url 'PostgreSQL server: `postgres://[user[:pass]@]host[:port]/db[?sslmode=...]` or a `key=value` conninfo string [default: libpq''s: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]'
             cand -p 'How many holders at once (slots), 1 to 1024'
             cand --parallelism 'How many holders at once (slots), 1 to 1024'
             cand -w 'Longest wait for a slot; `inf` waits forever'
@@ -32,10 +33,10 @@ set edit:completion:arg-completer[lockrun] = {|@words|
             cand --initial-delay 'First retry delay when polling'
             cand --max-delay 'Cap on the retry delay'
             cand --backoff-multiplier 'Growth of the retry delay per retry (>= 1)'
-            cand --ttl 'Lease length on sqlite and redis; renewed every TTL/3 while the command runs'
+            cand --ttl 'Lease length on sqlite, redis and postgres; renewed every TTL/3 while the command runs'
             cand --min-hold 'Keep the slot taken at least this long after acquiring'
             cand --max-runtime 'Stop the command after this long (exit 124)'
-            cand --kill-grace 'Time between SIGTERM and SIGKILL when lockrun stops the command [default: 10s, at most TTL/3 on sqlite and redis]'
+            cand --kill-grace 'Time between SIGTERM and SIGKILL when lockrun stops the command [default: 10s, at most TTL/3 on sqlite, redis and postgres]'
             cand -E 'Exit status when no slot was acquired, 0 to 255'
             cand --conflict-exit-code 'Exit status when no slot was acquired, 0 to 255'
             cand -c 'Run this string with /bin/sh -c instead of COMMAND ARGS'
@@ -52,7 +53,7 @@ set edit:completion:arg-completer[lockrun] = {|@words|
             cand -V 'Print version'
             cand --version 'Print version'
             cand status 'List who holds a lock (every name when NAME is omitted)'
-            cand release 'Break a lease that is known to be dead (sqlite and redis)'
+            cand release 'Break a lease that is known to be dead (sqlite, redis and postgres)'
             cand help 'Print this message or the help of the given subcommand(s)'
         }
         &'lockrun;status'= {
@@ -62,6 +63,7 @@ set edit:completion:arg-completer[lockrun] = {|@words|
             cand --dir 'File backend''s directory [default: `$XDG_RUNTIME_DIR/lockrun`, else `/run/lock/lockrun`, else `$TMPDIR/lockrun-$UID`]'
             cand --db '`SQLite` database [default: `$XDG_STATE_HOME/lockrun/locks.sqlite3`, else `~/.local/state/lockrun/locks.sqlite3`]'
             cand --redis-url 'Redis server: `redis://[user:pass@]host:port[/db]`, `rediss://` (TLS) or `redis+unix:///path`'
+            cand --postgres-url 'PostgreSQL server: `postgres://[user[:pass]@]host[:port]/db[?sslmode=...]` or a `key=value` conninfo string [default: libpq''s: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]'
             cand --log-format 'Diagnostics as text lines or one JSON event per line'
             cand --json 'Print a JSON array instead of a table'
             cand -v 'More diagnostics on stderr: waiting, acquired, renewals, release'
@@ -79,6 +81,7 @@ set edit:completion:arg-completer[lockrun] = {|@words|
             cand --dir 'File backend''s directory [default: `$XDG_RUNTIME_DIR/lockrun`, else `/run/lock/lockrun`, else `$TMPDIR/lockrun-$UID`]'
             cand --db '`SQLite` database [default: `$XDG_STATE_HOME/lockrun/locks.sqlite3`, else `~/.local/state/lockrun/locks.sqlite3`]'
             cand --redis-url 'Redis server: `redis://[user:pass@]host:port[/db]`, `rediss://` (TLS) or `redis+unix:///path`'
+            cand --postgres-url 'PostgreSQL server: `postgres://[user[:pass]@]host[:port]/db[?sslmode=...]` or a `key=value` conninfo string [default: libpq''s: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]'
             cand --log-format 'Diagnostics as text lines or one JSON event per line'
             cand --force 'Required: breaking a live holder''s lease lets a second holder in'
             cand -v 'More diagnostics on stderr: waiting, acquired, renewals, release'
@@ -90,7 +93,7 @@ set edit:completion:arg-completer[lockrun] = {|@words|
         }
         &'lockrun;help'= {
             cand status 'List who holds a lock (every name when NAME is omitted)'
-            cand release 'Break a lease that is known to be dead (sqlite and redis)'
+            cand release 'Break a lease that is known to be dead (sqlite, redis and postgres)'
             cand help 'Print this message or the help of the given subcommand(s)'
         }
         &'lockrun;help;status'= {

@@ -20,7 +20,7 @@ pub use usage::report as usage_error;
 #[command(
     name = "lockrun",
     version,
-    about = "Run a command while holding a named lock: a file, a SQLite database or Redis",
+    about = "Run a command while holding a named lock: a file, a SQLite database, Redis or PostgreSQL",
     override_usage = "lockrun [OPTIONS] --name NAME [--] COMMAND [ARG]...\n       \
                       lockrun [OPTIONS] --name NAME -c 'SHELL COMMAND'\n       \
                       lockrun status [OPTIONS] [NAME] [--json]\n       \
@@ -41,7 +41,7 @@ pub struct Cli {
 pub enum Action {
     /// List who holds a lock (every name when NAME is omitted)
     Status(StatusArgs),
-    /// Break a lease that is known to be dead (sqlite and redis)
+    /// Break a lease that is known to be dead (sqlite, redis and postgres)
     Release(ReleaseArgs),
 }
 
@@ -80,7 +80,7 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 1.5, value_name = "F", value_parser = parse_multiplier)]
     pub backoff_multiplier: f64,
 
-    /// Lease length on sqlite and redis; renewed every TTL/3 while the command runs
+    /// Lease length on sqlite, redis and postgres; renewed every TTL/3 while the command runs
     #[arg(long, env = "LOCKRUN_TTL", default_value = "30s", value_name = "DUR", value_parser = parse_ttl)]
     pub ttl: Duration,
 
@@ -92,7 +92,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "DUR", value_parser = duration::parse)]
     pub max_runtime: Option<Duration>,
 
-    /// Time between SIGTERM and SIGKILL when lockrun stops the command [default: 10s, at most TTL/3 on sqlite and redis]
+    /// Time between SIGTERM and SIGKILL when lockrun stops the command [default: 10s, at most TTL/3 on sqlite, redis and postgres]
     #[arg(long, value_name = "DUR", value_parser = duration::parse)]
     pub kill_grace: Option<Duration>,
 

@@ -242,7 +242,7 @@ fn bash_completes_subcommands_and_options() {
     let backends = complete("lockrun --backend ");
     assert_eq!(
         backends.split_whitespace().collect::<Vec<_>>(),
-        ["file", "sqlite", "redis"]
+        lockrun::backend::NAMES
     );
     let status = complete("lockrun status --");
     assert!(status.lines().any(|w| w == "--json"), "{status}");

@@ -5,11 +5,12 @@
 CREATE SCHEMA IF NOT EXISTS {schema};
 
 -- One row per lock name, never deleted. `fence` is the last fencing token
--- handed out for the name: it only ever grows, and lives in a row rather than
--- a sequence so that it is dense per name (as on the other backends) and
--- replicated like any row. Every change to a name's holders and waiters locks
--- this row first (SELECT ... FOR UPDATE), so changes to one name happen one at
--- a time under READ COMMITTED, while other names go on in parallel.
+-- handed out for the name: it only ever grows (one more than the last, never
+-- below the server's clock in microseconds: sql.rs), and lives in a row rather
+-- than a sequence so that it is replicated like any row. Every change to a
+-- name's holders and waiters locks this row first (SELECT ... FOR UPDATE), so
+-- changes to one name happen one at a time under READ COMMITTED, while other
+-- names go on in parallel.
 CREATE TABLE {schema}.locks (
     name text PRIMARY KEY,
     fence bigint NOT NULL DEFAULT 0 CHECK (fence >= 0)
