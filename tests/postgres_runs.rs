@@ -61,7 +61,17 @@ fn holder(store: &Store, scratch: &Scratch, name: &str, extra: &[&str]) -> Runni
         .stdout(Stdio::null())
         .stderr(fs::File::create(scratch.path("events")).unwrap())
         .start();
-    wait_for_file(&scratch.path("ready"));
+    let ready = scratch.path("ready");
+    let mut child = child;
+    wait_until("the holder's command to start", || {
+        let exited = child.try_wait().unwrap();
+        assert!(
+            exited.is_none(),
+            "the holder exited ({exited:?}): {:?}",
+            events(&scratch.path("events"))
+        );
+        ready.exists()
+    });
     child
 }
 

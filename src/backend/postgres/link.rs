@@ -46,7 +46,8 @@ impl Link {
         self.connector.target().connect_timeout.max(MAX_CALL)
     }
 
-    /// Whether lockrun's tables are there (made first, when running).
+    /// Whether lockrun's tables are there (made first, when running):
+    /// connects, if not connected yet.
     pub fn present(&mut self) -> Result<bool> {
         self.session(self.patience())?;
         Ok(self.present == Some(true))

@@ -179,6 +179,8 @@ impl Store for PostgresStore {
                 look.position == 1
             };
             if our_turn {
+                // A lease runs from no earlier than its request: connecting comes first.
+                self.link.borrow_mut().present()?;
                 let sent = Moment::now();
                 if let Some(taken) = look::take(&mut self.link.borrow_mut(), &self.sql, request)? {
                     return Ok(self.slot(request, taken, sent));
@@ -190,6 +192,7 @@ impl Store for PostgresStore {
             }
         }
         // Not in line (the first look, --no-wait, or our place lapsed): join it.
+        self.link.borrow_mut().present()?;
         let sent = Moment::now();
         let look = self.look(request, true)?;
         self.in_line = look.position > 0;
