@@ -93,18 +93,18 @@ impl Link {
         }
     }
 
-    /// Waits up to `within` for a wake-up on the session's channel: true when
-    /// one came. Without a listening session, it only sleeps.
-    pub fn woken(&mut self, within: Duration) -> Result<bool> {
+    /// Waits up to `within` for a wake-up on the session's channel: its
+    /// payload, when one came. Without a listening session, it only sleeps.
+    pub fn woken(&mut self, within: Duration) -> Result<Option<String>> {
         if !self.listening() {
             std::thread::sleep(within);
-            return Ok(false);
+            return Ok(None);
         }
         let session = self.session.as_mut().expect("a listening session");
         // Any notification on it is ours: the session listens on our channel alone.
         let woken = session
             .notification(within)
-            .map(|notification| notification.is_some());
+            .map(|notification| notification.map(|n| n.payload().to_owned()));
         woken.map_err(|failure| self.failed(failure))
     }
 

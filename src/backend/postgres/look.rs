@@ -112,12 +112,14 @@ fn taken(rows: &[Row]) -> Option<(u32, u64)> {
 pub fn take(link: &mut Link, sql: &Sql, request: &Request) -> Result<Option<(u32, u64)>> {
     let params = Params::new(request);
     let all = params.all();
-    let wake = wake_params(&params.name, &params.parallelism);
-    let mut statements: Vec<Statement> = vec![(&sql.lock, &all[..1]), (&sql.take, &all[..9])];
-    if request.parallelism > 1 {
-        // Slots go out in line order: the next waiter, if another is free.
-        statements.push((&sql.wake, &wake));
-    }
+    // Taking a slot moves the line up: the new head (woken for a slot if
+    // another is free: slots go out in line order) and the new second.
+    let wake = wake_params(&params.name, &params.parallelism, &true);
+    let statements: Vec<Statement> = vec![
+        (&sql.lock, &all[..1]),
+        (&sql.take, &all[..9]),
+        (&sql.wake, &wake),
+    ];
     let results = link.transact("take a slot", link.patience(), &statements)?;
     Ok(taken(&results[1]))
 }
@@ -137,7 +139,7 @@ impl Look {
     ) -> Result<Self> {
         let params = Params::new(request);
         let all = params.all();
-        let wake = wake_params(&params.name, &params.parallelism);
+        let wake = wake_params(&params.name, &params.parallelism, &false);
         let listen = format!("LISTEN \"{CHANNEL_PREFIX}{}\"", request.owner.token);
         let began_listening = request.queue && !link.listening();
         let mut statements: Vec<Statement> = Vec::new();
@@ -206,14 +208,16 @@ impl Look {
     }
 }
 
-/// The parameters of [`Sql::wake`].
+/// The parameters of [`Sql::wake`]: tell the first two waiters too when `moved`.
 pub fn wake_params<'a>(
     name: &'a &str,
     parallelism: &'a i32,
-) -> [(&'a (dyn ToSql + Sync), Type); 3] {
+    moved: &'a bool,
+) -> [(&'a (dyn ToSql + Sync), Type); 4] {
     [
         (name, Type::TEXT),
         (parallelism, Type::INT4),
         (&CHANNEL_PREFIX, Type::TEXT),
+        (moved, Type::BOOL),
     ]
 }

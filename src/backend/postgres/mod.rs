@@ -39,7 +39,7 @@ use link::{Link, MAX_CALL};
 use look::{Look, wake_params};
 use schema::Schema;
 use slot::PostgresSlot;
-use sql::Sql;
+use sql::{SLOT_FREE, Sql};
 use target::Target;
 
 /// Its command-line options (a group of their own is not needed: clap flattens them).
@@ -83,7 +83,7 @@ struct PostgresStore {
     sql: Rc<Sql>,
     /// Whether we joined the line.
     in_line: bool,
-    /// The last wait ended with a wake-up: a slot is free for us.
+    /// The last wait ended with a wake-up for a slot that is free for us.
     woken: bool,
     /// The last look began to listen without the name's lock: a wake-up
     /// may have gone out just before, so look again rather than wait.
@@ -137,18 +137,19 @@ impl PostgresStore {
 }
 
 /// Runs `statements` under the lock of `name`'s row, then wakes the head of
-/// its line if a slot of `parallelism` is free for it; the statements' rows.
+/// its line if a slot of `parallelism` is free for it, and the first two if
+/// the line `moved` (see [`Sql::wake`]); the statements' rows.
 fn change(
     link: &RefCell<Link>,
     sql: &Sql,
     what: &str,
     within: Duration,
     name: &str,
-    parallelism: i32,
+    (parallelism, moved): (i32, bool),
     statements: &[Statement],
 ) -> Result<Vec<Vec<Row>>> {
     let locked: [(&(dyn ToSql + Sync), Type); 1] = [(&name, Type::TEXT)];
-    let wake = wake_params(&name, &parallelism);
+    let wake = wake_params(&name, &parallelism, &moved);
     let mut all: Vec<Statement> = vec![(&sql.lock, &locked)];
     all.extend_from_slice(statements);
     all.push((&sql.wake, &wake));
@@ -215,7 +216,7 @@ impl Store for PostgresStore {
             "drop dead entries",
             MAX_CALL,
             name,
-            parallelism,
+            (parallelism, true),
             &[evict],
         )?;
         Ok(())
@@ -223,7 +224,9 @@ impl Store for PostgresStore {
 
     fn wait(&mut self, _request: &Request, until: Moment) -> Result<Option<Box<dyn Slot>>> {
         if !std::mem::take(&mut self.look_again) {
-            self.woken = self.link.borrow_mut().woken(until.remaining())?;
+            let woken = self.link.borrow_mut().woken(until.remaining())?;
+            // Told only that the line moved, we look; a slot free for us, we take it.
+            self.woken = woken.as_deref() == Some(SLOT_FREE);
         }
         Ok(None)
     }
@@ -265,7 +268,7 @@ impl Store for PostgresStore {
             "break the leases",
             MAX_CALL,
             name,
-            i32::MAX,
+            (i32::MAX, false),
             &[broken],
         )?
         .pop()

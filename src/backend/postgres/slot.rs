@@ -85,7 +85,7 @@ impl Slot for PostgresSlot {
                 "release the slot",
                 within,
                 &self.name,
-                parallelism,
+                (parallelism, false),
                 &freed,
             )?;
         }

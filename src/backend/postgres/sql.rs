@@ -14,6 +14,10 @@ use super::schema::Schema;
 
 /// `NOTIFY` channels are this and a waiter's token (a release wakes one waiter, not the line).
 pub const CHANNEL_PREFIX: &str = "lockrun:";
+/// A wake-up's payload: a slot is free for the waiter at the head.
+pub const SLOT_FREE: &str = "slot";
+/// A wake-up's payload: the line moved up; look where we stand.
+pub const LINE_MOVED: &str = "line";
 
 /// The statements, for one schema.
 pub struct Sql {
@@ -35,8 +39,11 @@ pub struct Sql {
     pub join: String,
     /// $2 token, $4 TTL ms. Keeps our place in line for another TTL, if it has not lapsed.
     pub keep_place: String,
-    /// $1 name, $2 parallelism, $3 channel prefix. Wakes the waiter at the head
-    /// of the line when a slot is free for it.
+    /// $1 name, $2 parallelism, $3 channel prefix, $4 whether the line moved.
+    /// Wakes the waiter at the head of the line when a slot is free for it
+    /// (`SLOT_FREE`); when the line moved (a waiter took a slot or left),
+    /// the new first two (`LINE_MOVED`, unless a slot is free for the head),
+    /// which watch what is ahead of them.
     pub wake: String,
     /// $1 name, $2 token, $3 parallelism. Where we stand: our place (0: not
     /// in line), whether a slot is free, the live holders and the waiter just
@@ -139,12 +146,15 @@ impl Sql {
                  WHERE token = $2 AND expires_at > now()"
             ),
             wake: format!(
-                "SELECT pg_notify($3 || head.token, '') FROM (
-                   SELECT token FROM {waiters} WHERE name = $1 AND expires_at > now()
-                   ORDER BY ticket LIMIT 1
-                 ) AS head
-                 WHERE (SELECT count(*) FROM {holders}
-                        WHERE name = $1 AND slot < $2 AND expires_at > now()) < $2"
+                "SELECT pg_notify($3 || first.token,
+                                  CASE WHEN first.place = 1 AND slots.free THEN '{SLOT_FREE}'
+                                       ELSE '{LINE_MOVED}' END)
+                 FROM (SELECT token, row_number() OVER (ORDER BY ticket) AS place
+                       FROM {waiters} WHERE name = $1 AND expires_at > now()
+                       ORDER BY ticket LIMIT 2) AS first,
+                      (SELECT count(*) < $2 AS free FROM {holders}
+                       WHERE name = $1 AND slot < $2 AND expires_at > now()) AS slots
+                 WHERE (first.place = 1 AND slots.free) OR $4"
             ),
             report: format!(
                 "WITH me AS (
