@@ -128,7 +128,10 @@ mod tests {
         );
         assert_eq!(
             line(&["lockrun", "--name", "x", "-b", "sqlit", "true"]),
-            "invalid value 'sqlit' for '--backend <BACKEND>' [possible values: file, sqlite, redis]; did you mean 'sqlite'?"
+            format!(
+                "invalid value 'sqlit' for '--backend <BACKEND>' [possible values: {}]; did you mean 'sqlite'?",
+                crate::backend::NAMES.join(", ")
+            )
         );
     }
 
