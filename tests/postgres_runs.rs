@@ -339,9 +339,9 @@ fn status_and_release_on_a_new_server_create_nothing() {
 
 #[test]
 fn a_full_server_is_waited_out_and_a_long_line_needs_few_connections() {
-    // Room for 20 connections, none kept for superusers: 41 lockruns at once overflow it.
+    // Room for 30 connections, none kept for superusers: 41 lockruns at once overflow it.
     let Some(server) =
-        PostgresServer::start_with(&["max_connections=20", "superuser_reserved_connections=0"])
+        PostgresServer::start_with(&["max_connections=30", "superuser_reserved_connections=0"])
             .map(Arc::new)
     else {
         return;
@@ -363,7 +363,7 @@ fn a_full_server_is_waited_out_and_a_long_line_needs_few_connections() {
                 .start()
         })
         .collect();
-    // All 40 in line at once, on a server with room for 20: only the first
+    // All 40 in line at once, on a server with room for 30: only the first
     // ones keep a connection, the others connect to look.
     wait_until("40 waiters in line", || {
         let output = run(store.status().args(["crowd", "--json"]));

@@ -112,14 +112,14 @@ fn taken(rows: &[Row]) -> Option<(u32, u64)> {
 pub fn take(link: &mut Link, sql: &Sql, request: &Request) -> Result<Option<(u32, u64)>> {
     let params = Params::new(request);
     let all = params.all();
-    // Taking a slot moves the line up: the new head (woken for a slot if
-    // another is free: slots go out in line order) and the new second.
     let wake = wake_params(&params.name, &params.parallelism, &true);
-    let statements: Vec<Statement> = vec![
-        (&sql.lock, &all[..1]),
-        (&sql.take, &all[..9]),
-        (&sql.wake, &wake),
-    ];
+    let mut statements: Vec<Statement> = vec![(&sql.lock, &all[..1]), (&sql.take, &all[..9])];
+    if request.parallelism > 1 {
+        // Slots go out in line order: the new head, if another slot is free
+        // (and the new second). With one slot the new first two find out at
+        // their next look: telling them here costs the handoff a millisecond.
+        statements.push((&sql.wake, &wake));
+    }
     let results = link.transact("take a slot", link.patience(), &statements)?;
     Ok(taken(&results[1]))
 }

@@ -75,7 +75,7 @@ impl Options {
 /// Waiters this far back in line beyond the slots keep their connection and
 /// are woken by NOTIFY; this many places in all at most. The ones behind
 /// them connect only to look, so a line of thousands needs a few connections.
-const SPARE_LISTENERS: u32 = 8;
+const SPARE_LISTENERS: u32 = 16;
 const MAX_LISTENERS: u32 = 64;
 
 struct PostgresStore {
