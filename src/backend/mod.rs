@@ -12,6 +12,8 @@
 //! Adding a backend: a new folder here, one line in the `backends!` list below,
 //! one line in the per-backend test list (`tests/core.rs`).
 
+#[cfg(feature = "etcd")]
+pub mod etcd;
 mod file;
 /// Public for the integration tests of its groundwork (sessions, schema, failures).
 #[cfg(feature = "postgres")]

@@ -1,0 +1,138 @@
+//! A watch: one POST to `/v3/watch` whose answer never ends, a JSON message
+//! per line, each a batch of events (or a progress note). It has a connection
+//! of its own, so the client's other calls (a waiter's lease keep-alives) go
+//! on beside it; closing the connection cancels the watch on the server.
+//!
+//! Dead members: the request asks for a member with a leader, so a member cut
+//! off from the others cancels the watch within a few election timeouts, and
+//! TCP keepalive probes end it when the member vanishes from the network.
+//! Either way the caller gets an error and watches again on another member.
+
+use std::time::Instant;
+
+use super::error::{Error, ErrorKind, Failure, Result, code, not_etcd};
+use super::http::Connection;
+use super::wire::{Event, WatchResponse, decode_streamed};
+
+pub struct Watch {
+    connection: Connection,
+    /// The member, as messages show it.
+    endpoint: String,
+    /// Body bytes received and not yet split into messages.
+    pending: Vec<u8>,
+    /// Where a new watch would have to start to miss nothing.
+    next_revision: i64,
+}
+
+impl Watch {
+    /// Sends the watch request `body` on `connection` and waits, by `deadline`,
+    /// for the member to confirm it.
+    pub(super) fn start(
+        mut connection: Connection,
+        endpoint: String,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        start_revision: i64,
+        deadline: Instant,
+    ) -> Result<Self, Failure> {
+        let status = connection.post("/v3/watch", headers, body, deadline)?;
+        if status != 200 {
+            let reply = connection.read_to_end(deadline)?;
+            return Err(Failure::from_reply(status, &reply));
+        }
+        let mut watch = Self {
+            connection,
+            endpoint,
+            pending: Vec::new(),
+            next_revision: start_revision,
+        };
+        let created = watch.message(deadline)?;
+        if !created.created {
+            return Err(Failure::Io(not_etcd("the watch was not confirmed")));
+        }
+        // etcd refuses a watch by cancelling it in the same answer, with the
+        // gRPC error in words: "rpc error: code = Unauthenticated desc = ...".
+        if created.canceled {
+            let reason = created.cancel_reason;
+            let code = [
+                ("Unauthenticated", code::UNAUTHENTICATED),
+                ("PermissionDenied", code::PERMISSION_DENIED),
+                ("InvalidArgument", code::INVALID_ARGUMENT),
+            ]
+            .into_iter()
+            .find(|(name, _)| reason.contains(&format!("code = {name} ")))
+            .map_or(code::OUT_OF_RANGE, |(_, code)| code);
+            return Err(Failure::Answer {
+                code,
+                message: reason,
+            });
+        }
+        if start_revision == 0 {
+            watch.next_revision = created.header.revision + 1;
+        }
+        Ok(watch)
+    }
+
+    /// The next batch of events, waiting for one until `until`; empty when
+    /// none came by then. After an error the watch is over: watch again from
+    /// [`Watch::next_revision`] (on any member) or read the keys anew.
+    pub fn next(&mut self, until: Instant) -> Result<Vec<Event>> {
+        loop {
+            let response = match self.message(until) {
+                Ok(response) => response,
+                Err(Failure::Io(err))
+                    if err.kind() == std::io::ErrorKind::TimedOut && Instant::now() >= until =>
+                {
+                    return Ok(Vec::new());
+                }
+                Err(failure) => {
+                    let kind = failure.verdict().kind();
+                    return Err(failure.into_error(kind, &self.context()));
+                }
+            };
+            if response.canceled {
+                let why = match response.compact_revision {
+                    0 => response.cancel_reason,
+                    compacted => format!("revisions up to {compacted} were compacted"),
+                };
+                return Err(Error::new(
+                    ErrorKind::Rejected,
+                    format!("{}: cancelled by etcd: {why}", self.context()),
+                ));
+            }
+            match response.events.last() {
+                Some(last) => {
+                    self.next_revision = last.kv.mod_revision + 1;
+                    return Ok(response.events);
+                }
+                // A progress note: nothing changed up to its revision.
+                None => self.next_revision = self.next_revision.max(response.header.revision + 1),
+            }
+        }
+    }
+
+    /// The revision from which a new watch would see every event this one has not delivered.
+    pub fn next_revision(&self) -> i64 {
+        self.next_revision
+    }
+
+    /// Reads the next message by `until`.
+    fn message(&mut self, until: Instant) -> Result<WatchResponse, Failure> {
+        loop {
+            if let Some(end) = self.pending.iter().position(|&byte| byte == b'\n') {
+                let line: Vec<u8> = self.pending.drain(..=end).collect();
+                if line.trim_ascii().is_empty() {
+                    continue;
+                }
+                return decode_streamed(&line);
+            }
+            if !self.connection.read_body(&mut self.pending, until)? {
+                return Err(Failure::Io(std::io::ErrorKind::UnexpectedEof.into()));
+            }
+        }
+    }
+
+    fn context(&self) -> String {
+        format!("etcd at {}: watch failed", self.endpoint)
+    }
+}
