@@ -4,6 +4,8 @@ mod support;
 
 mod cli;
 mod core;
+#[cfg(feature = "etcd")]
+mod etcd;
 mod file;
 mod generated;
 mod line;

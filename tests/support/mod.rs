@@ -1,5 +1,7 @@
 //! Test harness: real lockrun processes against real stores, with every wait bounded.
 
+#[cfg(feature = "etcd")]
+pub mod etcd;
 pub mod netns;
 #[cfg(feature = "postgres")]
 pub mod postgres;
