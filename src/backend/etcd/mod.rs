@@ -2,8 +2,3 @@
 //! JSON gateway ([`client`]); the lock recipe on top comes with the backend.
 
 pub mod client;
-mod endpoint;
-mod error;
-mod http;
-mod watch;
-mod wire;

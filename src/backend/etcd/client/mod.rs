@@ -1,7 +1,7 @@
 //! A blocking client of etcd's v3 API through its JSON gateway (`/v3/...`),
-//! covering what the lock recipe needs: authentication, leases, a
-//! put-if-absent transaction, ranges ordered by create revision, deletes and
-//! watches. Why the gateway rather than gRPC: docs/etcd-client.md.
+//! covering what the lock recipe needs: authentication, leases, transactions,
+//! ranges in create order and watches. Why the gateway rather than gRPC:
+//! README, "Design".
 //!
 //! **Threads**: none. A call is a write and blocking reads on one socket in
 //! the caller's thread, each bounded by the call's deadline, so lockrun stays
@@ -12,11 +12,17 @@
 //! that member cannot be reached, does not answer in time or answers that it
 //! cannot serve now (no leader, request timed out), the call moves on to the
 //! next one, round after round while one of them answers (an election), all
-//! within the call's time limit. So any call may reach etcd twice,
-//! and each is safe to: reads, keep-alives, deletes and revokes are
-//! idempotent; a grant that is retried at worst leaves a lease with no keys,
-//! which expires by itself; put-if-absent recognises a key it put itself by
-//! its lease.
+//! within the call's time limit. So any call may reach etcd twice, and the
+//! caller makes each safe to: reads, keep-alives and revokes are idempotent;
+//! a grant that is retried at worst leaves a lease with no keys, which expires
+//! by itself; transactions check what an earlier try would have changed.
+
+mod endpoint;
+mod error;
+mod http;
+mod kv;
+mod watch;
+mod wire;
 
 use std::io;
 use std::sync::Arc;
@@ -26,19 +32,19 @@ use std::time::{Duration, Instant};
 use rustls::ClientConfig;
 use serde::Serialize;
 
-use super::endpoint::Secret;
-use super::error::{Failure, Verdict, code};
-use super::http::{self, Connection};
-use super::wire::{
-    Absent, AuthenticateRequest, AuthenticateResponse, DeleteResponse, LeaseRequest, LeaseResponse,
-    PutRequest, RangeRequest, RangeResponse, RequestOp, TxnRequest, TxnResponse,
-    WatchCreateRequest, WatchRequest, decode, decode_streamed,
+use endpoint::Secret;
+use error::{Failure, Verdict, code};
+use http::Connection;
+use wire::{
+    AuthenticateRequest, AuthenticateResponse, LeaseRequest, LeaseResponse, RangeRequest,
+    RangeResponse, TxnResponse, WatchCreateRequest, WatchRequest, decode, decode_streamed,
 };
 
-pub use super::endpoint::Endpoints;
-pub use super::error::{Error, ErrorKind, Result};
-pub use super::watch::Watch;
-pub use super::wire::{Event, EventKind, KeyValue, Keys};
+pub use endpoint::Endpoints;
+pub use error::{Error, ErrorKind, Result};
+pub use kv::{Listing, Op, Outcome, Txn};
+pub use watch::Watch;
+pub use wire::{Event, EventKind, KeyValue, Keys};
 
 /// etcd's `hasleader` metadata (the gateway passes `Grpc-Metadata-*` headers
 /// on): a member cut off from the others refuses at once, and cancels its
@@ -64,83 +70,6 @@ pub struct Lease {
     pub ttl: Duration,
 }
 
-/// What is left of a lease.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LeaseTtl {
-    pub remaining: Duration,
-    pub granted: Duration,
-}
-
-/// The outcome of [`Client::put_if_absent`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Claim {
-    /// Whether the key is ours: this call or an earlier try of it put it.
-    pub created: bool,
-    /// The key as it is now.
-    pub kv: KeyValue,
-}
-
-/// The keys a range found, and the revision it read them at.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Listing {
-    pub kvs: Vec<KeyValue>,
-    /// How many keys are in the whole range: etcd counts before `limit` and
-    /// `created_before` filter, so a place in line is an index into `kvs`.
-    pub count: i64,
-    /// The store's revision when it was read: a watch from one past it misses nothing.
-    pub revision: i64,
-}
-
-/// Which keys a [`Client::range`] reads: oldest (lowest create revision) first.
-#[derive(Clone, Debug)]
-pub struct Range {
-    keys: Keys,
-    limit: i64,
-    newest_first: bool,
-    max_create_revision: i64,
-    count_only: bool,
-}
-
-impl Range {
-    pub fn of(keys: Keys) -> Self {
-        Self {
-            keys,
-            limit: 0,
-            newest_first: false,
-            max_create_revision: 0,
-            count_only: false,
-        }
-    }
-
-    /// At most `limit` keys.
-    #[must_use]
-    pub fn limit(mut self, limit: i64) -> Self {
-        self.limit = limit;
-        self
-    }
-
-    #[must_use]
-    pub fn newest_first(mut self) -> Self {
-        self.newest_first = true;
-        self
-    }
-
-    /// Only keys created before `revision`: with `newest_first` and a limit of
-    /// one, the key just ahead of the one created at `revision`.
-    #[must_use]
-    pub fn created_before(mut self, revision: i64) -> Self {
-        self.max_create_revision = revision - 1;
-        self
-    }
-
-    /// Only the count, no keys.
-    #[must_use]
-    pub fn count_only(mut self) -> Self {
-        self.count_only = true;
-        self
-    }
-}
-
 pub struct Client {
     endpoints: Endpoints,
     /// The member calls go to first: the last one that answered.
@@ -150,13 +79,12 @@ pub struct Client {
     auth: Auth,
     /// Loaded on the first `https://` connection.
     tls: Option<Arc<ClientConfig>>,
-    timeout: Duration,
 }
 
 impl Client {
-    /// A client of the cluster at `endpoints`, which gives every call
-    /// `timeout` (over all members it tries); it connects on the first call.
-    pub fn new(endpoints: Endpoints, timeout: Duration) -> Self {
+    /// A client of the cluster at `endpoints`; it connects on the first call.
+    /// Every call is given the time it may take (over all members it tries).
+    pub fn new(endpoints: Endpoints) -> Self {
         let auth = if endpoints.credentials.is_some() {
             Auth::Needed
         } else {
@@ -168,23 +96,18 @@ impl Client {
             connection: None,
             auth,
             tls: None,
-            timeout,
         }
     }
 
-    /// A new lease of `ttl`, rounded up to whole seconds as etcd counts them.
-    pub fn lease_grant(&mut self, ttl: Duration) -> Result<Lease> {
+    /// A new lease of `ttl`, rounded up to whole seconds as etcd counts them
+    /// (the cluster may grant more: it has a minimum).
+    pub fn lease_grant(&mut self, ttl: Duration, within: Duration) -> Result<Lease> {
         let request = LeaseRequest {
             id: 0,
             ttl: whole_seconds(ttl),
         };
-        let granted: LeaseResponse = self.call(
-            "lease grant",
-            "/v3/lease/grant",
-            &request,
-            self.timeout,
-            decode,
-        )?;
+        let granted: LeaseResponse =
+            self.call("lease grant", "/v3/lease/grant", &request, within, decode)?;
         if !granted.error.is_empty() {
             return Err(Error::new(
                 ErrorKind::Rejected,
@@ -197,8 +120,8 @@ impl Client {
         })
     }
 
-    /// Renews `lease` once, giving up after `within`; returns its new TTL, or
-    /// `None` when the lease is gone (expired or revoked: it is never revived).
+    /// Renews `lease` once; returns its TTL, or `None` when the lease is gone
+    /// (expired or revoked: it is never revived).
     pub fn lease_keep_alive(&mut self, lease: i64, within: Duration) -> Result<Option<Duration>> {
         let request = LeaseRequest { id: lease, ttl: 0 };
         let renewed: LeaseResponse = self.call(
@@ -212,136 +135,76 @@ impl Client {
     }
 
     /// Revokes `lease`, deleting every key attached to it; false when it was gone already.
-    pub fn lease_revoke(&mut self, lease: i64) -> Result<bool> {
+    pub fn lease_revoke(&mut self, lease: i64, within: Duration) -> Result<bool> {
         let request = LeaseRequest { id: lease, ttl: 0 };
-        let revoked: Result<LeaseResponse> = self.call(
-            "lease revoke",
-            "/v3/lease/revoke",
-            &request,
-            self.timeout,
-            decode,
-        );
+        let revoked: Result<LeaseResponse> =
+            self.call("lease revoke", "/v3/lease/revoke", &request, within, decode);
         match revoked {
             Ok(_) => Ok(true),
-            Err(err) if err.code() == Some(code::NOT_FOUND) => Ok(false),
+            Err(err) if err.lease_not_found() => Ok(false),
             Err(err) => Err(err),
         }
     }
 
-    /// What is left of `lease`; `None` when it is gone.
-    pub fn lease_time_to_live(&mut self, lease: i64) -> Result<Option<LeaseTtl>> {
+    /// The time left to `lease` (in whole seconds); `None` when it is gone.
+    pub fn lease_time_to_live(&mut self, lease: i64, within: Duration) -> Result<Option<Duration>> {
         let request = LeaseRequest { id: lease, ttl: 0 };
         let found: LeaseResponse = self.call(
             "lease time-to-live",
             "/v3/lease/timetolive",
             &request,
-            self.timeout,
+            within,
             decode,
         )?;
-        Ok((found.ttl >= 0).then(|| LeaseTtl {
-            remaining: seconds(found.ttl),
-            granted: seconds(found.granted_ttl),
-        }))
+        Ok((found.ttl >= 0).then(|| seconds(found.ttl)))
     }
 
-    /// Puts `key` attached to `lease` unless the key exists, in one
-    /// transaction that reads the key back either way. A key that exists with
-    /// `lease` counts as created: an earlier try of this call put it (the
-    /// caller makes the key unique to itself), so retrying is safe.
-    pub fn put_if_absent(&mut self, key: &[u8], value: &[u8], lease: i64) -> Result<Claim> {
-        let read_back = || RequestOp::Range(Keys::one(key));
-        let request = TxnRequest {
-            compare: vec![Absent::key(key)],
-            success: vec![
-                RequestOp::Put(PutRequest {
-                    key: key.to_vec(),
-                    value: value.to_vec(),
-                    lease,
-                }),
-                read_back(),
-            ],
-            failure: vec![read_back()],
-        };
-        let answer: TxnResponse = self.call(
-            "put-if-absent",
-            "/v3/kv/txn",
-            &request,
-            self.timeout,
-            decode,
-        )?;
-        let kv = answer
-            .responses
-            .into_iter()
-            .find_map(|response| response.response_range)
-            .and_then(|range| range.kvs.into_iter().next())
-            .ok_or_else(|| {
-                Error::new(
-                    ErrorKind::Transient,
-                    "etcd: put-if-absent found no key (its lease expired at once?)",
-                )
-            })?;
-        Ok(Claim {
-            created: answer.succeeded || (lease != 0 && kv.lease == lease),
-            kv,
+    /// Runs `txn` at one revision. A put attached to a lease that is gone
+    /// fails the whole transaction ([`Error::lease_not_found`]).
+    pub fn txn(&mut self, txn: &Txn, within: Duration) -> Result<Outcome> {
+        let answer: TxnResponse =
+            self.call("transaction", "/v3/kv/txn", txn.request(), within, decode)?;
+        Ok(Outcome {
+            succeeded: answer.succeeded,
+            revision: answer.header.revision,
+            listings: answer
+                .responses
+                .into_iter()
+                .filter_map(|response| response.response_range)
+                .map(listing)
+                .collect(),
         })
     }
 
-    /// Reads the keys `range` selects.
-    pub fn range(&mut self, range: &Range) -> Result<Listing> {
-        let request = RangeRequest {
-            keys: range.keys.clone(),
-            limit: range.limit,
-            sort_order: if range.newest_first {
-                "DESCEND"
-            } else {
-                "ASCEND"
-            },
-            sort_target: "CREATE",
-            max_create_revision: range.max_create_revision,
-            count_only: range.count_only,
-        };
-        let found: RangeResponse =
-            self.call("range", "/v3/kv/range", &request, self.timeout, decode)?;
-        Ok(Listing {
-            kvs: found.kvs,
-            count: found.count,
-            revision: found.header.revision,
-        })
+    /// Reads every key of `keys`, oldest (lowest create revision) first.
+    pub fn range(&mut self, keys: &Keys, within: Duration) -> Result<Listing> {
+        let request = RangeRequest::oldest_first(keys.clone());
+        let found: RangeResponse = self.call("range", "/v3/kv/range", &request, within, decode)?;
+        Ok(listing(found))
     }
 
-    /// Deletes `key`; false when it did not exist.
-    pub fn delete(&mut self, key: &[u8]) -> Result<bool> {
-        let deleted: DeleteResponse = self.call(
-            "delete",
-            "/v3/kv/deleterange",
-            &Keys::one(key),
-            self.timeout,
-            decode,
-        )?;
-        Ok(deleted.deleted > 0)
-    }
-
-    /// Watches `keys` from `start_revision` (0: from now) on a connection of
-    /// its own; returns once a member has confirmed the watch.
-    pub fn watch(&mut self, keys: &Keys, start_revision: i64) -> Result<Watch> {
+    /// Watches `keys` from `start_revision` (0: from now), only their deletes
+    /// when `deletes_only`, on a connection of its own; returns once a member
+    /// has confirmed the watch.
+    pub fn watch(
+        &mut self,
+        keys: &Keys,
+        start_revision: i64,
+        deletes_only: bool,
+        within: Duration,
+    ) -> Result<Watch> {
         let body = json(&WatchRequest {
             create_request: WatchCreateRequest {
                 keys: keys.clone(),
                 start_revision,
                 progress_notify: true,
+                filters: if deletes_only { vec!["NOPUT"] } else { vec![] },
             },
         });
-        self.on_a_member("watch", self.timeout, |client, deadline| {
+        self.on_a_member("watch", within, |client, deadline| {
             let connection = client.open(deadline)?;
             let endpoint = client.endpoints.members[client.current].to_string();
-            Watch::start(
-                connection,
-                endpoint,
-                &client.headers(),
-                &body,
-                start_revision,
-                deadline,
-            )
+            Watch::start(connection, endpoint, &client.headers(), &body, deadline)
         })
     }
 
@@ -512,6 +375,13 @@ fn json(request: &impl Serialize) -> Vec<u8> {
 /// `ttl` in whole seconds, rounded up, at least one.
 fn whole_seconds(ttl: Duration) -> i64 {
     (ttl.as_millis().div_ceil(1000) as i64).max(1)
+}
+
+fn listing(found: RangeResponse) -> Listing {
+    Listing {
+        kvs: found.kvs,
+        revision: found.header.revision,
+    }
 }
 
 fn seconds(count: i64) -> Duration {

@@ -20,8 +20,6 @@ pub struct Watch {
     endpoint: String,
     /// Body bytes received and not yet split into messages.
     pending: Vec<u8>,
-    /// Where a new watch would have to start to miss nothing.
-    next_revision: i64,
 }
 
 impl Watch {
@@ -32,7 +30,6 @@ impl Watch {
         endpoint: String,
         headers: &[(&str, &str)],
         body: &[u8],
-        start_revision: i64,
         deadline: Instant,
     ) -> Result<Self, Failure> {
         let status = connection.post("/v3/watch", headers, body, deadline)?;
@@ -44,7 +41,6 @@ impl Watch {
             connection,
             endpoint,
             pending: Vec::new(),
-            next_revision: start_revision,
         };
         let created = watch.message(deadline)?;
         if !created.created {
@@ -67,15 +63,12 @@ impl Watch {
                 message: reason,
             });
         }
-        if start_revision == 0 {
-            watch.next_revision = created.header.revision + 1;
-        }
         Ok(watch)
     }
 
     /// The next batch of events, waiting for one until `until`; empty when
-    /// none came by then. After an error the watch is over: watch again from
-    /// [`Watch::next_revision`] (on any member) or read the keys anew.
+    /// none came by then (progress notes are skipped). After an error the
+    /// watch is over: read the keys anew and watch again (on any member).
     pub fn next(&mut self, until: Instant) -> Result<Vec<Event>> {
         loop {
             let response = match self.message(until) {
@@ -100,20 +93,10 @@ impl Watch {
                     format!("{}: cancelled by etcd: {why}", self.context()),
                 ));
             }
-            match response.events.last() {
-                Some(last) => {
-                    self.next_revision = last.kv.mod_revision + 1;
-                    return Ok(response.events);
-                }
-                // A progress note: nothing changed up to its revision.
-                None => self.next_revision = self.next_revision.max(response.header.revision + 1),
+            if !response.events.is_empty() {
+                return Ok(response.events);
             }
         }
-    }
-
-    /// The revision from which a new watch would see every event this one has not delivered.
-    pub fn next_revision(&self) -> i64 {
-        self.next_revision
     }
 
     /// Reads the next message by `until`.

@@ -54,7 +54,7 @@ fn is_zero(value: &i64) -> bool {
 }
 
 /// A key, or every key from `key` up to `range_end` (exclusive).
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Keys {
     #[serde(with = "bytes")]
     pub key: Vec<u8>,
@@ -137,25 +137,28 @@ pub struct LeaseResponse {
     /// Seconds left; 0 (keep-alive) or -1 (time-to-live) when the lease is gone.
     #[serde(rename = "TTL", with = "int64", default)]
     pub ttl: i64,
-    #[serde(rename = "grantedTTL", with = "int64", default)]
-    pub granted_ttl: i64,
     /// Why a grant failed, when it did.
     #[serde(default)]
     pub error: String,
 }
 
-#[derive(Serialize)]
+/// A range read oldest first: the order of etcd's create revisions is the waiting line's.
+#[derive(Clone, Debug, Serialize)]
 pub struct RangeRequest {
     #[serde(flatten)]
     pub keys: Keys,
-    #[serde(with = "int64", skip_serializing_if = "is_zero")]
-    pub limit: i64,
     pub sort_order: &'static str,
     pub sort_target: &'static str,
-    #[serde(with = "int64", skip_serializing_if = "is_zero")]
-    pub max_create_revision: i64,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub count_only: bool,
+}
+
+impl RangeRequest {
+    pub fn oldest_first(keys: Keys) -> Self {
+        Self {
+            keys,
+            sort_order: "ASCEND",
+            sort_target: "CREATE",
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -164,18 +167,9 @@ pub struct RangeResponse {
     pub header: Header,
     #[serde(default)]
     pub kvs: Vec<KeyValue>,
-    /// Every key in the range, before the limit and revision filters.
-    #[serde(with = "int64", default)]
-    pub count: i64,
 }
 
-#[derive(Deserialize)]
-pub struct DeleteResponse {
-    #[serde(with = "int64", default)]
-    pub deleted: i64,
-}
-
-#[derive(Serialize)]
+#[derive(Clone, Debug, Serialize)]
 pub struct PutRequest {
     #[serde(with = "bytes")]
     pub key: Vec<u8>,
@@ -185,45 +179,48 @@ pub struct PutRequest {
     pub lease: i64,
 }
 
-/// `create_revision(key) == 0`: the key does not exist.
-#[derive(Serialize)]
-pub struct Absent {
-    #[serde(with = "bytes")]
-    pub key: Vec<u8>,
+/// A transaction's condition: `target` of the key, or of every key in the
+/// range (a range without keys passes), `EQUAL` to a value.
+#[derive(Clone, Debug, Serialize)]
+pub struct Compare {
+    #[serde(flatten)]
+    pub keys: Keys,
     pub target: &'static str,
     pub result: &'static str,
-    #[serde(with = "int64")]
-    pub create_revision: i64,
+    #[serde(flatten)]
+    pub value: CompareValue,
 }
 
-impl Absent {
-    pub fn key(key: &[u8]) -> Self {
-        Self {
-            key: key.to_vec(),
-            target: "CREATE",
-            result: "EQUAL",
-            create_revision: 0,
-        }
-    }
+/// The value compared with, named after its target.
+#[derive(Clone, Debug, Serialize)]
+pub enum CompareValue {
+    #[serde(rename = "create_revision", with = "int64")]
+    CreateRevision(i64),
+    #[serde(rename = "lease", with = "int64")]
+    Lease(i64),
 }
 
-#[derive(Serialize)]
+#[derive(Clone, Debug, Serialize)]
 pub enum RequestOp {
     #[serde(rename = "request_put")]
     Put(PutRequest),
     #[serde(rename = "request_range")]
-    Range(Keys),
+    Range(RangeRequest),
+    #[serde(rename = "request_txn")]
+    Txn(TxnRequest),
 }
 
-#[derive(Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct TxnRequest {
-    pub compare: Vec<Absent>,
+    pub compare: Vec<Compare>,
     pub success: Vec<RequestOp>,
     pub failure: Vec<RequestOp>,
 }
 
 #[derive(Deserialize)]
 pub struct TxnResponse {
+    #[serde(default)]
+    pub header: Header,
     #[serde(default)]
     pub succeeded: bool,
     #[serde(default)]
@@ -250,12 +247,13 @@ pub struct WatchCreateRequest {
     /// Empty answers now and then while nothing happens (every ten minutes by
     /// default), so that an idle watch is not taken for a dead one by a proxy.
     pub progress_notify: bool,
+    /// `NOPUT`: only deletes are sent.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub filters: Vec<&'static str>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 pub struct WatchResponse {
-    #[serde(default)]
-    pub header: Header,
     #[serde(default)]
     pub created: bool,
     #[serde(default)]
@@ -352,17 +350,20 @@ mod tests {
 
     #[test]
     fn int64_fields_are_strings_and_bytes_base64() {
-        let request = RangeRequest {
-            keys: Keys::one(b"/k"),
-            limit: 1,
-            sort_order: "ASCEND",
-            sort_target: "CREATE",
-            max_create_revision: 0,
-            count_only: false,
-        };
+        let request = RangeRequest::oldest_first(Keys::one(b"/k"));
         assert_eq!(
             serde_json::to_string(&request).unwrap(),
-            r#"{"key":"L2s=","limit":"1","sort_order":"ASCEND","sort_target":"CREATE"}"#
+            r#"{"key":"L2s=","sort_order":"ASCEND","sort_target":"CREATE"}"#
+        );
+        let compare = Compare {
+            keys: Keys::prefix(b"/k/"),
+            target: "LEASE",
+            result: "EQUAL",
+            value: CompareValue::Lease(7),
+        };
+        assert_eq!(
+            serde_json::to_string(&compare).unwrap(),
+            r#"{"key":"L2sv","range_end":"L2sw","target":"LEASE","result":"EQUAL","lease":"7"}"#
         );
         let kv: KeyValue =
             serde_json::from_str(r#"{"key":"L2s=","create_revision":"7","lease":12}"#).unwrap();

@@ -50,8 +50,10 @@ impl Error {
         self.kind
     }
 
-    pub(super) fn code(&self) -> Option<i32> {
-        self.code
+    /// The cluster answered that a lease is gone: expired or revoked (and so
+    /// are its keys), or never granted.
+    pub fn lease_not_found(&self) -> bool {
+        self.code == Some(code::NOT_FOUND)
     }
 }
 
