@@ -29,10 +29,14 @@ pub enum Verdict {
 }
 
 impl Held {
-    /// `slot` with a lease of `ttl` (when the backend has leases), whose command
-    /// gets `grace` between SIGTERM and the end of the lease.
+    /// `slot` with a lease of `ttl` (when the backend has leases), or of what
+    /// the store granted instead, whose command gets `grace` between SIGTERM
+    /// and the end of the lease.
     pub fn new(slot: Box<dyn Slot>, ttl: Option<Duration>, grace: Duration) -> Self {
-        let lease = ttl.map(|ttl| Lease::new(slot.taken_at(), ttl, grace));
+        let lease = ttl.map(|ttl| {
+            let ttl = slot.granted_ttl().unwrap_or(ttl);
+            Lease::new(slot.taken_at(), ttl, grace)
+        });
         Self { slot, lease }
     }
 

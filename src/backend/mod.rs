@@ -160,7 +160,13 @@ pub trait Slot {
     /// When the request that took the slot was sent: its lease runs from no earlier than this.
     fn taken_at(&self) -> Moment;
 
-    /// Extends the lease by the request's TTL; never re-creates a lapsed one.
+    /// The lease's length as the store granted it, when that is not the
+    /// request's TTL (etcd: whole seconds, at least its minimum).
+    fn granted_ttl(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Extends the lease by its TTL; never re-creates a lapsed one.
     /// Gives up with an error when the answer does not come `within` this long.
     fn renew(&mut self, within: Duration) -> Result<Renewal>;
 
