@@ -224,10 +224,11 @@ impl Client {
     }
 
     /// Runs `attempt` on the current member, then on the others in turn,
-    /// until one succeeds or `budget` is spent; each attempt gets a fair share
-    /// of the time left, so that a member that hangs leaves time for the next.
-    /// When every member failed but one of them answered (an election is
-    /// under way), the round starts again after a pause while time is left.
+    /// until one succeeds or `budget` is spent; each attempt gets a share of
+    /// the time left, so that a member that hangs leaves time for the others.
+    /// When every member failed but one of them answered or kept silent (an
+    /// election is under way), the round starts again after a pause while time
+    /// is left; when all of them refused at once, there is nothing to wait for.
     fn on_a_member<T>(
         &mut self,
         what: &str,
@@ -238,11 +239,16 @@ impl Client {
         let members = self.endpoints.members.len();
         let mut token_renewed = false;
         loop {
-            let mut answered = false;
+            let (mut answered, mut silent) = (false, false);
             let mut failures = Vec::new();
             let mut untried = members;
             while untried > 0 {
-                let share = deadline.saturating_duration_since(Instant::now()) / untried as u32;
+                // A share as if another round over the others were to follow:
+                // a follower that has not yet noticed its leader's death holds
+                // a request until it times out, and the next member may have
+                // the new leader by then.
+                let shares = untried + members - 1;
+                let share = deadline.saturating_duration_since(Instant::now()) / shares as u32;
                 let attempt_deadline = Instant::now() + share;
                 let failure = match self
                     .authenticate(attempt_deadline)
@@ -265,12 +271,14 @@ impl Client {
                     }
                 }
                 answered |= matches!(failure, Failure::Answer { .. });
+                silent |=
+                    matches!(&failure, Failure::Io(err) if err.kind() == io::ErrorKind::TimedOut);
                 failures.push(format!("{member}: {failure}"));
                 self.connection = None;
                 self.current = (self.current + 1) % members;
                 untried -= 1;
             }
-            if !answered || Instant::now() + ROUND_PAUSE >= deadline {
+            if !(answered || silent) || Instant::now() + ROUND_PAUSE >= deadline {
                 let kind = if answered {
                     ErrorKind::Transient
                 } else {
