@@ -41,7 +41,7 @@ _lockrun() {
 
     case "${cmd}" in
         lockrun)
-            opts="-b -p -n -w -E -c -v -q -h -V --name --backend --prefix --dir --db --redis-url --postgres-url --parallelism --no-wait --timeout --initial-delay --max-delay --backoff-multiplier --ttl --min-hold --max-runtime --kill-grace --conflict-exit-code --command --verbose --quiet --log-format --help --version status release help"
+            opts="-b -p -n -w -E -c -v -q -h -V --name --backend --prefix --dir --db --redis-url --postgres-url --etcd-endpoints --parallelism --no-wait --timeout --initial-delay --max-delay --backoff-multiplier --ttl --min-hold --max-runtime --kill-grace --conflict-exit-code --command --verbose --quiet --log-format --help --version status release help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -52,11 +52,11 @@ _lockrun() {
                     return 0
                     ;;
                 --backend)
-                    COMPREPLY=($(compgen -W "file sqlite redis postgres" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file sqlite redis postgres etcd" -- "${cur}"))
                     return 0
                     ;;
                 -b)
-                    COMPREPLY=($(compgen -W "file sqlite redis postgres" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file sqlite redis postgres etcd" -- "${cur}"))
                     return 0
                     ;;
                 --prefix)
@@ -76,6 +76,10 @@ _lockrun() {
                     return 0
                     ;;
                 --postgres-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --etcd-endpoints)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -207,7 +211,7 @@ _lockrun() {
             return 0
             ;;
         lockrun__subcmd__release)
-            opts="-b -v -q -h --slot --force --backend --prefix --dir --db --redis-url --postgres-url --verbose --quiet --log-format --help"
+            opts="-b -v -q -h --slot --force --backend --prefix --dir --db --redis-url --postgres-url --etcd-endpoints --verbose --quiet --log-format --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -218,11 +222,11 @@ _lockrun() {
                     return 0
                     ;;
                 --backend)
-                    COMPREPLY=($(compgen -W "file sqlite redis postgres" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file sqlite redis postgres etcd" -- "${cur}"))
                     return 0
                     ;;
                 -b)
-                    COMPREPLY=($(compgen -W "file sqlite redis postgres" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file sqlite redis postgres etcd" -- "${cur}"))
                     return 0
                     ;;
                 --prefix)
@@ -242,6 +246,10 @@ _lockrun() {
                     return 0
                     ;;
                 --postgres-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --etcd-endpoints)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -257,18 +265,18 @@ _lockrun() {
             return 0
             ;;
         lockrun__subcmd__status)
-            opts="-b -v -q -h --json --backend --prefix --dir --db --redis-url --postgres-url --verbose --quiet --log-format --help"
+            opts="-b -v -q -h --json --backend --prefix --dir --db --redis-url --postgres-url --etcd-endpoints --verbose --quiet --log-format --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
                 --backend)
-                    COMPREPLY=($(compgen -W "file sqlite redis postgres" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file sqlite redis postgres etcd" -- "${cur}"))
                     return 0
                     ;;
                 -b)
-                    COMPREPLY=($(compgen -W "file sqlite redis postgres" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file sqlite redis postgres etcd" -- "${cur}"))
                     return 0
                     ;;
                 --prefix)
@@ -288,6 +296,10 @@ _lockrun() {
                     return 0
                     ;;
                 --postgres-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --etcd-endpoints)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -1,6 +1,6 @@
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_lockrun_global_optspecs
-    string join \n name= b/backend= prefix= dir= db= redis-url= postgres-url= p/parallelism= n/no-wait w/timeout= initial-delay= max-delay= backoff-multiplier= ttl= min-hold= max-runtime= kill-grace= E/conflict-exit-code= c/command= v/verbose q/quiet log-format= h/help V/version
+    string join \n name= b/backend= prefix= dir= db= redis-url= postgres-url= etcd-endpoints= p/parallelism= n/no-wait w/timeout= initial-delay= max-delay= backoff-multiplier= ttl= min-hold= max-runtime= kill-grace= E/conflict-exit-code= c/command= v/verbose q/quiet log-format= h/help V/version
 end
 
 function __fish_lockrun_needs_command
@@ -28,12 +28,14 @@ complete -c lockrun -n "__fish_lockrun_needs_command" -l name -d 'The lock\'s na
 complete -c lockrun -n "__fish_lockrun_needs_command" -s b -l backend -d 'Where the lock lives' -r -f -a "file\t''
 sqlite\t''
 redis\t''
-postgres\t''"
+postgres\t''
+etcd\t''"
 complete -c lockrun -n "__fish_lockrun_needs_command" -l prefix -d 'Key prefix on redis (keys start with PREFIX:) and etcd (/PREFIX/); schema on postgres' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l dir -d 'File backend\'s directory [default: `$XDG_RUNTIME_DIR/lockrun`, else `/run/lock/lockrun`, else `$TMPDIR/lockrun-$UID`]' -r -F
 complete -c lockrun -n "__fish_lockrun_needs_command" -l db -d '`SQLite` database [default: `$XDG_STATE_HOME/lockrun/locks.sqlite3`, else `~/.local/state/lockrun/locks.sqlite3`]' -r -F
 complete -c lockrun -n "__fish_lockrun_needs_command" -l redis-url -d 'Redis server: `redis://[user:pass@]host:port[/db]`, `rediss://` (TLS) or `redis+unix:///path`' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l postgres-url -d 'PostgreSQL server: `postgres://[user[:pass]@]host[:port]/db[?sslmode=...]` or a `key=value` conninfo string [default: libpq\'s: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -l etcd-endpoints -d 'etcd v3 endpoints, comma-separated: `http://[user:pass@]host:port`, `https://` for TLS' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -s p -l parallelism -d 'How many holders at once (slots), 1 to 1024' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -s w -l timeout -d 'Longest wait for a slot; `inf` waits forever' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l initial-delay -d 'First retry delay when polling' -r
@@ -58,12 +60,14 @@ complete -c lockrun -n "__fish_lockrun_needs_command" -a "help" -d 'Print this m
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s b -l backend -d 'Where the lock lives' -r -f -a "file\t''
 sqlite\t''
 redis\t''
-postgres\t''"
+postgres\t''
+etcd\t''"
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l prefix -d 'Key prefix on redis (keys start with PREFIX:) and etcd (/PREFIX/); schema on postgres' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l dir -d 'File backend\'s directory [default: `$XDG_RUNTIME_DIR/lockrun`, else `/run/lock/lockrun`, else `$TMPDIR/lockrun-$UID`]' -r -F
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l db -d '`SQLite` database [default: `$XDG_STATE_HOME/lockrun/locks.sqlite3`, else `~/.local/state/lockrun/locks.sqlite3`]' -r -F
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l redis-url -d 'Redis server: `redis://[user:pass@]host:port[/db]`, `rediss://` (TLS) or `redis+unix:///path`' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l postgres-url -d 'PostgreSQL server: `postgres://[user[:pass]@]host[:port]/db[?sslmode=...]` or a `key=value` conninfo string [default: libpq\'s: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l etcd-endpoints -d 'etcd v3 endpoints, comma-separated: `http://[user:pass@]host:port`, `https://` for TLS' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l log-format -d 'Diagnostics as text lines or one JSON event per line' -r -f -a "text\t''
 json\t''"
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l json -d 'Print a JSON array instead of a table'
@@ -74,12 +78,14 @@ complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l slot -d 'Onl
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -s b -l backend -d 'Where the lock lives' -r -f -a "file\t''
 sqlite\t''
 redis\t''
-postgres\t''"
+postgres\t''
+etcd\t''"
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l prefix -d 'Key prefix on redis (keys start with PREFIX:) and etcd (/PREFIX/); schema on postgres' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l dir -d 'File backend\'s directory [default: `$XDG_RUNTIME_DIR/lockrun`, else `/run/lock/lockrun`, else `$TMPDIR/lockrun-$UID`]' -r -F
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l db -d '`SQLite` database [default: `$XDG_STATE_HOME/lockrun/locks.sqlite3`, else `~/.local/state/lockrun/locks.sqlite3`]' -r -F
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l redis-url -d 'Redis server: `redis://[user:pass@]host:port[/db]`, `rediss://` (TLS) or `redis+unix:///path`' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l postgres-url -d 'PostgreSQL server: `postgres://[user[:pass]@]host[:port]/db[?sslmode=...]` or a `key=value` conninfo string [default: libpq\'s: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l etcd-endpoints -d 'etcd v3 endpoints, comma-separated: `http://[user:pass@]host:port`, `https://` for TLS' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l log-format -d 'Diagnostics as text lines or one JSON event per line' -r -f -a "text\t''
 json\t''"
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l force -d 'Required: breaking a live holder\'s lease lets a second holder in'

@@ -56,6 +56,8 @@ backend_tests!(sqlite_backend, Store::sqlite());
 backend_tests!(redis_backend, Store::redis());
 #[cfg(feature = "postgres")]
 backend_tests!(postgres_backend, Store::postgres());
+#[cfg(feature = "etcd")]
+backend_tests!(etcd_backend, Store::etcd());
 
 /// A command that holds the lock until `release` appears, after writing `ready`.
 pub fn hold(store: &Store, scratch: &Scratch, name: &str, extra: &[&str]) -> Running {

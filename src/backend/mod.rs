@@ -81,6 +81,8 @@ backends! {
     redis => redis,
     #[cfg(feature = "postgres")]
     postgres => postgres,
+    #[cfg(feature = "etcd")]
+    etcd => etcd,
 }
 
 /// What every backend is told when it opens its store.

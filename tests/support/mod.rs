@@ -101,6 +101,30 @@ impl Store {
         }
     }
 
+    /// The etcd backend on an etcd of its own; `None` (after a loud notice)
+    /// when etcd is not installed, unless `CI=true`.
+    #[cfg(feature = "etcd")]
+    pub fn etcd() -> Option<Self> {
+        let server = etcd::EtcdServer::start()?;
+        let url = server.url().to_owned();
+        Some(Self::on_etcd(&url, Box::new(server)))
+    }
+
+    /// The etcd backend at `endpoints`, keeping `servers` alive.
+    #[cfg(feature = "etcd")]
+    pub fn on_etcd(endpoints: &str, servers: Box<dyn std::any::Any>) -> Self {
+        Self {
+            kind: "etcd",
+            args: vec![
+                "--backend".into(),
+                "etcd".into(),
+                "--etcd-endpoints".into(),
+                endpoints.into(),
+            ],
+            _keep: servers,
+        }
+    }
+
     /// The SQLite backend on a fresh database file.
     pub fn sqlite() -> Self {
         let dir = TempDir::new().expect("temp dir");

@@ -1,4 +1,212 @@
-//! The etcd backend's groundwork: a blocking client of etcd's v3 API over its
-//! JSON gateway ([`client`]); the lock recipe on top comes with the backend.
+//! The etcd backend (README: "etcd backend"): etcd's own lock recipe on the
+//! seam. Each waiter and holder has a lease and a place in line, a key
+//! attached to that lease whose create revision orders the line; the N oldest
+//! places hold the slots, each taking a slot key of its own, and a waiter
+//! watches what must change for it to move up ([`watching`]).
 
 pub mod client;
+mod keys;
+mod look;
+mod recipe;
+mod slot;
+mod waiter;
+mod watching;
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::time::{Duration, SystemTime};
+
+use super::record::{HolderRecord, sort};
+use super::{Abilities, Attempt, Common, Entry, Owner, Request, Slot, Store, Wakeup};
+use crate::error::{Error, Result, Trouble};
+use crate::identity::epoch_millis;
+use crate::name::Name;
+use crate::platform::clock::Moment;
+use client::{Client, Endpoints, ErrorKind};
+use keys::NameKeys;
+use look::{Holding, Look, Record};
+use waiter::Waiter;
+
+/// Its command-line options (a group of their own is not needed: clap flattens them).
+#[derive(Debug, clap::Args)]
+#[group(skip)]
+pub struct Options {
+    /// etcd v3 endpoints, comma-separated: `http://[user:pass@]host:port`, `https://` for TLS
+    #[arg(
+        long,
+        env = "LOCKRUN_ETCD_ENDPOINTS",
+        default_value = "http://127.0.0.1:2379",
+        value_name = "URL,...",
+        hide_env_values = true
+    )]
+    pub etcd_endpoints: String,
+}
+
+impl Options {
+    pub fn open(&self, common: &Common) -> Result<Box<dyn Store>> {
+        let endpoints = Endpoints::parse(&self.etcd_endpoints)?;
+        let client = Rc::new(RefCell::new(Client::new(endpoints)));
+        Ok(Box::new(EtcdStore {
+            waiter: Waiter::new(Rc::clone(&client)),
+            client,
+            prefix: common.prefix.to_owned(),
+        }))
+    }
+}
+
+/// Longest wait for any one call, over all the members it tries: an
+/// unreachable cluster must fail within a few seconds, yet a call must
+/// outlast an election (with etcd's defaults, a leader's death is noticed
+/// after one to two seconds).
+const MAX_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// What any call may take at least: authenticating checks a bcrypt hash.
+const MIN_CALL_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// The time limit of one call made for a lease of `ttl`: well inside a
+/// renewal interval (a renewal is also bounded by when the command must stop).
+fn call_timeout(ttl: Duration) -> Duration {
+    (ttl / 5).clamp(MIN_CALL_TIMEOUT, MAX_CALL_TIMEOUT)
+}
+
+fn json<T: serde::Serialize>(value: &T) -> Vec<u8> {
+    serde_json::to_vec(value).expect("records are plain data that always serialize")
+}
+
+impl From<client::Error> for Error {
+    fn from(err: client::Error) -> Self {
+        let message = err.to_string();
+        match err.kind() {
+            ErrorKind::Usage => Error::Usage(message),
+            ErrorKind::Unreachable | ErrorKind::Transient => {
+                Error::trouble(Trouble::Unavailable, message)
+            }
+            ErrorKind::Refused | ErrorKind::Rejected => Error::Unavailable(message),
+        }
+    }
+}
+
+struct EtcdStore {
+    client: Rc<RefCell<Client>>,
+    prefix: String,
+    waiter: Waiter,
+}
+
+impl Store for EtcdStore {
+    fn abilities(&self) -> Abilities {
+        Abilities {
+            leases: true,
+            breakable: true,
+            wakeup: Wakeup::Told,
+        }
+    }
+
+    fn attempt(&mut self, request: &Request) -> Result<Attempt> {
+        let keys = NameKeys::new(&self.prefix, &request.name);
+        Ok(self.waiter.attempt(&keys, request)?)
+    }
+
+    fn evict(&mut self, request: &Request, owners: &[Owner]) -> Result<()> {
+        let within = call_timeout(request.ttl);
+        let keys = NameKeys::new(&self.prefix, &request.name);
+        let mut client = self.client.borrow_mut();
+        let look = Look::new(&keys, client.range(&keys.all(), within)?);
+        // Revoking a dead owner's lease deletes its place and slot at once;
+        // a place kept by --min-hold has no process to judge by.
+        for place in look.places.iter().filter(|place| !place.kept()) {
+            if place
+                .owner()
+                .is_some_and(|owner| owners.iter().any(|dead| dead.token == owner.token))
+            {
+                client.lease_revoke(place.lease, within)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn wait(&mut self, request: &Request, until: Moment) -> Result<Option<Box<dyn Slot>>> {
+        self.waiter.wait(request, until)?;
+        // Woken or not, the waiting loop looks at the line again now.
+        Ok(None)
+    }
+
+    fn leave(&mut self, request: &Request) -> Result<()> {
+        Ok(self.waiter.leave(call_timeout(request.ttl))?)
+    }
+
+    fn list(&mut self, name: Option<&Name>) -> Result<Vec<Entry>> {
+        let mut client = self.client.borrow_mut();
+        let range = match name {
+            Some(name) => NameKeys::new(&self.prefix, name).all(),
+            None => keys::every_name(&self.prefix),
+        };
+        let listing = client.range(&range, MAX_CALL_TIMEOUT)?;
+        // Each name's keys, in create order.
+        let mut names: BTreeMap<NameKeys, client::Listing> = BTreeMap::new();
+        for kv in listing.kvs {
+            if let Some(keys) = keys::owner_of(&self.prefix, &kv.key) {
+                names
+                    .entry(keys)
+                    .or_insert_with(|| client::Listing {
+                        kvs: Vec::new(),
+                        revision: listing.revision,
+                    })
+                    .kvs
+                    .push(kv);
+            }
+        }
+        let now = now_millis();
+        let mut entries = Vec::new();
+        for (keys, listing) in names {
+            for (entry, lease) in Look::new(&keys, listing).entries() {
+                // A lease gone since the range took its keys with it.
+                if let Some(left) = client.lease_time_to_live(lease, MAX_CALL_TIMEOUT)? {
+                    entries.push(entry.expiring(Some(now + left.as_millis() as u64)));
+                }
+            }
+        }
+        sort(&mut entries);
+        Ok(entries)
+    }
+
+    fn break_slots(&mut self, name: &Name, slot: Option<u32>) -> Result<Vec<Entry>> {
+        let keys = NameKeys::new(&self.prefix, name);
+        let mut client = self.client.borrow_mut();
+        let look = Look::new(&keys, client.range(&keys.all(), MAX_CALL_TIMEOUT)?);
+        let mut broken = Vec::new();
+        for place in &look.places {
+            let Some(Record::Holding(holding)) = &place.record else {
+                continue;
+            };
+            if slot.is_none_or(|slot| slot == holding.slot)
+                && client.lease_revoke(place.lease, MAX_CALL_TIMEOUT)?
+            {
+                broken.push(
+                    holding
+                        .holder
+                        .entry(holding.slot)
+                        .fenced(place.revision as u64),
+                );
+            }
+        }
+        Ok(broken)
+    }
+}
+
+/// Our record as the holder of `slot`.
+fn holding(request: &Request, slot: u32) -> Holding {
+    Holding {
+        slot,
+        holder: HolderRecord {
+            name: request.name.to_string(),
+            owner: request.owner.clone(),
+            acquired_at: now_millis(),
+            fence: 0,
+            kept_until: None,
+        },
+    }
+}
+
+fn now_millis() -> u64 {
+    epoch_millis(SystemTime::now())
+}

@@ -1,0 +1,206 @@
+//! One look at a name's keys: the line in create order, the slots taken, and
+//! where the owner of a lease stands. With `-p N` the N oldest places hold
+//! slots; each takes the lowest free slot key when it gets there.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::client::{KeyValue, Listing};
+use super::keys::{Kind, NameKeys};
+use crate::backend::record::{HolderRecord, WaiterRecord, local_ahead};
+use crate::backend::{Entry, Line, Owner, Request};
+use crate::identity::Process;
+
+/// What a place's key holds: a holder's record with its slot, or a waiter's.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Record {
+    Holding(Holding),
+    Waiting(WaiterRecord),
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Holding {
+    pub slot: u32,
+    #[serde(flatten)]
+    pub holder: HolderRecord,
+}
+
+/// A place in line: a waiter's, or a holder's.
+#[derive(Clone, Debug)]
+pub struct Place {
+    pub key: Vec<u8>,
+    pub lease: i64,
+    /// Its create revision: the line's order, and a holder's fence.
+    pub revision: i64,
+    /// `None` when the value is not a record of ours.
+    pub record: Option<Record>,
+}
+
+impl Place {
+    fn new(kv: KeyValue) -> Self {
+        Self {
+            record: serde_json::from_slice(&kv.value).ok(),
+            key: kv.key,
+            lease: kv.lease,
+            revision: kv.create_revision,
+        }
+    }
+
+    pub fn owner(&self) -> Option<&Owner> {
+        match &self.record {
+            Some(Record::Holding(holding)) => Some(&holding.holder.owner),
+            Some(Record::Waiting(waiter)) => Some(&waiter.owner),
+            None => None,
+        }
+    }
+
+    /// Kept taken by `--min-hold` after its holder left: no process to watch.
+    pub fn kept(&self) -> bool {
+        matches!(&self.record, Some(Record::Holding(h)) if h.holder.kept_until.is_some())
+    }
+
+    /// As `status` shows it: a holder (its fence the create revision), or a
+    /// waiter at `position`; `None` when its owner's process is known to be gone.
+    fn entry(&self, position: u32) -> Option<Entry> {
+        match self.record.as_ref()? {
+            Record::Holding(holding) => (self.kept() || !holding.holder.owner.process.is_gone())
+                .then(|| {
+                    holding
+                        .holder
+                        .entry(holding.slot)
+                        .fenced(self.revision as u64)
+                }),
+            Record::Waiting(waiter) => (!waiter.owner.process.is_gone())
+                .then(|| Entry::waiter(&waiter.name, position, &waiter.owner, Some(waiter.since))),
+        }
+    }
+}
+
+/// Where the owner of a lease stands in a look.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stand {
+    /// It holds this slot.
+    Holding(u32),
+    /// Its place is among the N oldest and this slot is free: it may take it.
+    MayTake(u32),
+    /// It waits at this index of the line (N or more; below N when no slot key is free).
+    Waiting(usize),
+    /// It has no place.
+    Absent,
+}
+
+pub struct Look {
+    /// The store's revision at the look.
+    pub revision: i64,
+    /// The line, oldest first.
+    pub places: Vec<Place>,
+    /// The slots taken, and the leases they are attached to.
+    slots: BTreeMap<u32, i64>,
+}
+
+impl Look {
+    /// The look that `listing` of a name's keys (every key, oldest first) gives.
+    pub fn new(keys: &NameKeys, listing: Listing) -> Self {
+        let mut places = Vec::new();
+        let mut slots = BTreeMap::new();
+        for kv in listing.kvs {
+            match keys.kind(&kv.key) {
+                Some(Kind::Place) => places.push(Place::new(kv)),
+                Some(Kind::Slot(slot)) => {
+                    slots.insert(slot, kv.lease);
+                }
+                None => {}
+            }
+        }
+        Self {
+            revision: listing.revision,
+            places,
+            slots,
+        }
+    }
+
+    pub fn stand(&self, lease: i64, parallelism: u32) -> Stand {
+        if let Some((&slot, _)) = self.slots.iter().find(|&(_, &held)| held == lease) {
+            return Stand::Holding(slot);
+        }
+        let Some(index) = self.places.iter().position(|place| place.lease == lease) else {
+            return Stand::Absent;
+        };
+        match self.free_slot(parallelism) {
+            Some(slot) if index < parallelism as usize => Stand::MayTake(slot),
+            _ => Stand::Waiting(index),
+        }
+    }
+
+    /// The lowest slot without a holder.
+    pub fn free_slot(&self, parallelism: u32) -> Option<u32> {
+        (0..parallelism).find(|slot| !self.slots.contains_key(slot))
+    }
+
+    /// The slot of the place at `index`, if it holds one.
+    pub fn slot_at(&self, index: usize) -> Option<u32> {
+        let lease = self.places.get(index)?.lease;
+        self.slots
+            .iter()
+            .find_map(|(&slot, &held)| (held == lease).then_some(slot))
+    }
+
+    /// The holders, then the waiters in line order, as `status` lists them,
+    /// each with its lease: only live ones, the waiters numbered from 1.
+    pub fn entries(&self) -> Vec<(Entry, i64)> {
+        let mut position = 0;
+        let mut entries = Vec::new();
+        for place in &self.places {
+            let waiting = matches!(place.record, Some(Record::Waiting(_)));
+            if let Some(entry) = place.entry(position + 1) {
+                position += u32::from(waiting);
+                entries.push((entry, place.lease));
+            }
+        }
+        entries
+    }
+
+    /// Where a waiter at `index` stands, for the waiting loop.
+    pub fn line(&self, me: &Process, index: usize, parallelism: u32) -> Line {
+        self.stand_at(me, index, parallelism, None)
+    }
+
+    /// Where a caller stands who is not in line (`--no-wait`): behind every place.
+    pub fn outside(&self, request: &Request, parallelism: u32) -> Line {
+        let me = &request.owner.process;
+        let behind = self
+            .places
+            .iter()
+            .filter(|place| {
+                place
+                    .owner()
+                    .is_none_or(|owner| owner.token != request.owner.token)
+            })
+            .count();
+        self.stand_at(me, behind, parallelism, Some(0))
+    }
+
+    fn stand_at(
+        &self,
+        me: &Process,
+        index: usize,
+        parallelism: u32,
+        position: Option<u32>,
+    ) -> Line {
+        let holders = index.min(parallelism as usize);
+        let position = position.unwrap_or((index + 1).saturating_sub(holders) as u32);
+        let holding = self.places[..holders]
+            .iter()
+            .filter(|place| !place.kept())
+            .filter_map(Place::owner);
+        let just_ahead = self.places[holders..index].last().and_then(Place::owner);
+        Line {
+            position,
+            local_ahead: local_ahead(me, position, holding, just_ahead),
+            // A lease that runs out deletes its keys, and the watch sees it.
+            moves_by: None,
+        }
+    }
+}

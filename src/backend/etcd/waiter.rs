@@ -1,0 +1,262 @@
+//! One lockrun's side of the line: its lease (granted at its first look,
+//! kept alive by its looks), its looks at the line, the slot it takes, and
+//! its waits between looks.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::Duration;
+
+use super::client::{self, Client, Lease, Outcome};
+use super::keys::NameKeys;
+use super::look::{Holding, Look, Record, Stand};
+use super::slot::EtcdSlot;
+use super::watching::{Target, Watcher, Woken};
+use super::{call_timeout, holding, now_millis, recipe};
+use crate::backend::record::WaiterRecord;
+use crate::backend::{Attempt, Line, Request, Slot};
+use crate::platform::clock::Moment;
+
+pub struct Waiter {
+    client: Rc<RefCell<Client>>,
+    lease: Option<Mine>,
+    /// When our first look was: our record says we began waiting then.
+    since: Option<u64>,
+    /// What ended the last wait early.
+    woken: Option<Woken>,
+    watcher: Watcher,
+}
+
+/// Our lease, and whether our place is in line.
+struct Mine {
+    lease: Lease,
+    /// When its last confirmed grant or keep-alive was sent.
+    refreshed_at: Moment,
+    in_line: bool,
+    /// Our place's create revision, as the last look saw it.
+    revision: i64,
+}
+
+impl Waiter {
+    pub fn new(client: Rc<RefCell<Client>>) -> Self {
+        Self {
+            client,
+            lease: None,
+            since: None,
+            woken: None,
+            watcher: Watcher::default(),
+        }
+    }
+
+    /// One look at the line, and a slot if the line lets us have one.
+    pub fn attempt(&mut self, keys: &NameKeys, request: &Request) -> client::Result<Attempt> {
+        match self.look(keys, request) {
+            // Our lease ran out between two calls (a pause, a TTL shorter
+            // than a round trip), and our place with it: join again.
+            Err(err) if err.lease_not_found() => {
+                self.lease = None;
+                self.look(keys, request)
+            }
+            result => result,
+        }
+    }
+
+    /// Waits until what our last look said to watch changes, `until` at the latest.
+    pub fn wait(&mut self, request: &Request, until: Moment) -> client::Result<()> {
+        let within = call_timeout(request.ttl);
+        self.woken = self
+            .watcher
+            .wait(&mut self.client.borrow_mut(), until, within)?;
+        Ok(())
+    }
+
+    /// Revokes our lease, and with it our place.
+    pub fn leave(&mut self, within: Duration) -> client::Result<()> {
+        self.watcher.stop();
+        if let Some(mine) = self.lease.take() {
+            self.client
+                .borrow_mut()
+                .lease_revoke(mine.lease.id, within)?;
+        }
+        Ok(())
+    }
+
+    fn look(&mut self, keys: &NameKeys, request: &Request) -> client::Result<Attempt> {
+        let within = call_timeout(request.ttl);
+        let parallelism = request.parallelism;
+        let woken = self.woken.take();
+        // Told that a slot is ours, take it at once: a keep-alive can wait for the supervisor.
+        let refresh_after = if matches!(woken, Some(Woken::Freed(_))) {
+            request.ttl / 2
+        } else {
+            request.ttl / 6
+        };
+        let lease = self.keep_lease(request, refresh_after, within)?.id;
+        let mut look = match woken {
+            _ if !self.lease.as_ref().is_some_and(|mine| mine.in_line) => {
+                self.claim(keys, request, request.queue, within)?
+            }
+            // The place ahead of ours at the head is gone, so ours is the
+            // oldest: with one slot, that is what holds it (etcd's own lock
+            // recipe). No call stands between the release and our command;
+            // the first renewal writes our record.
+            Some(Woken::Freed(slot)) if parallelism == 1 => {
+                let mine = self.lease.as_ref().expect("in line with a lease");
+                let fence = mine.revision;
+                return Ok(Attempt::Taken(self.slot(
+                    keys,
+                    holding(request, slot),
+                    fence,
+                    false,
+                )));
+            }
+            Some(Woken::Freed(slot)) => self.take(keys, slot, request, within)?,
+            _ => Look::new(keys, self.client.borrow_mut().range(&keys.all(), within)?),
+        };
+        // A take fails only when another new holder took that slot first: the next look decides.
+        for _ in 0..=parallelism {
+            match look.stand(lease, parallelism) {
+                Stand::Holding(slot) => {
+                    let place = look.places.iter().find(|place| place.lease == lease);
+                    let holding = match place.and_then(|place| place.record.clone()) {
+                        Some(Record::Holding(holding)) => holding,
+                        // Only a place edited by hand reads otherwise.
+                        _ => holding(request, slot),
+                    };
+                    let fence = place.map_or(0, |place| place.revision);
+                    return Ok(Attempt::Taken(self.slot(keys, holding, fence, true)));
+                }
+                Stand::MayTake(slot) => look = self.take(keys, slot, request, within)?,
+                // --no-wait joins only when it may take a slot at once.
+                Stand::Absent if request.queue || look.places.len() < parallelism as usize => {
+                    look = self.claim(keys, request, true, within)?;
+                }
+                Stand::Absent => return Ok(Attempt::Waiting(look.outside(request, parallelism))),
+                Stand::Waiting(_) if !request.queue => {
+                    self.leave(within)?;
+                    return Ok(Attempt::Waiting(look.outside(request, parallelism)));
+                }
+                Stand::Waiting(index) => {
+                    if let Some(mine) = &mut self.lease {
+                        mine.revision = look.places[index].revision;
+                    }
+                    self.watcher
+                        .aim(Target::new(keys, &look, index, parallelism));
+                    let me = &request.owner.process;
+                    return Ok(Attempt::Waiting(look.line(me, index, parallelism)));
+                }
+            }
+        }
+        self.watcher.stop();
+        Ok(Attempt::Waiting(Line {
+            position: 1,
+            ..Line::default()
+        }))
+    }
+
+    /// Our lease: granted at the first look, kept alive when `refresh_after`
+    /// has passed since it was last. A lease that lapsed took our place with
+    /// it: a new one joins the line again, at its end.
+    fn keep_lease(
+        &mut self,
+        request: &Request,
+        refresh_after: Duration,
+        within: Duration,
+    ) -> client::Result<Lease> {
+        let mut client = self.client.borrow_mut();
+        let sent = Moment::now();
+        if let Some(mine) = &mut self.lease {
+            if sent < mine.refreshed_at + refresh_after {
+                return Ok(mine.lease);
+            }
+            if client.lease_keep_alive(mine.lease.id, within)?.is_some() {
+                mine.refreshed_at = sent;
+                return Ok(mine.lease);
+            }
+        }
+        let lease = client.lease_grant(request.ttl, within)?;
+        self.lease = Some(Mine {
+            lease,
+            refreshed_at: sent,
+            in_line: false,
+            revision: 0,
+        });
+        Ok(lease)
+    }
+
+    fn claim(
+        &mut self,
+        keys: &NameKeys,
+        request: &Request,
+        join: bool,
+        within: Duration,
+    ) -> client::Result<Look> {
+        let since = *self.since.get_or_insert_with(now_millis);
+        let waiting = Record::Waiting(WaiterRecord {
+            name: request.name.to_string(),
+            owner: request.owner.clone(),
+            since,
+        });
+        let mine = self.lease.as_mut().expect("a lease before a claim");
+        let claim = recipe::claim(
+            keys,
+            mine.lease.id,
+            &holding(request, 0),
+            join.then_some(&waiting),
+        );
+        let outcome = self.client.borrow_mut().txn(&claim, within)?;
+        mine.in_line = join || outcome.succeeded;
+        Ok(look(keys, outcome))
+    }
+
+    fn take(
+        &mut self,
+        keys: &NameKeys,
+        slot: u32,
+        request: &Request,
+        within: Duration,
+    ) -> client::Result<Look> {
+        let lease = self.lease.as_ref().expect("a lease before a take").lease.id;
+        let take = recipe::take(keys, lease, &holding(request, slot));
+        let outcome = self.client.borrow_mut().txn(&take, within)?;
+        Ok(look(keys, outcome))
+    }
+
+    /// The slot our lease holds, as `holding` says, with our place's create
+    /// revision as its fence; the lease is the slot's from now on. Unless
+    /// `recorded` (our place holds `holding` already), the slot's first
+    /// renewal writes it, and comes at once.
+    fn slot(
+        &mut self,
+        keys: &NameKeys,
+        holding: Holding,
+        fence: i64,
+        recorded: bool,
+    ) -> Box<dyn Slot> {
+        self.watcher.stop();
+        let mine = self.lease.take().expect("a lease holds the slot");
+        let taken_at = if recorded {
+            mine.refreshed_at
+        } else {
+            // Earlier is always safe: the lease runs from no earlier than this.
+            mine.refreshed_at.min(Moment::now() - mine.lease.ttl / 3)
+        };
+        Box::new(EtcdSlot {
+            client: Rc::clone(&self.client),
+            keys: keys.clone(),
+            lease: mine.lease,
+            holding,
+            fence: fence as u64,
+            taken_at,
+            recorded,
+        })
+    }
+}
+
+/// The look a transaction's range gives.
+fn look(keys: &NameKeys, mut outcome: Outcome) -> Look {
+    let listing = outcome.listings.pop().unwrap_or(client::Listing {
+        kvs: Vec::new(),
+        revision: outcome.revision,
+    });
+    Look::new(keys, listing)
+}
