@@ -1,394 +1,473 @@
-//! The etcd client against real etcd servers started by the tests: leases,
-//! transactions, ranges in line order, watches, failover between members,
-//! auth and TLS.
+//! The etcd backend (README: "etcd backend"): calls per run, wake-ups, keys
+//! and records, leases as etcd grants them, a member or the whole cluster
+//! failing, auth and secrets, and one thread while the command runs.
 
-use std::process::Command;
+use std::fs;
+use std::os::unix::process::CommandExt;
+use std::process::Stdio;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockrun::backend::etcd::client::{
-    Client, Endpoints, ErrorKind, EventKind, Keys, Lease, Op, Txn,
-};
+use lockrun::backend::etcd::client::{Client, Endpoints, Keys, Op, Txn};
 
-use crate::support::etcd::{EtcdCluster, EtcdServer, Tls};
-use crate::support::{Scratch, free_port, write_certificates};
+use crate::support::etcd::{EtcdCluster, EtcdServer};
+use crate::support::*;
 
-const TIMEOUT: Duration = Duration::from_secs(2);
+/// An etcd store and its server, or `None` when etcd is missing.
+fn etcd() -> Option<(Store, Arc<EtcdServer>)> {
+    let server = Arc::new(EtcdServer::start()?);
+    let store = Store::on_etcd(server.url(), Box::new(Arc::clone(&server)));
+    Some((store, server))
+}
 
-fn etcd(endpoints: &str) -> Client {
+/// A store on every member of `cluster`, `first` first.
+fn on_cluster(cluster: &Arc<EtcdCluster>, first: usize) -> Store {
+    Store::on_etcd(&cluster.endpoints(first), Box::new(Arc::clone(cluster)))
+}
+
+fn client(endpoints: &str) -> Client {
     Client::new(Endpoints::parse(endpoints).expect("endpoints"))
 }
 
-fn grant(client: &mut Client) -> Lease {
-    client
-        .lease_grant(Duration::from_secs(10), TIMEOUT)
-        .expect("lease grant")
-}
-
-/// Puts `key` attached to `lease` unless it exists; true when it did not.
-fn put_if_absent(client: &mut Client, key: &[u8], value: &[u8], lease: i64) -> bool {
-    let txn = Txn::new()
-        .if_absent(Keys::one(key))
-        .then(Op::put(key, value, lease));
-    client.txn(&txn, TIMEOUT).expect("put-if-absent").succeeded
-}
-
-/// Every key with `prefix`, oldest first.
-fn keys_under(client: &mut Client, prefix: &[u8]) -> Vec<Vec<u8>> {
-    let listing = client.range(&Keys::prefix(prefix), TIMEOUT).expect("range");
-    listing.kvs.into_iter().map(|kv| kv.key).collect()
+/// A holder whose command records its fence and pid, loops until `release`
+/// appears, and on SIGTERM records that it was stopped and exits.
+fn holder(store: &Store, scratch: &Scratch, name: &str, extra: &[&str]) -> Running {
+    let script = format!(
+        "trap 'touch {stopped}; exit 1' TERM; echo $LOCKRUN_FENCE > {fence}; echo $$ > {ready}.tmp; mv {ready}.tmp {ready}; while [ ! -e {release} ]; do sleep 0.02; done",
+        stopped = scratch.path("stopped").display(),
+        fence = scratch.path("fence").display(),
+        ready = scratch.path("ready").display(),
+        release = scratch.path("release").display(),
+    );
+    let child = store
+        .lockrun()
+        .args(["--name", name])
+        .args(extra)
+        .args(["-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .start();
+    wait_for_file(&scratch.path("ready"));
+    child
 }
 
 #[test]
-fn a_lease_is_granted_kept_alive_and_revoked_with_its_keys() {
-    let Some(server) = EtcdServer::start() else {
+fn an_uncontended_run_makes_three_calls() {
+    let Some((store, server)) = etcd() else {
         return;
     };
-    let mut client = etcd(server.url());
-    let lease = client
-        .lease_grant(Duration::from_millis(4500), TIMEOUT)
-        .unwrap();
-    assert_eq!(lease.ttl, Duration::from_secs(5), "rounded up to seconds");
-    assert_eq!(
-        client.lease_keep_alive(lease.id, TIMEOUT).unwrap(),
-        Some(lease.ttl)
-    );
-    let left = client
-        .lease_time_to_live(lease.id, TIMEOUT)
-        .unwrap()
-        .expect("alive");
-    assert!(left <= lease.ttl, "{left:?}");
-    assert!(put_if_absent(&mut client, b"/t/held", b"", lease.id));
-
-    assert!(client.lease_revoke(lease.id, TIMEOUT).unwrap());
-    assert_eq!(client.lease_keep_alive(lease.id, TIMEOUT).unwrap(), None);
-    assert_eq!(client.lease_time_to_live(lease.id, TIMEOUT).unwrap(), None);
-    assert!(
-        !client.lease_revoke(lease.id, TIMEOUT).unwrap(),
-        "gone already"
-    );
-    assert!(
-        keys_under(&mut client, b"/t/").is_empty(),
-        "the key went with its lease"
-    );
-    let err = client
-        .txn(
-            &Txn::new().then(Op::put(b"/t/late", b"", lease.id)),
-            TIMEOUT,
-        )
-        .unwrap_err();
-    assert!(err.lease_not_found(), "{err}");
-}
-
-#[test]
-fn a_transaction_checks_absence_and_leases_nests_and_reads_its_own_writes() {
-    let Some(server) = EtcdServer::start() else {
-        return;
-    };
-    let mut client = etcd(server.url());
-    let (mine, theirs) = (grant(&mut client), grant(&mut client));
-    // Only when nothing exists under /t/ (a range without keys passes).
-    let first = Txn::new()
-        .if_absent(Keys::prefix(b"/t/"))
-        .then(Op::put(b"/t/k", b"mine", mine.id))
-        .then(Op::Range(Keys::prefix(b"/t/")))
-        .otherwise(Op::Range(Keys::prefix(b"/t/")));
-    let outcome = client.txn(&first, TIMEOUT).unwrap();
-    assert!(outcome.succeeded);
-    let kv = &outcome.listings[0].kvs[0];
-    assert_eq!((kv.value.as_slice(), kv.lease), (&b"mine"[..], mine.id));
-    assert_eq!(kv.create_revision, outcome.revision, "read its own put");
-    let again = client.txn(&first, TIMEOUT).unwrap();
-    assert!(!again.succeeded, "/t/ has a key now");
-    assert_eq!(again.listings[0].kvs[0], *kv, "and it is unchanged");
-
-    let nested = Txn::new()
-        .if_leased(b"/t/k", theirs.id)
-        .otherwise(Op::Txn(
-            Txn::new()
-                .if_absent(Keys::one(b"/t/other"))
-                .then(Op::put(b"/t/other", b"", theirs.id)),
-        ))
-        .otherwise(Op::Range(Keys::prefix(b"/t/")));
-    let outcome = client.txn(&nested, TIMEOUT).unwrap();
-    assert!(!outcome.succeeded, "/t/k is not on their lease");
-    assert_eq!(
-        outcome.listings.len(),
-        1,
-        "the nested one's ranges are not listed"
-    );
-    assert_eq!(keys_under(&mut client, b"/t/"), [&b"/t/k"[..], b"/t/other"]);
-    assert!(!put_if_absent(&mut client, b"/t/k", b"theirs", theirs.id));
-}
-
-#[test]
-fn a_range_lists_keys_in_create_order_within_its_prefix() {
-    let Some(server) = EtcdServer::start() else {
-        return;
-    };
-    let mut client = etcd(server.url());
-    let lease = grant(&mut client);
-    // Created out of alphabetical order: the line is the create order.
-    for key in ["/line/c", "/line/a", "/line/b", "/line0", "/lina"] {
-        assert!(put_if_absent(&mut client, key.as_bytes(), b"", lease.id));
+    let before = server.calls();
+    assert_status(&run(store.lockrun().args(["--name", "calls", "true"])), 0);
+    let mut made = server.calls();
+    for (method, count) in before {
+        *made.get_mut(&method).expect("counts only grow") -= count;
     }
-    let listing = client.range(&Keys::prefix(b"/line/"), TIMEOUT).unwrap();
-    let keys: Vec<&[u8]> = listing.kvs.iter().map(|kv| kv.key.as_slice()).collect();
-    assert_eq!(keys, [&b"/line/c"[..], b"/line/a", b"/line/b"]);
-    assert!(listing.revision >= listing.kvs[2].create_revision);
+    made.retain(|_, count| *count > 0);
+    let made: Vec<(&str, u64)> = made.iter().map(|(m, c)| (m.as_str(), *c)).collect();
+    assert_eq!(
+        made,
+        [("LeaseGrant", 1), ("LeaseRevoke", 1), ("Txn", 1)],
+        "a lease, one transaction that takes the slot, the revoke that frees it"
+    );
 }
 
 #[test]
-fn a_watch_waits_until_its_deadline_and_sees_the_key_ahead_deleted_at_once() {
-    let Some(server) = EtcdServer::start() else {
+fn a_waiter_starts_as_soon_as_the_holder_ends_without_polling() {
+    let Some((store, _server)) = etcd() else {
         return;
     };
-    let mut client = etcd(server.url());
-    let (ahead, other) = (grant(&mut client), grant(&mut client));
-    assert!(put_if_absent(&mut client, b"/w/ahead", b"", ahead.id));
-    let revision = client
-        .range(&Keys::prefix(b"/w/"), TIMEOUT)
+    let scratch = Scratch::new();
+    let mut first = holder(&store, &scratch, "handoff", &[]);
+    // The default --initial-delay of 1s: polling would start it 0.5 to 1.5 s late.
+    let second_script = format!(
+        "echo $LOCKRUN_FENCE > {fence}; touch {started}; while [ ! -e {release} ]; do sleep 0.02; done",
+        started = scratch.path("second").display(),
+        fence = scratch.path("second-fence").display(),
+        release = scratch.path("release-second").display(),
+    );
+    let mut second = store
+        .lockrun()
+        .args(["--name", "handoff", "-w", "60", "-c", &second_script])
+        .start();
+    wait_until("the waiter to join the line", || {
+        stdout(&run(store.status().arg("handoff"))).contains("waiting")
+    });
+    let released = Instant::now();
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(wait(&mut first).code(), Some(0));
+    wait_for_file(&scratch.path("second"));
+    let handoff = released.elapsed();
+    assert!(
+        handoff < Duration::from_millis(500),
+        "woken by the release, not by a retry: {handoff:?}"
+    );
+    // It took the slot without a call of its own; its record follows at once.
+    let fence: u64 = fs::read_to_string(scratch.path("second-fence"))
         .unwrap()
-        .revision;
-    let mut watch = client
-        .watch(&Keys::prefix(b"/w/"), revision + 1, true, TIMEOUT)
+        .trim()
+        .parse()
         .unwrap();
-
-    let started = Instant::now();
-    assert!(
-        watch
-            .next(started + Duration::from_millis(200))
-            .unwrap()
-            .is_empty()
-    );
-    let waited = started.elapsed();
-    assert!(
-        waited >= Duration::from_millis(200) && waited < Duration::from_secs(1),
-        "{waited:?}"
-    );
-
-    // Deletes only: a put is not even sent.
-    assert!(put_if_absent(&mut client, b"/w/behind", b"", other.id));
-    let deleted_at = Instant::now();
-    assert!(client.lease_revoke(ahead.id, TIMEOUT).unwrap());
-    let events = watch.next(deleted_at + TIMEOUT).unwrap();
-    let seen = deleted_at.elapsed();
-    assert_eq!(events.len(), 1);
-    assert_eq!(
-        (events[0].kind, events[0].kv.key.as_slice()),
-        (EventKind::Delete, &b"/w/ahead"[..])
-    );
-    assert!(seen < Duration::from_millis(100), "seen after {seen:?}");
-
-    // A watch from an earlier revision replays what it missed.
-    let mut replay = client
-        .watch(&Keys::prefix(b"/w/"), revision, false, TIMEOUT)
-        .unwrap();
-    let replayed = replay.next(Instant::now() + TIMEOUT).unwrap();
-    assert_eq!(replayed[0].kind, EventKind::Put);
+    wait_until("status to show the new holder", || {
+        let output = run(store.status().args(["handoff", "--json"]));
+        let entries: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        entries[0]["state"] == "holding"
+            && entries[0]["pid"] == second.id()
+            && entries[0]["fence"] == fence
+    });
+    fs::write(scratch.path("release-second"), "").unwrap();
+    assert_eq!(wait(&mut second).code(), Some(0));
 }
 
 #[test]
-fn a_killed_server_is_unreachable_and_its_restart_is_reconnected_with_the_data() {
+fn keys_live_under_the_prefix_and_the_escaped_name_with_the_real_name_inside() {
+    let Some((store, server)) = etcd() else {
+        return;
+    };
+    let scratch = Scratch::new();
+    let name = "a/b c";
+    let mut held = holder(&store, &scratch, name, &["--prefix", "myapp"]);
+    let waiter = store
+        .lockrun()
+        .args(["--prefix", "myapp", "--name", name, "-w", "60", "true"])
+        .start();
+    wait_until("the waiter to join the line", || {
+        let output = run(store.status().args(["--prefix", "myapp", name, "--json"]));
+        stdout(&output).contains("\"waiting\"")
+    });
+    let listing = client(server.url())
+        .range(&Keys::prefix(b"/"), Duration::from_secs(2))
+        .unwrap();
+    let keys: Vec<String> = listing
+        .kvs
+        .iter()
+        .map(|kv| String::from_utf8_lossy(&kv.key).into_owned())
+        .collect();
+    assert_eq!(
+        keys.len(),
+        3,
+        "holder's place and slot, waiter's place: {keys:?}"
+    );
+    assert!(keys[0].starts_with("/myapp/a%2Fb%20c/line/"), "{keys:?}");
+    assert_eq!(keys[1], "/myapp/a%2Fb%20c/slot/0");
+    assert!(keys[2].starts_with("/myapp/a%2Fb%20c/line/"), "{keys:?}");
+    for kv in [&listing.kvs[0], &listing.kvs[2]] {
+        let record: serde_json::Value = serde_json::from_slice(&kv.value).unwrap();
+        assert_eq!(record["name"], name);
+    }
+    let fence: i64 = fs::read_to_string(scratch.path("fence"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        fence, listing.kvs[0].create_revision,
+        "the fence is the place's create revision"
+    );
+
+    let output = run(store.status().args(["--prefix", "myapp", "--json"]));
+    let entries: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let entries = entries.as_array().unwrap();
+    assert_eq!(entries.len(), 2, "{entries:?}");
+    for entry in entries {
+        assert!(entry["expires_at"].is_string(), "a lease's end: {entry}");
+    }
+    assert_eq!(entries[0]["fence"], fence);
+    assert_eq!(
+        stdout(&run(store.status().arg("--json"))).trim(),
+        "[]",
+        "nothing under the default prefix"
+    );
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(wait(&mut held).code(), Some(0));
+    assert_eq!(finish(waiter).status.code(), Some(0));
+}
+
+#[test]
+fn a_lease_lasts_what_etcd_grants_and_is_renewed_by_that() {
+    let Some((store, _server)) = etcd() else {
+        return;
+    };
+    // The tests' etcd grants whole seconds, at least one.
+    let output = run(store.lockrun().args([
+        "--name",
+        "rounded",
+        "--ttl",
+        "0.3",
+        "--log-format",
+        "json",
+        "--",
+        "sleep",
+        "1.2",
+    ]));
+    assert_status(&output, 0);
+    let err = stderr(&output);
+    let renewals = err
+        .lines()
+        .filter(|line| line.contains(r#""event":"renewed""#));
+    let renewals: Vec<&str> = renewals.collect();
+    assert!(
+        (2..=5).contains(&renewals.len()),
+        "about every third of the granted second: {err}"
+    );
+    assert!(
+        renewals
+            .iter()
+            .all(|line| line.contains(r#""ttl_ms":1000"#)),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_crashed_holder_on_another_host_is_replaced_when_its_lease_expires() {
+    let Some((store, server)) = etcd() else {
+        return;
+    };
+    let mut etcd = client(server.url());
+    let within = Duration::from_secs(2);
+    let lease = etcd.lease_grant(Duration::from_secs(1), within).unwrap();
+    let record = r#"{"slot":0,"name":"crash","token":"t","pid":1,"start_time":1,"boot_id":"another-boot","host":"elsewhere","command":"crashed","acquired_at":0}"#;
+    let place = format!("/lockrun/crash/line/{:016x}", lease.id);
+    let crashed = Txn::new()
+        .then(Op::put(place.as_bytes(), record.as_bytes(), lease.id))
+        .then(Op::put(b"/lockrun/crash/slot/0", b"t", lease.id));
+    etcd.txn(&crashed, within).unwrap();
+    let output = run(store.status().args(["crash", "--json"]));
+    assert!(stdout(&output).contains("elsewhere"), "{}", stdout(&output));
+    // A 30 s retry delay: only the watch can see the lease end in time.
+    let started = Instant::now();
+    let output = run(store.lockrun().args([
+        "--name",
+        "crash",
+        "-w",
+        "20",
+        "--initial-delay",
+        "30",
+        "true",
+    ]));
+    assert_status(&output, 0);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took the slot when the lease expired, after {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn etcd_killed_mid_hold_stops_the_command_with_76_within_the_ttl() {
+    let Some((store, server)) = etcd() else {
+        return;
+    };
+    let scratch = Scratch::new();
+    let mut holder = holder(&store, &scratch, "killed", &["--ttl", "2"]);
+    server.kill();
+    let killed = Instant::now();
+    let status = wait(&mut holder);
+    let took = killed.elapsed();
+    let err = stderr(&finish(holder));
+    assert_eq!(status.code(), Some(76), "{err}");
+    assert!(
+        scratch.path("stopped").exists(),
+        "the command was told to stop"
+    );
+    assert!(took < Duration::from_millis(2500), "stopped after {took:?}");
+}
+
+#[test]
+fn release_force_revokes_the_holders_lease_and_its_lockrun_exits_76() {
+    let Some((store, _server)) = etcd() else {
+        return;
+    };
+    let scratch = Scratch::new();
+    let mut holder = holder(&store, &scratch, "broken", &["--ttl", "1.5"]);
+    let output = run(store.release().args(["broken", "--force"]));
+    assert_status(&output, 0);
+    assert!(
+        stdout(&output).contains("released broken slot 0"),
+        "{}",
+        stdout(&output)
+    );
+    let broken = Instant::now();
+    assert_eq!(wait(&mut holder).code(), Some(76));
+    assert!(
+        broken.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        broken.elapsed()
+    );
+    assert!(scratch.path("stopped").exists());
+    assert_status(
+        &run(store.lockrun().args(["--name", "broken", "-n", "true"])),
+        0,
+    );
+}
+
+#[test]
+fn a_member_killed_during_a_hold_leaves_the_holder_running() {
+    let Some(cluster) = EtcdCluster::start().map(Arc::new) else {
+        return;
+    };
+    // The holder's first member is the leader: its loss also forces an election.
+    let leader = cluster.leader();
+    let store = on_cluster(&cluster, leader);
+    let scratch = Scratch::new();
+    let mut held = holder(&store, &scratch, "survives", &["--ttl", "2", "-v"]);
+    cluster.kill(leader);
+    let killed = Instant::now();
+    // A new lockrun whose first member is the dead one: the failover a fresh process sees.
+    let output = run(store.lockrun().args(["--name", "other", "true"]));
+    assert_status(&output, 0);
+    eprintln!(
+        "etcd failover: a run whose first member was the killed leader took {:?}",
+        killed.elapsed()
+    );
+    // Several renewals go to the surviving members.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(!scratch.path("stopped").exists(), "the command runs on");
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(wait(&mut held).code(), Some(0));
+    let err = stderr(&finish(held));
+    assert!(err.contains("renewed the lease"), "{err}");
+    assert!(!err.contains("lost"), "{err}");
+}
+
+#[test]
+fn a_waiter_keeps_its_place_across_a_members_loss() {
+    let Some(cluster) = EtcdCluster::start().map(Arc::new) else {
+        return;
+    };
+    let leader = cluster.leader();
+    let scratch = Scratch::new();
+    let held = on_cluster(&cluster, (leader + 1) % 3);
+    let mut holder = holder(&held, &scratch, "across", &[]);
+    // The waiter watches on the leader, and a 30 s retry delay leaves its watch to notice the release.
+    let waiting = on_cluster(&cluster, leader);
+    let ran = scratch.path("ran");
+    let mut waiter = waiting
+        .lockrun()
+        .args(["--name", "across", "-w", "60", "--initial-delay", "30"])
+        .args(["--log-format", "json", "--", "touch"])
+        .arg(&ran)
+        .stderr(fs::File::create(scratch.path("events")).unwrap())
+        .start();
+    let events = || fs::read_to_string(scratch.path("events")).unwrap_or_default();
+    wait_until("the waiter to join the line", || {
+        events().contains(r#""event":"waiting""#)
+    });
+    cluster.kill(leader);
+    // Let the waiter find another member and the cluster elect a leader.
+    std::thread::sleep(Duration::from_secs(1));
+    let released = Instant::now();
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(wait(&mut holder).code(), Some(0));
+    while !ran.exists() {
+        assert!(released.elapsed() < Duration::from_secs(3), "{}", events());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    eprintln!(
+        "etcd: a waiter took the slot {:?} after the release, a member lost",
+        released.elapsed()
+    );
+    assert_eq!(wait(&mut waiter).code(), Some(0), "{}", events());
+}
+
+#[test]
+fn a_wrong_password_exits_69_and_no_password_is_ever_shown() {
     let Some(server) = EtcdServer::start() else {
         return;
     };
-    let mut client = etcd(server.url());
-    let lease = grant(&mut client);
-    assert!(put_if_absent(&mut client, b"/r/kept", b"", lease.id));
-    let mut watch = client
-        .watch(&Keys::one(b"/r/kept"), 0, false, TIMEOUT)
-        .unwrap();
-
-    server.kill();
-    let started = Instant::now();
-    let err = client.lease_keep_alive(lease.id, TIMEOUT).unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Unreachable, "{err}");
-    assert!(started.elapsed() < TIMEOUT, "refused at once");
-    let err = watch.next(Instant::now() + TIMEOUT).unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Transient, "{err}");
-
-    server.restart();
-    assert!(
-        client
-            .lease_keep_alive(lease.id, TIMEOUT)
-            .unwrap()
-            .is_some()
-    );
-    assert_eq!(
-        keys_under(&mut client, b"/r/"),
-        [b"/r/kept"],
-        "the data survived the restart"
-    );
+    server.enable_auth("locker", "right-secret-8731");
+    let authority = server.url().trim_start_matches("http://");
+    let with_password = |password: &str| format!("http://locker:{password}@{authority}");
+    let wrong = with_password("wrong-secret-4242");
+    let backend = ["--backend", "etcd", "--etcd-endpoints", &wrong];
+    let running = [&backend[..], &["--name", "auth", "-v", "true"]].concat();
+    let status = [&["status"][..], &backend].concat();
+    for args in [running, status] {
+        let started = Instant::now();
+        let output = run(lockrun().args(args));
+        assert_status(&output, 69);
+        let all = format!("{}{}", stdout(&output), stderr(&output));
+        assert!(!all.contains("secret-4242"), "{all}");
+        assert!(all.contains("authentication failed"), "{all}");
+        assert!(all.contains("locker:***@"), "{all}");
+        assert_eq!(stderr(&output).lines().count(), 1, "{all}");
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+    // Right: not in events, status, or the environment's help.
+    let right = with_password("right-secret-8731");
+    let backend = ["--backend", "etcd", "--etcd-endpoints", &right];
+    let store_args: Vec<String> = backend.iter().map(|&arg| arg.to_owned()).collect();
+    let status = run(lockrun().arg("status").args(&store_args).arg("--json"));
+    let runs = [
+        run(lockrun()
+            .args(&store_args)
+            .args(["--name", "auth", "-v", "--ttl", "0.3", "--", "sleep", "0.5"])),
+        run(lockrun().args(&store_args).args([
+            "--name",
+            "auth",
+            "--log-format",
+            "json",
+            "-v",
+            "true",
+        ])),
+        run(lockrun()
+            .args(&store_args)
+            .args(["--name", "auth", "--help"])),
+        run(lockrun()
+            .env("LOCKRUN_ETCD_ENDPOINTS", &right)
+            .args(["--backend", "etcd", "--help"])),
+        status,
+    ];
+    for output in &runs {
+        assert!(output.status.success(), "{}", stderr(output));
+        let all = format!("{}{}", stdout(output), stderr(output));
+        assert!(!all.contains("secret-8731"), "{all}");
+    }
 }
 
 #[test]
-fn nothing_listening_is_unreachable_and_every_endpoint_is_named() {
+fn an_unreachable_cluster_exits_69_quickly_naming_every_endpoint() {
     let endpoints = format!(
         "http://127.0.0.1:{},http://127.0.0.1:{}",
         free_port(),
         free_port()
     );
     let started = Instant::now();
-    let err = etcd(&endpoints).lease_grant(TIMEOUT, TIMEOUT).unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Unreachable);
-    assert!(started.elapsed() < Duration::from_secs(1), "no waiting");
+    let output = run(lockrun()
+        .args(["--backend", "etcd", "--etcd-endpoints", &endpoints])
+        .args(["--name", "x", "true"]));
+    assert_status(&output, 69);
+    let err = stderr(&output);
+    assert_eq!(err.lines().count(), 1, "{err}");
     for endpoint in endpoints.split(',') {
-        assert!(err.to_string().contains(endpoint), "{err}");
+        assert!(err.contains(endpoint), "{err}");
     }
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
 }
 
 #[test]
-fn calls_move_to_the_next_member_when_the_first_is_killed_and_the_lease_lives_on() {
-    let Some(cluster) = EtcdCluster::start() else {
+fn lockrun_is_one_thread_while_its_command_runs() {
+    let Some((store, _server)) = etcd() else {
         return;
     };
-    // The first endpoint is the leader's, so killing it also forces an election.
-    let leader = cluster.leader();
-    let mut client = etcd(&cluster.endpoints(leader));
-    let lease = grant(&mut client);
-    assert!(put_if_absent(&mut client, b"/f/holder", b"", lease.id));
-    let revision = client
-        .range(&Keys::prefix(b"/f/"), TIMEOUT)
-        .unwrap()
-        .revision;
-    let mut watch_on_first = client
-        .watch(&Keys::one(b"/f/holder"), revision + 1, false, TIMEOUT)
-        .unwrap();
-
-    cluster.kill(leader);
-    let renewed = client.lease_keep_alive(lease.id, TIMEOUT).unwrap();
-    assert!(
-        renewed.is_some(),
-        "renewed within the call's time, election and all"
-    );
-    let mine = Txn::new().if_leased(b"/f/holder", lease.id).then(Op::put(
-        b"/f/holder",
-        b"moved",
-        lease.id,
-    ));
-    assert!(
-        client.txn(&mine, TIMEOUT).unwrap().succeeded,
-        "the key is still ours"
-    );
-    assert!(watch_on_first.next(Instant::now() + TIMEOUT).is_err());
-    let mut watch = client
-        .watch(&Keys::one(b"/f/holder"), revision + 1, false, TIMEOUT)
-        .unwrap();
-    let events = watch.next(Instant::now() + TIMEOUT).unwrap();
-    assert_eq!(
-        events[0].kind,
-        EventKind::Put,
-        "what the first watch missed"
-    );
-    assert!(client.lease_revoke(lease.id, TIMEOUT).unwrap());
-    let events = watch.next(Instant::now() + TIMEOUT).unwrap();
-    assert_eq!(events[0].kind, EventKind::Delete);
-
-    cluster.restart(leader);
-    let first = cluster.endpoints(leader);
-    let first = first.split(',').next().unwrap();
-    assert!(
-        etcd(first).lease_grant(TIMEOUT, TIMEOUT).is_ok(),
-        "the first member is back"
-    );
-}
-
-#[test]
-fn auth_takes_a_token_renews_it_and_never_shows_the_password() {
-    let Some(server) = EtcdServer::start_with(None, &["--auth-token-ttl", "1"]) else {
-        return;
-    };
-    server.enable_auth("locker", "s3cret-pw");
-    let authority = server.url().trim_start_matches("http://");
-
-    let mut wrong = etcd(&format!("http://locker:wr0ng-pw@{authority}"));
-    let err = wrong.lease_grant(TIMEOUT, TIMEOUT).unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Refused, "{err}");
-    assert!(err.to_string().contains("authentication failed"), "{err}");
-    assert!(!err.to_string().contains("wr0ng-pw"), "{err}");
-    assert!(!format!("{err:?}").contains("wr0ng-pw"), "{err:?}");
-    let mut anonymous = etcd(server.url());
-    let err = anonymous.range(&Keys::prefix(b"/a/"), TIMEOUT).unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Refused, "{err}");
-    let Err(err) = anonymous.watch(&Keys::prefix(b"/a/"), 0, false, TIMEOUT) else {
-        panic!("a watch without a user");
-    };
-    assert_eq!(err.kind(), ErrorKind::Refused, "{err}");
-
-    let mut right = etcd(&format!("http://locker:s3cret-pw@{authority}"));
-    let lease = grant(&mut right);
-    assert!(put_if_absent(&mut right, b"/a/k", b"", lease.id));
-    // The token lapses after a second unused; a watch and a call that find
-    // it gone authenticate again.
-    let lapse = Duration::from_millis(1500);
-    std::thread::sleep(lapse);
-    let watch = right.watch(&Keys::prefix(b"/a/"), 0, false, TIMEOUT);
-    assert!(watch.is_ok(), "{:?}", watch.err());
-    std::thread::sleep(lapse);
-    assert_eq!(keys_under(&mut right, b"/a/"), [b"/a/k"]);
-}
-
-/// The client half of the https test, run in a child process of this test
-/// binary so that `SSL_CERT_FILE` is set for it alone.
-#[test]
-#[ignore = "run by https_checks_the_server_certificate_against_the_trusted_roots"]
-fn https_child() {
-    let endpoint = std::env::var("LOCKRUN_TEST_ETCD_ENDPOINT").expect("set by the parent test");
-    match etcd(&endpoint).lease_grant(TIMEOUT, TIMEOUT) {
-        Ok(_) => println!("granted over https"),
-        Err(err) => println!("{:?}: {err}", err.kind()),
-    }
-}
-
-#[test]
-fn https_checks_the_server_certificate_against_the_trusted_roots() {
     let scratch = Scratch::new();
-    write_certificates(scratch.dir());
-    let tls = Tls {
-        cert: scratch.path("server.pem"),
-        key: scratch.path("server.key"),
-    };
-    let Some(server) = EtcdServer::start_with(Some(&tls), &[]) else {
-        return;
-    };
-    let endpoint = format!("https://localhost:{}", server.port());
-    let child_with_roots = |roots: &str| {
-        let output = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "etcd::https_child", "--ignored", "--nocapture"])
-            .env("SSL_CERT_FILE", scratch.path(roots))
-            .env("LOCKRUN_TEST_ETCD_ENDPOINT", &endpoint)
-            .output()
-            .expect("run the child test");
-        String::from_utf8_lossy(&output.stdout).into_owned()
-    };
-    let trusted = child_with_roots("ca.pem");
-    assert!(trusted.contains("granted over https"), "{trusted}");
-    let untrusted = child_with_roots("server.pem");
-    assert!(
-        untrusted.contains("Unreachable") && untrusted.contains("certificate"),
-        "{untrusted}"
+    // Counted after a few renewals (every third of the granted second) have gone out.
+    let script = format!(
+        "sleep 1; ls /proc/$PPID/task | wc -l > {}",
+        scratch.path("threads").display()
     );
-}
-
-#[test]
-fn a_member_that_lost_its_quorum_refuses_and_ends_its_watches() {
-    let Some(cluster) = EtcdCluster::start() else {
-        return;
-    };
-    let survivor = cluster.endpoints(2);
-    let survivor = survivor.split(',').next().unwrap();
-    let mut client = etcd(survivor);
-    let mut watch = client
-        .watch(&Keys::prefix(b"/q/"), 0, false, TIMEOUT)
-        .unwrap();
-
-    cluster.kill(0);
-    cluster.kill(1);
-    let started = Instant::now();
-    let err = watch.next(started + Duration::from_secs(5)).unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Transient, "{err}");
-    assert!(started.elapsed() < Duration::from_secs(3), "{err}");
-    let err = client.range(&Keys::prefix(b"/q/"), TIMEOUT).unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Transient, "{err}");
-    assert!(err.to_string().contains("no leader"), "{err}");
+    let output = run(store
+        .lockrun()
+        .args(["--name", "threads", "--ttl", "0.3", "-v", "-c", &script]));
+    assert_status(&output, 0);
+    assert!(
+        stderr(&output).contains("renewed the lease"),
+        "{}",
+        stderr(&output)
+    );
+    assert_eq!(scratch.lines("threads"), ["1"]);
 }

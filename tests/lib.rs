@@ -6,6 +6,8 @@ mod cli;
 mod core;
 #[cfg(feature = "etcd")]
 mod etcd;
+#[cfg(feature = "etcd")]
+mod etcd_client;
 mod file;
 mod generated;
 mod line;

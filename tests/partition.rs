@@ -1,6 +1,8 @@
 //! Hosts cut off from each other, in network namespaces of the test's own
-//! (tests/support/netns.rs). Ignored by default, like the stress suite:
-//! `.ci/run` runs them with `cargo test --test integration -- --ignored partition`.
+//! (tests/support/netns.rs): a waiter cut off from Redis rides it out, and a
+//! holder cut off from PostgreSQL or etcd stops its command before a waiter
+//! elsewhere starts. Ignored by default, like the stress suite: `.ci/run`
+//! runs them with `cargo test --test integration -- --ignored partition`.
 
 use std::fs;
 use std::process::{Command, Stdio};
@@ -153,4 +155,127 @@ fn partition_a_holder_cut_off_from_postgres_stops_before_the_next_one_starts() {
         "fences increase"
     );
     network.join(1);
+}
+
+/// A one-member etcd on host 0 of `network`, as the other hosts reach it;
+/// `None` when etcd is missing.
+#[cfg(feature = "etcd")]
+fn etcd_on(network: &Network) -> Option<(Running, tempfile::TempDir, String)> {
+    if !crate::support::etcd::installed() {
+        return None;
+    }
+    let dir = tempfile::TempDir::new().expect("temp dir");
+    let address = Network::address(0);
+    let (client, peer) = (
+        format!("http://{address}:12379"),
+        format!("http://{address}:12380"),
+    );
+    let server = network
+        .command(0, "etcd")
+        .args(["--name", "solo", "--data-dir"])
+        .arg(dir.path().join("solo.etcd"))
+        .args([
+            "--listen-client-urls",
+            &client,
+            "--advertise-client-urls",
+            &client,
+        ])
+        .args([
+            "--listen-peer-urls",
+            &peer,
+            "--initial-advertise-peer-urls",
+            &peer,
+        ])
+        .args(["--initial-cluster", &format!("solo={peer}")])
+        .args(["--heartbeat-interval", "25", "--election-timeout", "250"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .start();
+    Some((server, dir, client))
+}
+
+#[test]
+#[cfg(feature = "etcd")]
+#[ignore = "partition suite: cargo test --test integration -- --ignored partition"]
+fn partition_a_holder_cut_off_from_etcd_stops_before_a_waiter_elsewhere_starts() {
+    let Some(network) = Network::new(3) else {
+        return;
+    };
+    let Some((_server, _data, endpoints)) = etcd_on(&network) else {
+        return;
+    };
+    let lockrun_on = |host: usize, subcommand: &[&str]| {
+        let mut command = network.command(host, env!("CARGO_BIN_EXE_lockrun"));
+        command
+            .args(subcommand)
+            .args(["--backend", "etcd", "--etcd-endpoints", &endpoints]);
+        command
+    };
+    wait_until("etcd to answer on host 0", || {
+        let status = lockrun_on(1, &["status"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        status.is_ok_and(|status| status.success())
+    });
+    let scratch = Scratch::new();
+    let holder_script = format!(
+        "echo $LOCKRUN_FENCE > '{fence}'; trap 'date +%s%N > {stopped}; exit 1' TERM; touch '{ready}'; while :; do sleep 0.02; done",
+        fence = scratch.path("holder-fence").display(),
+        stopped = scratch.path("stopped").display(),
+        ready = scratch.path("ready").display(),
+    );
+    let mut holder = lockrun_on(1, &[])
+        .args(["--name", "cut", "--ttl", "2", "-c", &holder_script])
+        .stderr(Stdio::null())
+        .start();
+    wait_for_file(&scratch.path("ready"));
+    let waiter_script = format!(
+        "date +%s%N > '{started}'; echo $LOCKRUN_FENCE > '{fence}'",
+        started = scratch.path("started").display(),
+        fence = scratch.path("waiter-fence").display(),
+    );
+    let mut waiter = lockrun_on(2, &[])
+        .args(["--name", "cut", "-w", "60", "--initial-delay", "30"])
+        .args(["--log-format", "json", "-c", &waiter_script])
+        .stderr(fs::File::create(scratch.path("events")).unwrap())
+        .start();
+    let events = || fs::read_to_string(scratch.path("events")).unwrap_or_default();
+    wait_until("the waiter to join the line", || {
+        events().contains(r#""event":"waiting""#)
+    });
+
+    network.cut(1);
+    assert_eq!(
+        wait(&mut holder).code(),
+        Some(76),
+        "the holder lost its lease"
+    );
+    assert_eq!(wait(&mut waiter).code(), Some(0), "{}", events());
+    let nanos = |file: &str| -> i128 {
+        fs::read_to_string(scratch.path(file))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let gap_ms = (nanos("started") - nanos("stopped")) as f64 / 1e6;
+    eprintln!(
+        "etcd partition: the waiter started {gap_ms:.0} ms after the cut-off holder's command stopped"
+    );
+    assert!(
+        gap_ms > 0.0,
+        "the holder's command stopped before the waiter's started"
+    );
+    let fence = |file: &str| -> u64 {
+        fs::read_to_string(scratch.path(file))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    assert!(
+        fence("waiter-fence") > fence("holder-fence"),
+        "fences increase"
+    );
 }

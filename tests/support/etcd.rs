@@ -170,7 +170,7 @@ fn wait_healthy(members: &[Member]) -> bool {
 }
 
 /// Whether etcd can be run; a loud notice when not, and under `CI=true` a failure.
-fn etcd_installed() -> bool {
+pub fn installed() -> bool {
     let found = Command::new("etcd")
         .arg("--version")
         .stdout(Stdio::null())
@@ -193,7 +193,7 @@ fn start_members(
     tls: Option<&Tls>,
     flags: &[&str],
 ) -> Option<(TempDir, Vec<Member>)> {
-    if !etcd_installed() {
+    if !installed() {
         return None;
     }
     for _ in 0..5 {
@@ -267,6 +267,25 @@ impl EtcdServer {
             "etcd did not restart: {}",
             self.member.log_tail()
         );
+    }
+
+    /// How many calls of each kind (`LeaseGrant`, `Txn`, ...) the server has
+    /// begun since it started, gRPC streams included, from its metrics.
+    pub fn calls(&self) -> std::collections::BTreeMap<String, u64> {
+        let (_, metrics) = request(self.member.metrics_port, "GET", "/metrics", "", PATIENCE)
+            .expect("etcd's metrics");
+        metrics
+            .lines()
+            .filter_map(|line| line.strip_prefix("grpc_server_started_total{"))
+            .filter_map(|line| {
+                let (labels, count) = line.split_once("} ")?;
+                let method = labels
+                    .split(',')
+                    .find_map(|label| label.strip_prefix("grpc_method=\"")?.strip_suffix('"'))?;
+                Some((method.to_owned(), count.trim().parse().ok()?))
+            })
+            .filter(|&(_, count)| count > 0)
+            .collect()
     }
 
     /// Turns auth on: a root user, and `user` with `password` allowed to read
