@@ -145,6 +145,7 @@ struct Bench {
     redis: Result<(Locker, Redis), String>,
     /// On the server `LOCKRUN_BENCH_POSTGRES_URL` names (the benchmark starts none).
     postgres: Result<Locker, String>,
+    etcd: Result<(Locker, Etcd), String>,
     outcomes: Vec<Outcome>,
     notes: Vec<String>,
 }
@@ -204,6 +205,18 @@ fn benchmark() {
                 ],
             })
         });
+    let etcd = Etcd::start(scratch.path()).and_then(|server| {
+        let locker = available(Locker::Lockrun {
+            backend: "etcd",
+            flags: vec![
+                "--backend".into(),
+                "etcd".into(),
+                "--etcd-endpoints".into(),
+                server.url().into(),
+            ],
+        })?;
+        Ok((locker, server))
+    });
     let mut bench = Bench {
         scratch,
         file,
@@ -211,6 +224,7 @@ fn benchmark() {
         sqlite,
         redis,
         postgres,
+        etcd,
         outcomes: Vec::new(),
         notes: Vec::new(),
     };
@@ -317,6 +331,7 @@ impl Bench {
             ),
             ("redis", redis, Some(Target::Ratio(2.0))),
             ("postgres", self.postgres.clone(), Some(Target::Ratio(2.0))),
+            ("etcd", self.etcd_locker(), Some(Target::Ratio(3.0))),
         ];
         // Gaps per contender; an error once a round did not finish or the backend is missing.
         let mut gaps: Vec<Result<Vec<Duration>, String>> = contenders
@@ -529,6 +544,7 @@ impl Bench {
                 .map(|(locker, _)| locker.clone())
                 .map_err(Clone::clone),
         ));
+        lockers.push(("etcd", self.etcd_locker()));
         for (backend, locker) in lockers {
             let what = format!("(e) peak RSS, {backend}, largest of {RSS_RUNS} runs");
             let target = "≤ 8 MiB";
@@ -552,6 +568,13 @@ impl Bench {
                 }
             }
         }
+    }
+
+    fn etcd_locker(&self) -> Result<Locker, String> {
+        self.etcd
+            .as_ref()
+            .map(|(locker, _)| locker.clone())
+            .map_err(Clone::clone)
     }
 
     fn ratio(&mut self, what: String, measured: Duration, baseline: Duration, limit: f64) {
@@ -823,6 +846,83 @@ impl Drop for Redis {
     }
 }
 
+/// A one-member etcd of the benchmark's own on free loopback ports, with its
+/// data in the scratch directory and etcd's default timing.
+struct Etcd {
+    child: Child,
+    port: u16,
+}
+
+impl Etcd {
+    fn start(scratch: &Path) -> Result<Self, String> {
+        let free_port = || {
+            TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map(|address| address.port())
+                .map_err(|err| format!("no free loopback port: {err}"))
+        };
+        let (port, peer) = (free_port()?, free_port()?);
+        let client = format!("http://127.0.0.1:{port}");
+        let peer = format!("http://127.0.0.1:{peer}");
+        let child = Command::new("etcd")
+            .args(["--name", "bench", "--data-dir"])
+            .arg(scratch.join("bench.etcd"))
+            .args([
+                "--listen-client-urls",
+                &client,
+                "--advertise-client-urls",
+                &client,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+            ])
+            .args(["--initial-cluster", &format!("bench={peer}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|err| format!("etcd not available: {err}"))?;
+        let server = Self { child, port };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !server.serves() {
+            if Instant::now() > deadline {
+                return Err("etcd did not start within 10 s".into());
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        Ok(server)
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Whether it has a leader: lockrun's status answers.
+    fn serves(&self) -> bool {
+        Command::new(lockrun_bin())
+            .args([
+                "status",
+                "--backend",
+                "etcd",
+                "--etcd-endpoints",
+                &self.url(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success())
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// What the numbers were measured on.
 fn machine() -> String {
     let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
@@ -887,6 +987,7 @@ fn machine() -> String {
         "- redis-server: {}",
         first_line("redis-server", &["--version"])
     );
+    let _ = writeln!(text, "- etcd: {}", first_line("etcd", &["--version"]));
     let _ = write!(text, "- rustc: {}", first_line("rustc", &["--version"]));
     text
 }
