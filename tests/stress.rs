@@ -49,6 +49,8 @@ macro_rules! stress_tests {
 stress_tests!(file, Store::file());
 stress_tests!(sqlite, Store::sqlite());
 stress_tests!(redis, Store::redis());
+#[cfg(feature = "etcd")]
+stress_tests!(etcd, Store::etcd());
 
 const WORKERS: usize = 8;
 const RUNS_PER_WORKER: usize = 10;
