@@ -60,22 +60,6 @@ impl Place {
     pub fn kept(&self) -> bool {
         matches!(&self.record, Some(Record::Holding(h)) if h.holder.kept_until.is_some())
     }
-
-    /// As `status` shows it: a holder (its fence the create revision), or a
-    /// waiter at `position`; `None` when its owner's process is known to be gone.
-    fn entry(&self, position: u32) -> Option<Entry> {
-        match self.record.as_ref()? {
-            Record::Holding(holding) => (self.kept() || !holding.holder.owner.process.is_gone())
-                .then(|| {
-                    holding
-                        .holder
-                        .entry(holding.slot)
-                        .fenced(self.revision as u64)
-                }),
-            Record::Waiting(waiter) => (!waiter.owner.process.is_gone())
-                .then(|| Entry::waiter(&waiter.name, position, &waiter.owner, Some(waiter.since))),
-        }
-    }
 }
 
 /// Where the owner of a lease stands in a look.
@@ -147,19 +131,27 @@ impl Look {
             .find_map(|(&slot, &held)| (held == lease).then_some(slot))
     }
 
-    /// The holders, then the waiters in line order, as `status` lists them,
-    /// each with its lease: only live ones, the waiters numbered from 1.
-    pub fn entries(&self) -> Vec<(Entry, i64)> {
-        let mut position = 0;
-        let mut entries = Vec::new();
-        for place in &self.places {
-            let waiting = matches!(place.record, Some(Record::Waiting(_)));
-            if let Some(entry) = place.entry(position + 1) {
-                position += u32::from(waiting);
-                entries.push((entry, place.lease));
+    /// The holders as `status` lists them (those kept by `--min-hold`, and
+    /// those whose processes are not known to be gone), each with its lease;
+    /// a holder's fence is its place's create revision.
+    pub fn holders(&self) -> impl Iterator<Item = (Entry, i64)> + '_ {
+        self.places.iter().filter_map(|place| match &place.record {
+            Some(Record::Holding(holding))
+                if place.kept() || !holding.holder.owner.process.is_gone() =>
+            {
+                let entry = holding.holder.entry(holding.slot);
+                Some((entry.fenced(place.revision as u64), place.lease))
             }
-        }
-        entries
+            _ => None,
+        })
+    }
+
+    /// The waiters' records in line order, each with its lease.
+    pub fn waiters(&self) -> impl Iterator<Item = (&WaiterRecord, i64)> {
+        self.places.iter().filter_map(|place| match &place.record {
+            Some(Record::Waiting(waiter)) => Some((waiter, place.lease)),
+            _ => None,
+        })
     }
 
     /// Where a waiter at `index` stands, for the waiting loop.

@@ -13,11 +13,11 @@ mod waiter;
 mod watching;
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 use std::time::{Duration, SystemTime};
 
-use super::record::{HolderRecord, sort};
+use super::record::{HolderRecord, sort, waiting};
 use super::{Abilities, Attempt, Common, Entry, Owner, Request, Slot, Store, Wakeup};
 use crate::error::{Error, Result, Trouble};
 use crate::identity::epoch_millis;
@@ -158,12 +158,27 @@ impl Store for EtcdStore {
         let now = now_millis();
         let mut entries = Vec::new();
         for (keys, listing) in names {
-            for (entry, lease) in Look::new(&keys, listing).entries() {
-                // A lease gone since the range took its keys with it.
-                if let Some(left) = client.lease_time_to_live(lease, MAX_CALL_TIMEOUT)? {
-                    entries.push(entry.expiring(Some(now + left.as_millis() as u64)));
+            let look = Look::new(&keys, listing);
+            // When each place's lease ends; one gone since the range took the place with it.
+            let mut ends = HashMap::new();
+            for place in &look.places {
+                if let Some(left) = client.lease_time_to_live(place.lease, MAX_CALL_TIMEOUT)? {
+                    ends.insert(place.lease, now + left.as_millis() as u64);
                 }
             }
+            let end = |lease: i64| ends.get(&lease).copied();
+            entries.extend(
+                look.holders()
+                    .filter_map(|(entry, lease)| Some(entry.expiring(Some(end(lease)?)))),
+            );
+            entries.extend(waiting(look.waiters().filter_map(|(waiter, lease)| {
+                Some((
+                    waiter.name.as_str(),
+                    &waiter.owner,
+                    waiter.since,
+                    Some(end(lease)?),
+                ))
+            })));
         }
         sort(&mut entries);
         Ok(entries)
