@@ -194,6 +194,8 @@ pub fn open_existing(path: &Path) -> Result<Option<File>> {
         .open(path);
     match opened {
         Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
+        // Removed between our open and our look at it: its waiter just left the line.
+        Ok(file) if file.metadata().is_ok_and(|meta| meta.nlink() == 0) => Ok(None),
         opened => vet(opened, path).map(|(file, _)| Some(file)),
     }
 }
