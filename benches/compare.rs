@@ -3,7 +3,11 @@
 //! with PASS/MISS against its target and rewrites the generated part of
 //! BENCHMARKS.md, keeping the hand-written notes below it.
 //!
-//! The same executable is also the tiny command the handoff benchmark runs
+//! Two builds of lockrun are measured: the default one (this build's binary, or
+//! `LOCKRUN_BENCH_BIN`) and the static opt-in build of the README
+//! (`LOCKRUN_BENCH_STATIC_BIN`, else built here with the README's command).
+//!
+//! The same executable is also the tiny command the queue benchmarks run
 //! (`compare stamp ...`) and the peak-RSS wrapper (`compare rss ...`).
 
 use std::collections::BTreeMap;
@@ -12,21 +16,15 @@ use std::fmt::Write as _;
 use std::fs::{self, OpenOptions};
 use std::io::Write as _;
 use std::net::TcpListener;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use nix::sys::resource::{UsageWho, getrusage};
 use nix::time::{ClockId, clock_gettime};
-
-/// The lockrun under test: this build's, or `LOCKRUN_BENCH_BIN` (another build of it, e.g. a static one).
-fn lockrun_bin() -> PathBuf {
-    std::env::var_os("LOCKRUN_BENCH_BIN").map_or_else(
-        || PathBuf::from(env!("CARGO_BIN_EXE_lockrun")),
-        PathBuf::from,
-    )
-}
 
 /// Runs of `COMMAND true` per contender for (a) and (d).
 const SINGLE_RUNS: usize = 1000;
@@ -34,12 +32,22 @@ const SINGLE_RUNS: usize = 1000;
 const CONTENDERS: usize = 8;
 const CONTENDED_RUNS: usize = 25;
 const CONTENTION_ROUNDS: usize = 9;
-/// (c): waiters queued behind one holder, each holding this long, per round.
+/// (c) and (ii): waiters queued behind the holders, each holding this long, per round.
 const QUEUE: usize = 12;
 const QUEUE_ROUNDS: usize = 3;
 const QUEUE_HOLD: Duration = Duration::from_millis(20);
-/// Time the waiters get to line up behind the first holder.
+/// (c): time the waiters get to line up behind the first holder.
 const QUEUE_SETTLE: Duration = Duration::from_millis(300);
+/// (ii): slots.
+const SLOTS: u32 = 4;
+/// (i): waiters, the time between their arrivals, rounds.
+const FAIR_WAITERS: usize = 10;
+const FAIR_SPACING: Duration = Duration::from_millis(120);
+const FAIR_ROUNDS: usize = 2;
+/// (iii): the short and the long line.
+const GROWTH: [usize; 2] = [10, 100];
+/// (iii): the most a measure may grow from the short line to the long one and still count as flat.
+const FLAT: f64 = 1.5;
 /// A queue round that takes longer is stopped and reported incomplete.
 const QUEUE_LIMIT: Duration = Duration::from_secs(90);
 const RSS_RUNS: usize = 5;
@@ -54,6 +62,83 @@ fn main() {
     }
 }
 
+/// A lockrun binary under test.
+#[derive(Clone, Debug)]
+struct Build {
+    /// "default build" or "static opt-in build".
+    label: &'static str,
+    path: PathBuf,
+}
+
+/// The default build: this build's binary, or `LOCKRUN_BENCH_BIN` (another build of it).
+fn default_build() -> Build {
+    Build {
+        label: "default build",
+        path: std::env::var_os("LOCKRUN_BENCH_BIN").map_or_else(
+            || PathBuf::from(env!("CARGO_BIN_EXE_lockrun")),
+            PathBuf::from,
+        ),
+    }
+}
+
+/// The static opt-in build: `LOCKRUN_BENCH_STATIC_BIN`, else built from this
+/// source with the README's command, next to this build's own binaries.
+fn static_build() -> Result<Build, String> {
+    let path = match std::env::var_os("LOCKRUN_BENCH_STATIC_BIN") {
+        Some(path) => PathBuf::from(path),
+        None => build_static()?,
+    };
+    Ok(Build {
+        label: "static opt-in build",
+        path,
+    })
+}
+
+fn build_static() -> Result<PathBuf, String> {
+    let host = first_line("rustc", &["-vV"]);
+    let host = Command::new("rustc")
+        .arg("-vV")
+        .output()
+        .ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .find_map(|l| l.strip_prefix("host: ").map(str::to_owned))
+        })
+        .ok_or_else(|| format!("no host triple from rustc -vV ({host})"))?;
+    // target/release/lockrun → target
+    let own = PathBuf::from(env!("CARGO_BIN_EXE_lockrun"));
+    let target_dir = own
+        .parent()
+        .and_then(Path::parent)
+        .ok_or("no target directory")?;
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    println!(
+        "building the static opt-in build: RUSTFLAGS='-C target-feature=+crt-static' cargo build --release --target {host}"
+    );
+    let started = Instant::now();
+    let output = Command::new(cargo)
+        .args(["build", "--release", "--bin", "lockrun", "--target", &host])
+        .arg("--manifest-path")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
+        .env("CARGO_TARGET_DIR", target_dir)
+        .env("RUSTFLAGS", "-C target-feature=+crt-static")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|err| format!("cannot run cargo: {err}"))?;
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let last: Vec<&str> = stderr.lines().rev().take(5).collect();
+        return Err(format!(
+            "the static build failed: {}",
+            last.into_iter().rev().collect::<Vec<_>>().join(" / ")
+        ));
+    }
+    println!("built in {:.0} s", started.elapsed().as_secs_f64());
+    Ok(target_dir.join(host).join("release").join("lockrun"))
+}
+
 /// How one contender runs a command under the lock called `name`.
 #[derive(Clone, Debug)]
 enum Locker {
@@ -62,7 +147,9 @@ enum Locker {
         dir: PathBuf,
     },
     Lockrun {
+        build: Build,
         backend: &'static str,
+        /// `--backend` and the store's own flag.
         flags: Vec<OsString>,
     },
 }
@@ -72,36 +159,148 @@ impl Locker {
         match self {
             Self::Bare => "bare".into(),
             Self::Flock { .. } => "flock(1)".into(),
-            Self::Lockrun { backend, .. } => format!("lockrun {backend}"),
+            Self::Lockrun { backend, build, .. } if build.label == "default build" => {
+                format!("lockrun {backend}")
+            }
+            Self::Lockrun { backend, build, .. } => format!("lockrun {backend} ({})", build.label),
+        }
+    }
+
+    /// The same contender run by another build of lockrun.
+    fn with_build(&self, other: &Build) -> Self {
+        match self {
+            Self::Lockrun { backend, flags, .. } => Self::Lockrun {
+                build: other.clone(),
+                backend,
+                flags: flags.clone(),
+            },
+            other => other.clone(),
         }
     }
 
     fn command<S: AsRef<std::ffi::OsStr>>(&self, name: &str, argv: &[S]) -> Command {
+        self.command_with_slots(name, 1, argv)
+    }
+
+    /// `argv` under the lock `name` with `slots` slots (flock(1) has one).
+    fn command_with_slots<S: AsRef<std::ffi::OsStr>>(
+        &self,
+        name: &str,
+        slots: u32,
+        argv: &[S],
+    ) -> Command {
         let mut command = match self {
             Self::Bare => Command::new(&argv[0]),
             Self::Flock { dir } => {
+                assert_eq!(slots, 1, "flock(1) has one slot");
                 let mut command = Command::new("flock");
-                command.arg(dir.join(format!("{name}.flock"))).arg(&argv[0]);
+                command.arg(Self::flock_file(dir, name)).arg(&argv[0]);
                 command
             }
-            Self::Lockrun { flags, .. } => {
-                let mut command = Command::new(lockrun_bin());
-                command
-                    .args(flags)
-                    .args(["--name", name, "--"])
-                    .arg(&argv[0]);
+            Self::Lockrun { build, flags, .. } => {
+                let mut command = Command::new(&build.path);
+                command.args(flags);
+                if slots > 1 {
+                    command.args(["-p", &slots.to_string()]);
+                }
+                command.args(["--name", name, "--"]).arg(&argv[0]);
                 command
             }
         };
         command.args(&argv[1..]);
-        for (key, _) in std::env::vars_os() {
-            if key.to_string_lossy().starts_with("LOCKRUN_") {
-                command.env_remove(key);
-            }
-        }
+        clean_environment(&mut command);
         command.stdin(Stdio::null()).stdout(Stdio::null());
         command
     }
+
+    fn flock_file(dir: &Path, name: &str) -> PathBuf {
+        dir.join(format!("{name}.flock"))
+    }
+
+    /// The pids waiting in the line of `name`, in line order where the locker
+    /// keeps one: lockrun's `status NAME --json`; for flock(1) the blocked
+    /// requests on its file in /proc/locks. `None` when that cannot be read.
+    fn waiting_pids(&self, name: &str) -> Option<Vec<u32>> {
+        match self {
+            Self::Bare => None,
+            Self::Flock { dir } => {
+                let inode = fs::metadata(Self::flock_file(dir, name)).ok()?.ino();
+                let locks = fs::read_to_string("/proc/locks").ok()?;
+                Some(
+                    locks
+                        .lines()
+                        .filter_map(|line| {
+                            // "2: -> FLOCK  ADVISORY  WRITE 1234 fd:00:5678 0 EOF"
+                            let fields: Vec<&str> = line.split_whitespace().collect();
+                            if fields.get(1) != Some(&"->") || fields.get(2) != Some(&"FLOCK") {
+                                return None;
+                            }
+                            let file_inode: u64 =
+                                fields.get(6)?.rsplit(':').next()?.parse().ok()?;
+                            (file_inode == inode).then(|| fields.get(5)?.parse().ok())?
+                        })
+                        .collect(),
+                )
+            }
+            Self::Lockrun { build, flags, .. } => {
+                let mut command = Command::new(&build.path);
+                command
+                    .arg("status")
+                    .args(flags)
+                    .args([name, "--json"])
+                    .stdin(Stdio::null())
+                    .stderr(Stdio::null());
+                clean_environment(&mut command);
+                let output = command.output().ok()?;
+                let entries: serde_json::Value = serde_json::from_slice(&output.stdout).ok()?;
+                let mut waiters: Vec<(u64, u32)> = entries
+                    .as_array()?
+                    .iter()
+                    .filter(|entry| entry["state"] == "waiting")
+                    .filter_map(|entry| {
+                        Some((entry["position"].as_u64()?, entry["pid"].as_u64()? as u32))
+                    })
+                    .collect();
+                waiters.sort_unstable();
+                Some(waiters.into_iter().map(|(_, pid)| pid).collect())
+            }
+        }
+    }
+}
+
+/// No `LOCKRUN_*` variable of the benchmark's own environment reaches a
+/// contender, nor the directories cargo puts in front of `LD_LIBRARY_PATH` for
+/// `cargo bench`: every dynamically linked program (flock(1), `true`, lockrun)
+/// would look for each of its libraries in all of them first, about 0.3 ms per
+/// run here, which no one running lockrun pays.
+fn clean_environment(command: &mut Command) {
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("LOCKRUN_") {
+            command.env_remove(key);
+        }
+    }
+    match users_library_path() {
+        Some(path) => command.env("LD_LIBRARY_PATH", path),
+        None => command.env_remove("LD_LIBRARY_PATH"),
+    };
+}
+
+/// `LD_LIBRARY_PATH` without the target directory's and the Rust toolchain's entries.
+fn users_library_path() -> Option<&'static OsString> {
+    static PATH: OnceLock<Option<OsString>> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let path = std::env::var_os("LD_LIBRARY_PATH")?;
+        let own = PathBuf::from(env!("CARGO_BIN_EXE_lockrun"));
+        let target = own.parent().and_then(Path::parent)?.to_owned();
+        let sysroot = PathBuf::from(first_line("rustc", &["--print", "sysroot"]));
+        let kept: Vec<PathBuf> = std::env::split_paths(&path)
+            .filter(|dir| !dir.starts_with(&target) && !dir.starts_with(&sysroot))
+            .collect();
+        (!kept.is_empty())
+            .then(|| std::env::join_paths(kept).ok())
+            .flatten()
+    })
+    .as_ref()
 }
 
 /// One result line: what was measured, the baseline beside it, and the target.
@@ -111,7 +310,7 @@ struct Outcome {
     baseline: String,
     ratio: String,
     target: String,
-    /// `None`: not measured (the reason is in `measured`).
+    /// `None`: not measured (the reason is in `measured`), or no target.
     pass: Option<bool>,
 }
 
@@ -139,6 +338,8 @@ impl Outcome {
 struct Bench {
     scratch: tempfile::TempDir,
     file: Locker,
+    /// The file backend run by the static opt-in build, or why not.
+    file_static: Result<Locker, String>,
     flock: Locker,
     /// Lease backends this build has, or why not.
     sqlite: Result<Locker, String>,
@@ -146,8 +347,12 @@ struct Bench {
     /// On the server `LOCKRUN_BENCH_POSTGRES_URL` names (the benchmark starts none).
     postgres: Result<Locker, String>,
     etcd: Result<(Locker, Etcd), String>,
+    /// (c)'s flock(1) handoff gap: the baseline of (ii).
+    flock_handoff: Option<Duration>,
     outcomes: Vec<Outcome>,
     notes: Vec<String>,
+    /// Queue rounds run so far: each gets files of its own.
+    rounds: usize,
 }
 
 fn benchmark() {
@@ -155,85 +360,67 @@ fn benchmark() {
         eprintln!("bench: flock(1) is needed as the baseline: {why}");
         std::process::exit(1);
     }
+    let default = default_build();
+    let statically = static_build();
+    if let Err(why) = &statically {
+        println!("static opt-in build: not measured: {why}");
+    }
     let scratch = tempfile::tempdir().expect("a scratch directory");
     let dir = |name: &str| {
         let dir = scratch.path().join(name);
         fs::create_dir_all(&dir).expect("a scratch subdirectory");
         dir
     };
-    let file = Locker::Lockrun {
-        backend: "file",
-        flags: vec![
-            "--backend".into(),
-            "file".into(),
-            "--dir".into(),
-            dir("file").into(),
-        ],
+    let lockrun = |backend: &'static str, flag: &str, value: OsString| Locker::Lockrun {
+        build: default.clone(),
+        backend,
+        flags: vec!["--backend".into(), backend.into(), flag.into(), value],
     };
+    let file = lockrun("file", "--dir", dir("file").into());
+    let file_static = statically
+        .as_ref()
+        .map_err(Clone::clone)
+        .and_then(|build| available(file.with_build(build)));
     let flock = Locker::Flock { dir: dir("flock") };
-    let sqlite = available(Locker::Lockrun {
-        backend: "sqlite",
-        flags: vec![
-            "--backend".into(),
-            "sqlite".into(),
-            "--db".into(),
-            dir("sqlite").join("locks.sqlite3").into(),
-        ],
-    });
+    let sqlite = available(lockrun(
+        "sqlite",
+        "--db",
+        dir("sqlite").join("locks.sqlite3").into(),
+    ));
     let redis = Redis::start(scratch.path()).and_then(|server| {
-        let locker = available(Locker::Lockrun {
-            backend: "redis",
-            flags: vec![
-                "--backend".into(),
-                "redis".into(),
-                "--redis-url".into(),
-                server.url().into(),
-            ],
-        })?;
+        let locker = available(lockrun("redis", "--redis-url", server.url().into()))?;
         Ok((locker, server))
     });
     let postgres = std::env::var("LOCKRUN_BENCH_POSTGRES_URL")
         .map_err(|_| "LOCKRUN_BENCH_POSTGRES_URL is not set".to_owned())
-        .and_then(|url| {
-            available(Locker::Lockrun {
-                backend: "postgres",
-                flags: vec![
-                    "--backend".into(),
-                    "postgres".into(),
-                    "--postgres-url".into(),
-                    url.into(),
-                ],
-            })
-        });
-    let etcd = Etcd::start(scratch.path()).and_then(|server| {
-        let locker = available(Locker::Lockrun {
-            backend: "etcd",
-            flags: vec![
-                "--backend".into(),
-                "etcd".into(),
-                "--etcd-endpoints".into(),
-                server.url().into(),
-            ],
-        })?;
+        .and_then(|url| available(lockrun("postgres", "--postgres-url", url.into())));
+    let etcd = Etcd::start(scratch.path(), &default).and_then(|server| {
+        let locker = available(lockrun("etcd", "--etcd-endpoints", server.url().into()))?;
         Ok((locker, server))
     });
     let mut bench = Bench {
         scratch,
         file,
+        file_static,
         flock,
         sqlite,
         redis,
         postgres,
         etcd,
+        flock_handoff: None,
         outcomes: Vec::new(),
         notes: Vec::new(),
+        rounds: 0,
     };
-    let machine = machine();
+    let machine = machine(&default, statically.as_ref().ok());
     println!("{machine}");
     let started = Instant::now();
     bench.single();
     bench.contention();
     bench.handoff();
+    bench.handoff_with_slots();
+    bench.fairness();
+    bench.growth();
     bench.redis_against_file();
     bench.peak_rss();
     let took = started.elapsed();
@@ -255,35 +442,167 @@ fn available(locker: Locker) -> Result<Locker, String> {
     Ok(locker)
 }
 
-impl Bench {
-    /// (a) `lockrun --name x -- true` against `flock FILE true` and bare `true`.
-    fn single(&mut self) {
-        let lockers = [Locker::Bare, self.flock.clone(), self.file.clone()];
-        let medians = interleaved_medians(&lockers, "x", SINGLE_RUNS);
-        let [bare, flock, file] = medians[..] else {
-            unreachable!()
-        };
-        println!(
-            "\n(a) one run of `true`, median of {SINGLE_RUNS}: bare {}, flock(1) {}, lockrun {}",
-            ms(bare),
-            ms(flock),
-            ms(file)
-        );
-        self.ratio(
-            format!(
-                "(a) wall time of `true` under the lock (bare `true`: {})",
-                ms(bare)
-            ),
-            file,
-            flock,
-            1.10,
-        );
+/// How the waiters of a queue round line up before the holders let go.
+#[derive(Clone, Copy)]
+enum Arrival {
+    /// All at once, then this long to settle.
+    Settle(Duration),
+    /// All at once, until the line shows every one of them.
+    AllInLine,
+    /// One at a time, each once the one before it is in line, this far apart.
+    Spaced(Duration),
+}
+
+/// What one queue round is.
+struct Round<'a> {
+    locker: &'a Locker,
+    /// Slots; as many holders start the round, each holding until released.
+    slots: u32,
+    waiters: usize,
+    arrival: Arrival,
+}
+
+/// A command's run under the lock, as its stamp logged it.
+#[derive(Clone, Copy, Debug)]
+struct Span {
+    /// `CLOCK_MONOTONIC` nanoseconds.
+    start: i128,
+    end: i128,
+    /// Holders 0..slots, then waiters in the order they were started.
+    id: usize,
+    /// The waiting process's counters when its command started.
+    at_start: Counters,
+}
+
+/// A process's work so far: wake-ups (voluntary context switches) and CPU time.
+#[derive(Clone, Copy, Debug, Default)]
+struct Counters {
+    wakeups: u64,
+    cpu_ns: u64,
+}
+
+impl Counters {
+    /// `/proc/PID/status` and `/proc/PID/schedstat`.
+    fn of(pid: u32) -> Option<Self> {
+        let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let wakeups = status.lines().find_map(|line| {
+            line.strip_prefix("voluntary_ctxt_switches:")?
+                .trim()
+                .parse()
+                .ok()
+        })?;
+        let schedstat = fs::read_to_string(format!("/proc/{pid}/schedstat")).ok()?;
+        let cpu_ns = schedstat.split_whitespace().next()?.parse().ok()?;
+        Some(Self { wakeups, cpu_ns })
+    }
+}
+
+/// What a queue round gave: every command's span and, with
+/// [`Arrival::AllInLine`], each waiter's counters once all were in line.
+struct Served {
+    spans: Vec<Span>,
+    in_line: BTreeMap<usize, Counters>,
+    /// On Redis: the commands it had run once the waiters were in line.
+    redis_calls_in_line: Option<u64>,
+}
+
+impl Served {
+    /// The gaps between a slot's freeing and the next command's start: with
+    /// `slots` slots the k-th start after the first `slots` fills the k-th end.
+    fn gaps(&self, slots: u32) -> Vec<Duration> {
+        let mut starts: Vec<i128> = self.spans.iter().map(|s| s.start).collect();
+        let mut ends: Vec<i128> = self.spans.iter().map(|s| s.end).collect();
+        starts.sort_unstable();
+        ends.sort_unstable();
+        starts
+            .iter()
+            .skip(slots as usize)
+            .zip(&ends)
+            .map(|(start, end)| Duration::from_nanos((start - end).max(0) as u64))
+            .collect()
     }
 
-    /// (b) 8 processes x 25 runs of `true` under one lock.
+    /// Pairs of waiters served out of their arrival order.
+    fn inversions(&self, slots: u32) -> usize {
+        let mut served: Vec<&Span> = self
+            .spans
+            .iter()
+            .filter(|s| s.id >= slots as usize)
+            .collect();
+        served.sort_by_key(|s| s.start);
+        let order: Vec<usize> = served.iter().map(|s| s.id).collect();
+        let mut inversions = 0;
+        for (i, earlier) in order.iter().enumerate() {
+            inversions += order[i + 1..]
+                .iter()
+                .filter(|later| *later < earlier)
+                .count();
+        }
+        inversions
+    }
+
+    /// Wake-ups and CPU time of the waiting processes from the moment all
+    /// were in line until each one's command started, per acquisition.
+    fn waiting_work(&self) -> Option<(f64, f64)> {
+        let mut wakeups = 0;
+        let mut cpu_ns = 0;
+        let mut waiters = 0;
+        for span in &self.spans {
+            let Some(joined) = self.in_line.get(&span.id) else {
+                continue;
+            };
+            wakeups += span.at_start.wakeups.checked_sub(joined.wakeups)?;
+            cpu_ns += span.at_start.cpu_ns.checked_sub(joined.cpu_ns)?;
+            waiters += 1;
+        }
+        (waiters > 0).then(|| {
+            (
+                wakeups as f64 / f64::from(waiters),
+                cpu_ns as f64 / f64::from(waiters) / 1e6,
+            )
+        })
+    }
+}
+
+impl Bench {
+    /// (a) `lockrun --name x -- true` against `flock FILE true` and bare `true`, both builds.
+    fn single(&mut self) {
+        let mut lockers = vec![Locker::Bare, self.flock.clone(), self.file.clone()];
+        lockers.extend(self.file_static.clone());
+        let medians = interleaved_medians(&lockers, "x", SINGLE_RUNS);
+        let (bare, flock) = (medians[0], medians[1]);
+        println!(
+            "\n(a) one run of `true`, median of {SINGLE_RUNS}: bare {}, flock(1) {}, lockrun {}{}",
+            ms(bare),
+            ms(flock),
+            ms(medians[2]),
+            medians
+                .get(3)
+                .map(|s| format!(", lockrun static {}", ms(*s)))
+                .unwrap_or_default()
+        );
+        let what = |build: &str| {
+            format!(
+                "(a) wall time of `true` under the lock, {build} (bare `true`: {})",
+                ms(bare)
+            )
+        };
+        self.ratio(what("default build"), medians[2], flock, 1.15);
+        match &self.file_static {
+            Ok(_) => self.ratio(what("static opt-in build"), medians[3], flock, 1.10),
+            Err(why) => self.outcomes.push(Outcome::not_measured(
+                what("static opt-in build"),
+                "≤ 1.10× flock(1)",
+                &why.clone(),
+            )),
+        }
+    }
+
+    /// (b) 8 processes x 25 runs of `true` under one lock, both builds.
     fn contention(&mut self) {
-        let lockers = [self.flock.clone(), self.file.clone()];
-        let mut totals = [Vec::new(), Vec::new()];
+        let mut lockers = vec![self.flock.clone(), self.file.clone()];
+        lockers.extend(self.file_static.clone());
+        let mut totals = vec![Vec::new(); lockers.len()];
         for _ in 0..CONTENTION_ROUNDS {
             for (locker, totals) in lockers.iter().zip(&mut totals) {
                 let started = Instant::now();
@@ -299,146 +618,465 @@ impl Bench {
                 totals.push(started.elapsed());
             }
         }
-        let [flock, file] = totals.map(median);
+        let totals: Vec<Duration> = totals.into_iter().map(median).collect();
         println!(
-            "(b) {CONTENDERS} processes x {CONTENDED_RUNS} runs, median of {CONTENTION_ROUNDS}: flock(1) {}, lockrun {}",
-            ms(flock),
-            ms(file)
+            "(b) {CONTENDERS} processes x {CONTENDED_RUNS} runs, median of {CONTENTION_ROUNDS}: {}",
+            lockers
+                .iter()
+                .zip(&totals)
+                .map(|(locker, total)| format!("{} {}", locker.label(), ms(*total)))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
-        self.ratio(
-            format!("(b) {CONTENDERS} processes x {CONTENDED_RUNS} runs of `true`, total"),
-            file,
-            flock,
-            1.20,
-        );
+        let what = |build: &str| {
+            format!("(b) {CONTENDERS} processes x {CONTENDED_RUNS} runs of `true`, total, {build}")
+        };
+        self.ratio(what("default build"), totals[1], totals[0], 1.20);
+        match &self.file_static {
+            Ok(_) => self.ratio(what("static opt-in build"), totals[2], totals[0], 1.20),
+            Err(why) => self.outcomes.push(Outcome::not_measured(
+                what("static opt-in build"),
+                "≤ 1.20× flock(1)",
+                &why.clone(),
+            )),
+        }
+    }
+
+    fn redis_locker(&self) -> Result<Locker, String> {
+        self.redis
+            .as_ref()
+            .map(|(locker, _)| locker.clone())
+            .map_err(Clone::clone)
     }
 
     /// (c) handoff gap in a queue of 12 waiters, per backend, against flock(1).
     /// Rounds are interleaved across contenders, so load from elsewhere falls on all alike.
     fn handoff(&mut self) {
-        let redis = self
-            .redis
-            .as_ref()
-            .map(|(locker, _)| locker.clone())
-            .map_err(Clone::clone);
-        let contenders: Vec<(&str, Result<Locker, String>, Option<Target>)> = vec![
-            ("flock(1)", Ok(self.flock.clone()), None),
-            ("file", Ok(self.file.clone()), Some(Target::Ratio(1.3))),
+        let contenders: Vec<(&str, Result<Locker, String>, Target)> = vec![
+            ("flock(1)", Ok(self.flock.clone()), Target::None),
+            ("file", Ok(self.file.clone()), Target::Ratio(1.3)),
             (
                 "sqlite",
                 self.sqlite.clone(),
-                Some(Target::Absolute(Duration::from_millis(50))),
+                Target::Absolute(Duration::from_millis(50)),
             ),
-            ("redis", redis, Some(Target::Ratio(2.0))),
-            ("postgres", self.postgres.clone(), Some(Target::Ratio(2.0))),
-            ("etcd", self.etcd_locker(), Some(Target::Ratio(3.0))),
+            ("redis", self.redis_locker(), Target::Ratio(2.0)),
+            ("postgres", self.postgres.clone(), Target::Ratio(2.0)),
+            ("etcd", self.etcd_locker(), Target::Ratio(3.0)),
         ];
-        // Gaps per contender; an error once a round did not finish or the backend is missing.
+        let summaries = self.queue_gaps(&contenders, 1, Arrival::Settle(QUEUE_SETTLE));
+        let Ok(flock) = summaries[0] else {
+            self.note("flock(1): no handoff baseline".into());
+            return;
+        };
+        println!(
+            "(c) handoff gap, flock(1): median {}, max {}",
+            ms(flock.median),
+            ms(flock.max)
+        );
+        self.flock_handoff = Some(flock.median);
+        for ((backend, _, target), summary) in contenders.iter().zip(&summaries).skip(1) {
+            let what =
+                format!("(c) handoff gap, {backend}, median of {QUEUE_ROUNDS}x{QUEUE} handoffs");
+            self.gap_outcome(what, backend, summary, &flock, target);
+        }
+    }
+
+    /// (ii) the handoff gap with `-p 4`: four holders let go at once, then 12
+    /// waiters hand four slots on, against flock(1)'s single-slot handoff.
+    fn handoff_with_slots(&mut self) {
+        let contenders: Vec<(&str, Result<Locker, String>, Target)> = vec![
+            ("file", Ok(self.file.clone()), Target::Ratio(1.3)),
+            ("sqlite", self.sqlite.clone(), Target::Ratio(2.5)),
+            ("redis", self.redis_locker(), Target::Ratio(1.5)),
+        ];
+        let summaries = self.queue_gaps(&contenders, SLOTS, Arrival::AllInLine);
+        let Some(flock) = self.flock_handoff else {
+            return;
+        };
+        let flock = Gaps {
+            median: flock,
+            max: flock,
+        };
+        for ((backend, _, target), summary) in contenders.iter().zip(&summaries) {
+            let what = format!(
+                "(ii) handoff gap with -p {SLOTS}, {backend}, median of {QUEUE_ROUNDS}x{QUEUE} handoffs, against flock(1)'s single slot"
+            );
+            self.gap_outcome(what, backend, summary, &flock, target);
+        }
+    }
+
+    /// Queue rounds of every contender, interleaved, and their gaps; an error
+    /// once a round did not finish or the backend is missing.
+    fn queue_gaps(
+        &mut self,
+        contenders: &[(&str, Result<Locker, String>, Target)],
+        slots: u32,
+        arrival: Arrival,
+    ) -> Vec<Result<Gaps, String>> {
         let mut gaps: Vec<Result<Vec<Duration>, String>> = contenders
             .iter()
             .map(|(_, locker, _)| locker.as_ref().map(|_| Vec::new()).map_err(Clone::clone))
             .collect();
-        for round in 0..QUEUE_ROUNDS {
+        for _ in 0..QUEUE_ROUNDS {
             for ((_, locker, _), gaps) in contenders.iter().zip(&mut gaps) {
                 let (Ok(locker), Ok(collected)) = (locker, gaps.as_mut()) else {
                     continue;
                 };
-                match self.queue_round(locker, round) {
-                    Some(round_gaps) => collected.extend(round_gaps),
+                let round = Round {
+                    locker,
+                    slots,
+                    waiters: QUEUE,
+                    arrival,
+                };
+                match self.queue_round(&round) {
+                    Some(served) => collected.extend(served.gaps(slots)),
                     None => *gaps = Err("the queue did not finish".into()),
                 }
             }
         }
-        let summaries: Vec<Result<Gaps, String>> =
-            gaps.into_iter().map(|g| g.map(Gaps::of)).collect();
-        let flock = match &summaries[0] {
-            Ok(flock) => {
-                println!(
-                    "(c) handoff gap, flock(1): median {}, max {}",
-                    ms(flock.median),
-                    ms(flock.max)
-                );
-                *flock
-            }
+        gaps.into_iter().map(|g| g.map(Gaps::of)).collect()
+    }
+
+    fn gap_outcome(
+        &mut self,
+        what: String,
+        backend: &str,
+        summary: &Result<Gaps, String>,
+        flock: &Gaps,
+        target: &Target,
+    ) {
+        let gaps = match summary {
+            Ok(gaps) => gaps,
             Err(why) => {
-                self.note(format!("flock(1): {why}; no handoff baseline"));
+                println!("{what}: not measured: {why}");
+                self.outcomes
+                    .push(Outcome::not_measured(what, &target.text(), why));
                 return;
             }
         };
-        for ((backend, _, target), summary) in contenders.iter().zip(&summaries).skip(1) {
-            let target = target.as_ref().expect("every backend has a target");
-            let what =
-                format!("(c) handoff gap, {backend}, median of {QUEUE_ROUNDS}x{QUEUE} handoffs");
-            let gaps = match summary {
-                Ok(gaps) => gaps,
-                Err(why) => {
-                    println!("(c) {backend}: not measured: {why}");
-                    self.outcomes
-                        .push(Outcome::not_measured(what, &target.text(), why));
+        println!(
+            "{what}: lockrun {backend}: median {}, max {}",
+            ms(gaps.median),
+            ms(gaps.max)
+        );
+        let what = format!(
+            "{what} (max {}, flock(1) max {})",
+            ms(gaps.max),
+            ms(flock.max)
+        );
+        match target {
+            Target::Ratio(limit) => self.ratio(what, gaps.median, flock.median, *limit),
+            Target::Absolute(limit) => self.outcomes.push(Outcome {
+                what,
+                measured: ms(gaps.median),
+                baseline: ms(flock.median),
+                ratio: ratio_text(gaps.median, flock.median),
+                target: target.text(),
+                pass: Some(gaps.median <= *limit),
+            }),
+            Target::None => {}
+        }
+    }
+
+    /// (i) first come, first served: one holder, then waiters arriving one at a
+    /// time, each once the one before it is in line; pairs served out of their
+    /// arrival order, per backend and for flock(1).
+    fn fairness(&mut self) {
+        let contenders: Vec<(&str, Result<Locker, String>)> = vec![
+            ("flock(1)", Ok(self.flock.clone())),
+            ("file", Ok(self.file.clone())),
+            ("sqlite", self.sqlite.clone()),
+            ("redis", self.redis_locker()),
+            ("postgres", self.postgres.clone()),
+            ("etcd", self.etcd_locker()),
+        ];
+        let mut counts: Vec<Result<Vec<usize>, String>> = contenders
+            .iter()
+            .map(|(_, locker)| locker.as_ref().map(|_| Vec::new()).map_err(Clone::clone))
+            .collect();
+        for _ in 0..FAIR_ROUNDS {
+            for ((_, locker), counts) in contenders.iter().zip(&mut counts) {
+                let (Ok(locker), Ok(collected)) = (locker, counts.as_mut()) else {
                     continue;
+                };
+                let round = Round {
+                    locker,
+                    slots: 1,
+                    waiters: FAIR_WAITERS,
+                    arrival: Arrival::Spaced(FAIR_SPACING),
+                };
+                match self.queue_round(&round) {
+                    Some(served) => collected.push(served.inversions(1)),
+                    None => *counts = Err("a round did not finish".into()),
                 }
-            };
-            println!(
-                "(c) handoff gap, lockrun {backend}: median {}, max {}",
-                ms(gaps.median),
-                ms(gaps.max)
-            );
+            }
+        }
+        let pairs = FAIR_WAITERS * (FAIR_WAITERS - 1) / 2 * FAIR_ROUNDS;
+        let text = |counts: &[usize]| {
+            format!(
+                "{} of {pairs} pairs (rounds: {})",
+                counts.iter().sum::<usize>(),
+                counts
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        };
+        let flock = match &counts[0] {
+            Ok(counts) => text(counts),
+            Err(why) => format!("not measured: {why}"),
+        };
+        println!("(i) inversions, flock(1): {flock}");
+        for ((backend, _), counts) in contenders.iter().zip(&counts).skip(1) {
             let what = format!(
-                "{what} (max {}, flock(1) max {})",
-                ms(gaps.max),
-                ms(flock.max)
+                "(i) fairness, {backend}: waiters served out of arrival order, {FAIR_ROUNDS} rounds of {FAIR_WAITERS} arriving {} ms apart",
+                FAIR_SPACING.as_millis()
             );
-            match target {
-                Target::Ratio(limit) => self.ratio(what, gaps.median, flock.median, *limit),
-                Target::Absolute(limit) => self.outcomes.push(Outcome {
-                    what,
-                    measured: ms(gaps.median),
-                    baseline: ms(flock.median),
-                    ratio: ratio_text(gaps.median, flock.median),
-                    target: target.text(),
-                    pass: Some(gaps.median <= *limit),
-                }),
+            let target = "0 (first come, first served)";
+            match counts {
+                Ok(counts) => {
+                    println!("(i) inversions, lockrun {backend}: {}", text(counts));
+                    self.outcomes.push(Outcome {
+                        what,
+                        measured: text(counts),
+                        baseline: format!("{flock} (flock(1))"),
+                        ratio: "-".into(),
+                        target: target.into(),
+                        pass: Some(counts.iter().all(|n| *n == 0)),
+                    });
+                }
+                Err(why) => self.outcomes.push(Outcome::not_measured(what, target, why)),
             }
         }
     }
 
-    /// One holder and `QUEUE` waiters under `locker`: the gaps between one
-    /// command's end and the next one's start; `None` when it did not finish.
-    fn queue_round(&mut self, locker: &Locker, round: usize) -> Option<Vec<Duration>> {
+    /// (iii) a line of 10 waiters against one of 100: the handoff gap and the
+    /// waiting processes' work per acquisition (wake-ups, CPU time; Redis:
+    /// commands) should not grow with the line.
+    fn growth(&mut self) {
+        let contenders: Vec<(&str, Result<Locker, String>)> = vec![
+            ("flock(1)", Ok(self.flock.clone())),
+            ("file", Ok(self.file.clone())),
+            ("sqlite", self.sqlite.clone()),
+            ("redis", self.redis_locker()),
+            ("postgres", self.postgres.clone()),
+            ("etcd", self.etcd_locker()),
+        ];
+        let mut lines: Vec<Result<Vec<Line>, String>> = contenders
+            .iter()
+            .map(|(_, locker)| locker.as_ref().map(|_| Vec::new()).map_err(Clone::clone))
+            .collect();
+        for waiters in GROWTH {
+            for ((backend, locker), lines) in contenders.iter().zip(&mut lines) {
+                let (Ok(locker), Ok(collected)) = (locker, lines.as_mut()) else {
+                    continue;
+                };
+                // One at a time, each once the one before is in line: a hundred
+                // SQLite waiters joining at once would keep the database busy
+                // past the 2 s a newcomer waits for it (exit 69).
+                let round = Round {
+                    locker,
+                    slots: 1,
+                    waiters,
+                    arrival: Arrival::Spaced(Duration::ZERO),
+                };
+                let served = self.queue_round(&round);
+                let after = self.redis_calls(locker);
+                let line = served.and_then(|served| {
+                    let (wakeups, cpu_ms) = served.waiting_work()?;
+                    let commands = match (served.redis_calls_in_line, after) {
+                        (Some(before), Some(after)) => {
+                            Some((after - before) as f64 / waiters as f64)
+                        }
+                        _ => None,
+                    };
+                    Some(Line {
+                        gap: median(served.gaps(1)),
+                        wakeups,
+                        cpu_ms,
+                        commands,
+                    })
+                });
+                match line {
+                    Some(line) => {
+                        println!(
+                            "(iii) {waiters} waiters, {backend}: gap {}, per acquisition {:.1} wake-ups, {:.3} ms CPU{}",
+                            ms(line.gap),
+                            line.wakeups,
+                            line.cpu_ms,
+                            line.commands
+                                .map(|c| format!(", {c:.1} Redis commands"))
+                                .unwrap_or_default()
+                        );
+                        collected.push(line);
+                    }
+                    None => *lines = Err(format!("the line of {waiters} did not finish")),
+                }
+            }
+        }
+        self.growth_outcomes(&contenders, &lines);
+    }
+
+    /// (iii)'s result lines: per backend, each measure at the short and the long line.
+    fn growth_outcomes(
+        &mut self,
+        contenders: &[(&str, Result<Locker, String>)],
+        lines: &[Result<Vec<Line>, String>],
+    ) {
+        let flock = lines[0].as_ref().ok().map(|lines| (lines[0], lines[1]));
+        let [short, long] = GROWTH;
+        for ((backend, _), lines) in contenders.iter().zip(lines).skip(1) {
+            let what =
+                |measure: &str| format!("(iii) {short} → {long} waiters, {backend}: {measure}");
+            let target = format!("≤ {FLAT:.2}× (flat)");
+            let lines = match lines {
+                Ok(lines) => (lines[0], lines[1]),
+                Err(why) => {
+                    self.outcomes.push(Outcome::not_measured(
+                        what("handoff gap and work per acquisition"),
+                        &target,
+                        why,
+                    ));
+                    continue;
+                }
+            };
+            let flock_text = |f: fn(&Line) -> String| {
+                flock.map_or_else(String::new, |(a, b)| {
+                    format!(" (flock(1): {} → {})", f(&a), f(&b))
+                })
+            };
+            self.growth_outcome(
+                what(&format!("median handoff gap{}", flock_text(|l| ms(l.gap)))),
+                lines.0.gap.as_secs_f64() * 1000.0,
+                lines.1.gap.as_secs_f64() * 1000.0,
+                "ms",
+            );
+            self.growth_outcome(
+                what(&format!(
+                    "wake-ups of the waiting processes per acquisition{}",
+                    flock_text(|l| format!("{:.1}", l.wakeups))
+                )),
+                lines.0.wakeups,
+                lines.1.wakeups,
+                "",
+            );
+            self.growth_outcome(
+                what(&format!(
+                    "CPU time of the waiting processes per acquisition{}",
+                    flock_text(|l| format!("{:.3} ms", l.cpu_ms))
+                )),
+                lines.0.cpu_ms,
+                lines.1.cpu_ms,
+                "ms",
+            );
+            if let (Some(a), Some(b)) = (lines.0.commands, lines.1.commands) {
+                self.growth_outcome(
+                    what(
+                        "Redis commands per acquisition (INFO commandstats, scripts' own included)",
+                    ),
+                    a,
+                    b,
+                    "",
+                );
+            }
+        }
+    }
+
+    fn growth_outcome(&mut self, what: String, short: f64, long: f64, unit: &str) {
+        let number = |value: f64| {
+            if unit.is_empty() {
+                format!("{value:.1}")
+            } else {
+                format!("{value:.3} {unit}")
+            }
+        };
+        let ratio = long / short.max(f64::MIN_POSITIVE);
+        self.outcomes.push(Outcome {
+            what,
+            measured: format!("{} ({} waiters)", number(long), GROWTH[1]),
+            baseline: format!("{} ({} waiters)", number(short), GROWTH[0]),
+            ratio: format!("{ratio:.2}×"),
+            target: format!("≤ {FLAT:.2}× (flat)"),
+            pass: Some(ratio <= FLAT),
+        });
+    }
+
+    /// Every command Redis ran so far, when `locker` uses it.
+    fn redis_calls(&self, locker: &Locker) -> Option<u64> {
+        let uses_redis = matches!(
+            locker,
+            Locker::Lockrun {
+                backend: "redis",
+                ..
+            }
+        );
+        let (_, server) = self.redis.as_ref().ok().filter(|_| uses_redis)?;
+        Some(
+            server
+                .command_calls()
+                .iter()
+                // INFO and PING are the benchmark's own.
+                .filter(|(command, _)| !matches!(command.as_str(), "info" | "ping"))
+                .map(|(_, calls)| calls)
+                .sum(),
+        )
+    }
+
+    /// One queue round: `slots` holders that hold until released, then the
+    /// waiters, each holding `QUEUE_HOLD`; `None` when it did not finish.
+    fn queue_round(&mut self, round: &Round) -> Option<Served> {
+        self.rounds += 1;
+        let locker = round.locker;
         let stamper = std::env::current_exe().expect("the benchmark's own path");
-        let base = self.scratch.path().join(format!(
-            "queue-{}-{round}",
-            locker.label().replace(['(', ')', ' '], "")
-        ));
+        let base = self.scratch.path().join(format!("round-{}", self.rounds));
         let log = base.with_extension("log");
         let release = base.with_extension("release");
-        let held = base.with_extension("held");
-        let name = format!("queue-{round}");
-        let stamp = |mode: &str, value: &std::ffi::OsStr| {
+        let name = format!("queue-{}", self.rounds);
+        let hold_ms = QUEUE_HOLD.as_millis().to_string();
+        let stamp = |id: usize, mode: &str, value: &std::ffi::OsStr| {
+            let id = id.to_string();
             let argv = [
                 stamper.as_os_str(),
                 "stamp".as_ref(),
                 log.as_os_str(),
+                id.as_ref(),
                 mode.as_ref(),
                 value,
             ];
             locker
-                .command(&name, &argv)
+                .command_with_slots(&name, round.slots, &argv)
                 .spawn()
                 .expect("spawn a queued command")
         };
-        let mut children = vec![stamp("until", release.as_os_str())];
-        if !await_path(&held, QUEUE_LIMIT) {
+        let holders = round.slots as usize;
+        let mut children: Vec<Child> = (0..holders)
+            .map(|id| stamp(id, "until", release.as_os_str()))
+            .collect();
+        let held = |id: usize| release.with_extension(format!("held.{id}"));
+        if !(0..holders).all(|id| await_path(&held(id), QUEUE_LIMIT)) {
             self.note(format!(
-                "{}: the first holder never got the lock",
+                "{}: the holders never got the lock",
                 locker.label()
             ));
             stop_all(&mut children);
             return None;
         }
-        let hold_ms = QUEUE_HOLD.as_millis().to_string();
-        children.extend((0..QUEUE).map(|_| stamp("hold", hold_ms.as_ref())));
-        thread::sleep(QUEUE_SETTLE);
+        let mut in_line = BTreeMap::new();
+        let lined_up = line_up(round, &name, &mut children, &mut in_line, |id| {
+            stamp(id, "hold", hold_ms.as_ref())
+        });
+        let redis_calls_in_line = self.redis_calls(locker);
+        if !lined_up {
+            self.note(format!(
+                "{}: the waiters did not line up within {} s",
+                locker.label(),
+                QUEUE_LIMIT.as_secs()
+            ));
+            stop_all(&mut children);
+            return None;
+        }
         fs::write(&release, "").expect("write the release marker");
         let deadline = Instant::now() + QUEUE_LIMIT;
         let statuses: Vec<Option<ExitStatus>> = children
@@ -454,28 +1092,54 @@ impl Bench {
             stop_all(&mut children);
             return None;
         }
-        let mut spans: Vec<(i128, i128)> = fs::read_to_string(&log)
+        let spans: Vec<Span> = fs::read_to_string(&log)
             .expect("the stamp log")
             .lines()
             .filter_map(|line| {
-                let (start, end) = line.split_once(' ')?;
-                Some((start.parse().ok()?, end.parse().ok()?))
+                let fields: Vec<&str> = line.split(' ').collect();
+                let [start, end, id, wakeups, cpu_ns] = fields[..] else {
+                    return None;
+                };
+                Some(Span {
+                    start: start.parse().ok()?,
+                    end: end.parse().ok()?,
+                    id: id.parse().ok()?,
+                    at_start: Counters {
+                        wakeups: wakeups.parse().ok()?,
+                        cpu_ns: cpu_ns.parse().ok()?,
+                    },
+                })
             })
             .collect();
-        spans.sort_unstable();
-        let mut gaps = Vec::new();
-        for pair in spans.windows(2) {
-            let gap = pair[1].0 - pair[0].1;
-            if gap < 0 {
+        let served = Served {
+            spans,
+            in_line,
+            redis_calls_in_line,
+        };
+        self.check_overlap(locker, &served, round.slots);
+        Some(served)
+    }
+
+    /// Notes when more commands ran at once than there are slots.
+    fn check_overlap(&mut self, locker: &Locker, served: &Served, slots: u32) {
+        let mut events: Vec<(i128, i64)> = served
+            .spans
+            .iter()
+            .flat_map(|s| [(s.start, 1), (s.end, -1)])
+            .collect();
+        // An end and a start at the same instant: the end first.
+        events.sort_unstable();
+        let mut running = 0;
+        for (_, change) in events {
+            running += change;
+            if running > i64::from(slots) {
                 self.note(format!(
-                    "{}: two commands overlapped by {} ns",
-                    locker.label(),
-                    -gap
+                    "{}: {running} commands ran at once with {slots} slot(s)",
+                    locker.label()
                 ));
+                return;
             }
-            gaps.push(Duration::from_nanos(gap.max(0) as u64));
         }
-        Some(gaps)
     }
 
     /// (d) the redis backend's wall time against the file backend's, and the Redis commands per run.
@@ -535,16 +1199,12 @@ impl Bench {
     /// (e) peak RSS of lockrun (and of flock(1) beside it), the largest of a few runs.
     fn peak_rss(&mut self) {
         let flock = max_rss(&self.flock);
-        let mut lockers = vec![("file", Ok(self.file.clone()))];
-        lockers.push(("sqlite", self.sqlite.clone()));
-        lockers.push((
-            "redis",
-            self.redis
-                .as_ref()
-                .map(|(locker, _)| locker.clone())
-                .map_err(Clone::clone),
-        ));
-        lockers.push(("etcd", self.etcd_locker()));
+        let lockers = vec![
+            ("file", Ok(self.file.clone())),
+            ("sqlite", self.sqlite.clone()),
+            ("redis", self.redis_locker()),
+            ("etcd", self.etcd_locker()),
+        ];
         for (backend, locker) in lockers {
             let what = format!("(e) peak RSS, {backend}, largest of {RSS_RUNS} runs");
             let target = "≤ 8 MiB";
@@ -594,9 +1254,84 @@ impl Bench {
     }
 }
 
+/// (iii): one line's figures.
+#[derive(Clone, Copy)]
+struct Line {
+    gap: Duration,
+    /// Per acquisition, of the waiting processes, from all in line to their command's start.
+    wakeups: f64,
+    cpu_ms: f64,
+    /// Redis commands per acquisition, over the whole round.
+    commands: Option<f64>,
+}
+
+/// Starts the waiters of `round` (`stamp(id)` starts one) and waits until they
+/// are in line as its arrival says; with [`Arrival::AllInLine`], records each
+/// one's counters then. False when they did not line up in time.
+fn line_up(
+    round: &Round,
+    name: &str,
+    children: &mut Vec<Child>,
+    in_line: &mut BTreeMap<usize, Counters>,
+    stamp: impl Fn(usize) -> Child,
+) -> bool {
+    let holders = round.slots as usize;
+    let locker = round.locker;
+    let lined_up = match round.arrival {
+        Arrival::Settle(settle) => {
+            children.extend((0..round.waiters).map(|i| stamp(holders + i)));
+            thread::sleep(settle);
+            return true;
+        }
+        Arrival::AllInLine => {
+            for i in 0..round.waiters {
+                children.push(stamp(holders + i));
+                // A moment between starts: lockruns started all at once would only queue for the CPU.
+                thread::sleep(Duration::from_millis(2));
+            }
+            await_line(locker, name, |pids| pids.len() == round.waiters)
+        }
+        Arrival::Spaced(spacing) => (0..round.waiters).all(|i| {
+            let started = Instant::now();
+            let child = stamp(holders + i);
+            let pid = child.id();
+            children.push(child);
+            let joined = await_line(locker, name, |pids| {
+                pids.len() == i + 1 && pids.contains(&pid)
+            });
+            thread::sleep(spacing.saturating_sub(started.elapsed()));
+            joined
+        }),
+    };
+    if lined_up {
+        for (i, child) in children[holders..].iter().enumerate() {
+            if let Some(counters) = Counters::of(child.id()) {
+                in_line.insert(holders + i, counters);
+            }
+        }
+    }
+    lined_up
+}
+
+/// Waits until the pids waiting in `name`'s line satisfy `done`; false when they did not in time.
+fn await_line(locker: &Locker, name: &str, done: impl Fn(&[u32]) -> bool) -> bool {
+    let deadline = Instant::now() + QUEUE_LIMIT;
+    loop {
+        if locker.waiting_pids(name).is_some_and(|pids| done(&pids)) {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
 enum Target {
     Ratio(f64),
     Absolute(Duration),
+    /// The baseline itself.
+    None,
 }
 
 impl Target {
@@ -604,6 +1339,7 @@ impl Target {
         match self {
             Self::Ratio(limit) => format!("≤ {limit:.2}× flock(1)"),
             Self::Absolute(limit) => format!("≤ {}", ms(*limit)),
+            Self::None => "-".into(),
         }
     }
 }
@@ -731,15 +1467,20 @@ fn rss(argv: &[OsString]) {
     println!("{}", usage.max_rss());
 }
 
-/// `compare stamp LOG hold MS` or `compare stamp LOG until FILE`: the command the
-/// handoff benchmark runs under the lock. It appends "START END" (`CLOCK_MONOTONIC`
-/// nanoseconds, one write) to LOG: START as it begins, END just before it exits.
-/// `until FILE` first creates FILE.held, then holds until FILE exists.
+/// `compare stamp LOG ID hold MS` or `compare stamp LOG ID until FILE`: the
+/// command the queue benchmarks run under the lock. It appends one line to LOG,
+/// in one write: `START END ID WAKEUPS CPU_NS`, START as it begins and END just
+/// before it exits (`CLOCK_MONOTONIC` nanoseconds), then the voluntary context
+/// switches and CPU time of its parent (the lockrun or flock(1) that waited for
+/// the lock) as it began. `until FILE` first creates FILE.held.ID, then holds
+/// until FILE exists.
 fn stamp(args: &[OsString]) {
     let start = monotonic_nanos();
-    let [log, mode, value] = args else {
-        panic!("usage: stamp LOG hold MS | stamp LOG until FILE");
+    let parent = Counters::of(std::os::unix::process::parent_id()).unwrap_or_default();
+    let [log, id, mode, value] = args else {
+        panic!("usage: stamp LOG ID hold MS | stamp LOG ID until FILE");
     };
+    let id = id.to_string_lossy();
     if mode == "hold" {
         let millis = value
             .to_str()
@@ -748,12 +1489,17 @@ fn stamp(args: &[OsString]) {
         thread::sleep(Duration::from_millis(millis));
     } else {
         let release = PathBuf::from(value);
-        fs::write(release.with_extension("held"), "").expect("write the held marker");
+        fs::write(release.with_extension(format!("held.{id}")), "").expect("write the held marker");
         while !release.exists() {
             thread::sleep(Duration::from_millis(1));
         }
     }
-    let line = format!("{start} {}\n", monotonic_nanos());
+    let line = format!(
+        "{start} {} {id} {} {}\n",
+        monotonic_nanos(),
+        parent.wakeups,
+        parent.cpu_ns
+    );
     OpenOptions::new()
         .create(true)
         .append(true)
@@ -854,7 +1600,7 @@ struct Etcd {
 }
 
 impl Etcd {
-    fn start(scratch: &Path) -> Result<Self, String> {
+    fn start(scratch: &Path, lockrun: &Build) -> Result<Self, String> {
         let free_port = || {
             TcpListener::bind("127.0.0.1:0")
                 .and_then(|l| l.local_addr())
@@ -886,7 +1632,7 @@ impl Etcd {
             .map_err(|err| format!("etcd not available: {err}"))?;
         let server = Self { child, port };
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !server.serves() {
+        while !server.serves(lockrun) {
             if Instant::now() > deadline {
                 return Err("etcd did not start within 10 s".into());
             }
@@ -900,8 +1646,8 @@ impl Etcd {
     }
 
     /// Whether it has a leader: lockrun's status answers.
-    fn serves(&self) -> bool {
-        Command::new(lockrun_bin())
+    fn serves(&self, lockrun: &Build) -> bool {
+        Command::new(&lockrun.path)
             .args([
                 "status",
                 "--backend",
@@ -924,7 +1670,7 @@ impl Drop for Etcd {
 }
 
 /// What the numbers were measured on.
-fn machine() -> String {
+fn machine(default: &Build, statically: Option<&Build>) -> String {
     let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let cpu = cpuinfo
         .lines()
@@ -967,20 +1713,21 @@ fn machine() -> String {
     let _ = writeln!(text, "- CPU: {cpu}, {cores} logical cores; memory {memory}");
     let _ = writeln!(text, "- OS: {os}, Linux {}", kernel.trim());
     let _ = writeln!(text, "- Load average at start: {}", load.join(" "));
-    let binary = lockrun_bin();
-    let linking = first_line("file", &["-b".as_ref(), binary.as_os_str()]);
     let _ = writeln!(
         text,
-        "- lockrun: {} ({}), `{}`: {}",
-        first_line(&binary, &["--version"]),
+        "- lockrun: {} ({})",
+        first_line(&default.path, &["--version"]),
         first_line("git", &["describe", "--always", "--dirty"]),
-        binary.display(),
-        linking
-            .split(", ")
-            .filter(|part| part.contains("link"))
-            .collect::<Vec<_>>()
-            .join(", ")
     );
+    for build in std::iter::once(default).chain(statically) {
+        let _ = writeln!(
+            text,
+            "  - {}: `{}`, {}",
+            build.label,
+            build.path.display(),
+            linking(&build.path)
+        );
+    }
     let _ = writeln!(text, "- flock(1): {}", first_line("flock", &["--version"]));
     let _ = writeln!(
         text,
@@ -990,6 +1737,35 @@ fn machine() -> String {
     let _ = writeln!(text, "- etcd: {}", first_line("etcd", &["--version"]));
     let _ = write!(text, "- rustc: {}", first_line("rustc", &["--version"]));
     text
+}
+
+/// How a binary is linked, and the shared libraries it loads.
+fn linking(binary: &Path) -> String {
+    let kind = first_line("file", &["-b".as_ref(), binary.as_os_str()]);
+    let kind = kind
+        .split(", ")
+        .filter(|part| part.contains("link"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let libraries: Vec<String> = Command::new("ldd")
+        .arg(binary)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter_map(|line| line.split_whitespace().next())
+                .filter(|library| !library.starts_with("linux-vdso"))
+                .map(|library| library.rsplit('/').next().unwrap_or(library).to_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    if libraries.is_empty() {
+        kind
+    } else {
+        format!("{kind} ({})", libraries.join(", "))
+    }
 }
 
 fn first_line<P: AsRef<std::ffi::OsStr>, A: AsRef<std::ffi::OsStr>>(
@@ -1056,9 +1832,21 @@ fn write_report(machine: &str, bench: &Bench, took: Duration) {
         generated,
         "\nSizes: (a)/(d) {SINGLE_RUNS} runs per contender after {WARMUP} warm-up runs, interleaved; \
          (b) median of {CONTENTION_ROUNDS} rounds; (c) {QUEUE_ROUNDS} rounds of one holder and {QUEUE} queued waiters \
-         holding {} ms each, gaps from CLOCK_MONOTONIC stamps the commands write themselves; \
-         (e) getrusage(RUSAGE_CHILDREN) of a wrapper, largest of {RSS_RUNS} runs of `true`.\n\n{END}",
-        QUEUE_HOLD.as_millis()
+         holding {hold} ms each, after {settle} ms to line up, gaps from CLOCK_MONOTONIC stamps the commands write \
+         themselves; (ii) the same with {SLOTS} holders let go at once and -p {SLOTS}, once `status` shows every \
+         waiter in line, a gap being from a slot's freeing to the next command's start; (i) {FAIR_ROUNDS} rounds of \
+         one holder and {FAIR_WAITERS} waiters, each started {spacing} ms after the one before and once that one was \
+         in line (`status --json`; for flock(1) /proc/locks), served order from the stamps; (iii) one round each of \
+         {short} and {long} waiters holding {hold} ms, each started once the one before was in line, the waiting \
+         processes' voluntary context switches and CPU time (/proc/PID/status, /proc/PID/schedstat) from all in line \
+         to their command's start, and Redis's commands from all in line to the end; (e) \
+         getrusage(RUSAGE_CHILDREN) of a wrapper, largest of {RSS_RUNS} runs of `true`. Every backend runs with \
+         default flags; every contender without the entries cargo adds to LD_LIBRARY_PATH.\n\n{END}",
+        hold = QUEUE_HOLD.as_millis(),
+        settle = QUEUE_SETTLE.as_millis(),
+        spacing = FAIR_SPACING.as_millis(),
+        short = GROWTH[0],
+        long = GROWTH[1],
     );
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("BENCHMARKS.md");
     let previous = fs::read_to_string(&path).unwrap_or_default();

@@ -209,6 +209,9 @@ pub fn parse() -> Result<Cli, u8> {
 }
 
 fn parse_from(args: Vec<OsString>) -> Result<Cli, u8> {
+    if let Some(cli) = run_only(&args) {
+        return Ok(cli);
+    }
     let definition = nested::definition(Cli::command());
     if let Some(err) = args
         .get(1)
@@ -219,6 +222,50 @@ fn parse_from(args: Vec<OsString>) -> Result<Cli, u8> {
     let mut matches = definition.try_get_matches_from(args).map_err(clap_error)?;
     nested::require_own_backend(&matches).map_err(|message| usage::report(&message))?;
     Cli::from_arg_matches_mut(&mut matches).map_err(clap_error)
+}
+
+/// A run's command line parsed with the run's own options only: building the
+/// `status` and `release` definitions too is a sixth of clap's work at every
+/// start (BENCHMARKS.md). `None` for anything else, and for any error, which the
+/// whole definition then reports as it always does.
+fn run_only(args: &[OsString]) -> Option<Cli> {
+    if may_name_a_subcommand(args) {
+        return None;
+    }
+    let definition = RunArgs::augment_args(
+        clap::Command::new("lockrun")
+            .version(env!("CARGO_PKG_VERSION"))
+            .max_term_width(100),
+    );
+    let mut matches = nested::definition(definition)
+        .try_get_matches_from(args)
+        .ok()?;
+    nested::require_own_backend(&matches).ok()?;
+    let run = RunArgs::from_arg_matches_mut(&mut matches).ok()?;
+    Some(Cli { action: None, run })
+}
+
+/// Whether the arguments before the command may name a subcommand or ask for
+/// help or the version (`-h` and `-V` also among other short flags).
+fn may_name_a_subcommand(args: &[OsString]) -> bool {
+    // The first word may be a subcommand, or a mistyped one.
+    let first_is_a_word = args
+        .get(1)
+        .and_then(|first| first.to_str())
+        .is_none_or(|first| !first.starts_with('-'));
+    first_is_a_word
+        || args
+            .iter()
+            .skip(1)
+            .take_while(|arg| *arg != "--")
+            .any(|arg| {
+                arg.to_str().is_none_or(|arg| {
+                    matches!(arg, "status" | "release" | "help" | "--help" | "--version")
+                        || arg.strip_prefix('-').is_some_and(|flags| {
+                            !flags.starts_with('-') && flags.contains(['h', 'V'])
+                        })
+                })
+            })
 }
 
 /// Help and version are printed (exit 0); anything else is a usage error.
@@ -235,6 +282,56 @@ fn clap_error(err: clap::Error) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_run_only_definition_parses_runs_as_the_whole_one() {
+        let args = |words: &[&str]| -> Vec<OsString> {
+            std::iter::once("lockrun")
+                .chain(words.iter().copied())
+                .map(OsString::from)
+                .collect()
+        };
+        for run in [
+            &["--name", "x", "--", "ls", "-l"][..],
+            &[
+                "--name=x", "-p", "3", "-n", "-w", "5", "-E", "3", "-b", "file", "-v", "true",
+            ],
+            &[
+                "--name",
+                "x",
+                "--ttl",
+                "2s",
+                "--min-hold",
+                "1s",
+                "-q",
+                "-c",
+                "echo hi",
+            ],
+            &["--name", "x", "--", "status"],
+        ] {
+            let args = args(run);
+            assert!(!may_name_a_subcommand(&args), "{run:?}");
+            let whole = Cli::command()
+                .try_get_matches_from(&args)
+                .and_then(|mut matches| Cli::from_arg_matches_mut(&mut matches))
+                .map(|cli| format!("{cli:?}"));
+            let run_only = run_only(&args).map(|cli| format!("{cli:?}"));
+            assert_eq!(run_only, whole.ok(), "{run:?}");
+        }
+        // Errors and everything but a run are left to the whole definition.
+        assert!(run_only(&args(&["--name", "x", "-p", "0", "true"])).is_none());
+        for other in [
+            &["status"][..],
+            &["stauts"],
+            &["true"],
+            &["release", "x", "--force"],
+            &["-vh"],
+            &["--version"],
+            &["--name", "x", "help"],
+        ] {
+            assert!(may_name_a_subcommand(&args(other)), "{other:?}");
+        }
+    }
 
     #[test]
     fn definition_is_consistent() {

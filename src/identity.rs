@@ -1,11 +1,12 @@
 //! Who a holder is: enough to show it in `status` and, on the same host, to
 //! tell whether its process is still alive (pid + process start time + boot id).
 
+use std::fmt::Write as _;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use rand::RngExt;
 use serde::{Deserialize, Serialize};
 
+use crate::error::{Error, Result};
 use crate::platform::proc::{Seen, boot_id, look_up};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -80,9 +81,19 @@ fn host_name() -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-/// A random token unique to one acquisition (`LOCKRUN_TOKEN`).
-pub fn new_token() -> String {
-    format!("{:032x}", rand::rng().random::<u128>())
+/// A random token unique to one acquisition (`LOCKRUN_TOKEN`): 16 bytes from
+/// the kernel (getrandom(2)), in hex. Taken directly rather than from a seeded
+/// generator: an uncontended run needs no other random number, and seeding one
+/// costs more than this (BENCHMARKS.md).
+pub fn new_token() -> Result<String> {
+    let mut bytes = [0_u8; 16];
+    getrandom::fill(&mut bytes).map_err(|err| Error::internal("making a token", err))?;
+    Ok(bytes
+        .iter()
+        .fold(String::with_capacity(32), |mut hex, byte| {
+            let _ = write!(hex, "{byte:02x}");
+            hex
+        }))
 }
 
 /// Milliseconds since the Unix epoch, the form times are stored in.
@@ -94,6 +105,16 @@ pub fn epoch_millis(time: SystemTime) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tokens_are_32_hex_digits_and_differ() {
+        let (a, b) = (new_token().unwrap(), new_token().unwrap());
+        assert!(
+            a.len() == 32 && a.bytes().all(|c| c.is_ascii_hexdigit()),
+            "{a}"
+        );
+        assert_ne!(a, b);
+    }
 
     #[test]
     fn this_process_is_alive() {

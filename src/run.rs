@@ -37,7 +37,7 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
         parallelism: args.parallelism,
         ttl: args.ttl,
         owner: Owner {
-            token: new_token(),
+            token: new_token()?,
             // Only a lease's holder can be reclaimed early by its process's death;
             // the kernel frees a dead holder's lock by itself.
             process: if leases {

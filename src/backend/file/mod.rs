@@ -156,17 +156,22 @@ impl FileStore {
         slot: u32,
         file: File,
     ) -> Result<Box<dyn Slot>> {
-        let taken = slots::take(&self.dir, stem, slot, file, request)?;
-        self.leave_line();
+        let mut taken = slots::take(&self.dir, stem, slot, file, request)?;
+        // The directory's watch is closed only once the slot is released:
+        // closing an inotify instance waits for the kernel's grace period
+        // (from 0.1 ms to over 10 ms), which would hold up the command.
+        taken.keep(self.leave_line());
         Ok(Box::new(taken))
     }
 
-    fn leave_line(&mut self) {
-        self.head = None;
-        self.ahead = None;
+    /// Leaves the line, the one behind us woken first; returns the directory's
+    /// watch if we were at the head of a line for more than one slot.
+    fn leave_line(&mut self) -> Option<Watch> {
         if let Some(place) = self.place.take() {
             place.leave();
         }
+        self.ahead = None;
+        self.head.take().map(|head| head.watch)
     }
 }
 
@@ -267,7 +272,7 @@ impl Store for FileStore {
     }
 
     fn leave(&mut self, _request: &Request) -> Result<()> {
-        self.leave_line();
+        drop(self.leave_line());
         Ok(())
     }
 

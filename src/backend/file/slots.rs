@@ -16,6 +16,7 @@ use crate::backend::{Renewal, Request, Slot};
 use crate::error::{Error, Result};
 use crate::identity::epoch_millis;
 use crate::platform::clock::Moment;
+use crate::platform::watch::Watch;
 
 pub const LOCK_SUFFIX: &str = ".lock";
 /// More than any record lockrun writes: a larger file is not read further.
@@ -111,6 +112,7 @@ pub fn take(
         slot,
         record,
         taken_at,
+        watch: None,
     })
 }
 
@@ -131,6 +133,15 @@ pub struct FileSlot {
     slot: u32,
     record: HolderRecord,
     taken_at: Moment,
+    /// The watch its waiter had on the directory, closed only with the slot (see `FileStore::take`).
+    watch: Option<Watch>,
+}
+
+impl FileSlot {
+    /// Keeps `watch` open until the slot is released.
+    pub fn keep(&mut self, watch: Option<Watch>) {
+        self.watch = watch;
+    }
 }
 
 impl Slot for FileSlot {
