@@ -4,7 +4,9 @@
 //! `PR_SET_PDEATHSIG` reaches only the command's first process (and not one
 //! that executed a set-uid program), so a forked watchdog waits on a pipe that
 //! only lockrun writes to; when the pipe closes without a word, lockrun died
-//! and the watchdog kills the command's whole process group. It keeps
+//! and the watchdog kills the command's whole process group. It is started
+//! before the command, whose process names its group to it before executing,
+//! so the command never runs a moment unguarded. It keeps
 //! lockrun's open files, so a file lock stays held until the group has been
 //! killed. lockrun also tells it the lease's deadlines: should lockrun be
 //! stopped (SIGSTOP, a debugger) or starved past them, the watchdog stops the
@@ -37,6 +39,10 @@ const NAME: &std::ffi::CStr = c"lr-watchdog";
 
 /// What lockrun tells the watchdog: the command's group is gone, stand down.
 const DISMISS: u8 = b'x';
+/// ... or, from the command's own process before it executes: the group to
+/// guard is this one. An `i32` follows, its id.
+const GROUP: u8 = b'g';
+const GROUP_LEN: usize = 1 + 4;
 /// ... or: stop the group at these moments, unless told otherwise before. Two
 /// `u64`s follow, nanoseconds since boot (`u64::MAX`: never): SIGTERM, SIGKILL.
 const HOLD: u8 = b'h';
@@ -48,15 +54,17 @@ pub struct Watchdog {
 }
 
 impl Watchdog {
-    /// Starts a watchdog for the process group `group`. lockrun must be single-threaded here.
-    pub fn start(group: Pid) -> Result<Self> {
+    /// Starts a watchdog, before the command: the command names its group
+    /// itself ([`Announcer::announce`]) before it executes, so there is no moment
+    /// when it runs unguarded. lockrun must be single-threaded here.
+    pub fn start() -> Result<Self> {
         let failed = |err| Error::internal("starting the watchdog", err);
         let (listen, tell) = pipe2(OFlag::O_CLOEXEC).map_err(failed)?;
         // SAFETY: lockrun has one thread at this point, so the child may run any code.
         match unsafe { fork() }.map_err(failed)? {
             ForkResult::Child => {
                 drop(tell);
-                guard(&listen, group)
+                guard(&listen)
             }
             ForkResult::Parent { child } => {
                 // Out of lockrun's process group before lockrun goes on: a signal to that
@@ -66,6 +74,11 @@ impl Watchdog {
                 Ok(Self { tell })
             }
         }
+    }
+
+    /// What the command's process uses to name its group to the watchdog.
+    pub fn announcer(&self) -> Announcer<'_> {
+        Announcer { tell: &self.tell }
     }
 
     /// From now on the group must be gone by `kill_at`: unless told otherwise
@@ -92,7 +105,24 @@ impl Watchdog {
     }
 }
 
-fn guard(listen: &OwnedFd, group: Pid) -> ! {
+/// The write end of the watchdog's pipe, as the command's process holds it
+/// between clone and exec (the pipe closes on exec).
+pub struct Announcer<'a> {
+    tell: &'a OwnedFd,
+}
+
+impl Announcer<'_> {
+    /// Names the calling process's group as the one to guard; async-signal-safe
+    /// (one write of a few bytes, prepared on the stack).
+    pub fn announce(&self, group: Pid) -> nix::Result<()> {
+        let mut message = [0u8; GROUP_LEN];
+        message[0] = GROUP;
+        message[1..].copy_from_slice(&group.as_raw().to_le_bytes());
+        write(self.tell, &message).map(drop)
+    }
+}
+
+fn guard(listen: &OwnedFd) -> ! {
     // Out of lockrun's session too (unless lockrun made this a group leader first, which is enough).
     let _ = setsid();
     rename();
@@ -100,6 +130,7 @@ fn guard(listen: &OwnedFd, group: Pid) -> ! {
     if let Ok(null) = open(c"/dev/null", OFlag::O_RDWR, Mode::empty()) {
         let _ = (dup2_stdin(&null), dup2_stdout(&null), dup2_stderr(&null));
     }
+    let mut group = None;
     let mut terminate_at = None;
     let mut kill_at = None;
     let mut pending = Vec::new();
@@ -108,10 +139,10 @@ fn guard(listen: &OwnedFd, group: Pid) -> ! {
         if next.is_some_and(|at: Duration| at <= Moment::now().since_boot()) {
             // A deadline lockrun did not act on: it is stopped or starved.
             if terminate_at.take().is_some() {
-                let _ = killpg(group, Signal::SIGTERM);
-                let _ = killpg(group, Signal::SIGCONT);
+                signal(group, Signal::SIGTERM);
+                signal(group, Signal::SIGCONT);
             } else if kill_at.take().is_some() {
-                let _ = killpg(group, Signal::SIGKILL);
+                signal(group, Signal::SIGKILL);
             }
             continue;
         }
@@ -137,6 +168,11 @@ fn guard(listen: &OwnedFd, group: Pid) -> ! {
         while let Some(&tag) = pending.first() {
             match tag {
                 DISMISS => exit(),
+                GROUP if pending.len() >= GROUP_LEN => {
+                    let id = i32::from_le_bytes(pending[1..GROUP_LEN].try_into().expect("4 bytes"));
+                    group = Some(Pid::from_raw(id));
+                    pending.drain(..GROUP_LEN);
+                }
                 HOLD if pending.len() >= HOLD_LEN => {
                     let at =
                         |bytes: &[u8]| match u64::from_le_bytes(bytes.try_into().expect("8 bytes"))
@@ -148,7 +184,8 @@ fn guard(listen: &OwnedFd, group: Pid) -> ! {
                     kill_at = at(&pending[9..HOLD_LEN]);
                     pending.drain(..HOLD_LEN);
                 }
-                HOLD => break,
+                // A message not whole yet: the rest comes with the next read.
+                HOLD | GROUP => break,
                 _ => lockrun_is_gone(group),
             }
         }
@@ -156,9 +193,16 @@ fn guard(listen: &OwnedFd, group: Pid) -> ! {
 }
 
 /// lockrun died (or said something no lockrun says): the command must not run on without it.
-fn lockrun_is_gone(group: Pid) -> ! {
-    let _ = killpg(group, Signal::SIGKILL);
+fn lockrun_is_gone(group: Option<Pid>) -> ! {
+    signal(group, Signal::SIGKILL);
     exit()
+}
+
+/// Signals the guarded group, once the command has named it.
+fn signal(group: Option<Pid>, signal: Signal) {
+    if let Some(group) = group {
+        let _ = killpg(group, signal);
+    }
 }
 
 fn exit() -> ! {

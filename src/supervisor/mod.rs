@@ -108,11 +108,11 @@ pub fn supervise(
 ) -> Result<Ending> {
     let terminal = Terminal::open();
     let foreground = terminal.as_ref().filter(|terminal| terminal.is_ours());
-    let child = spawn(program, env, foreground)?;
-    let watchdog = match Watchdog::start(child) {
-        Ok(watchdog) => watchdog,
+    let watchdog = Watchdog::start()?;
+    let child = match spawn(program, env, foreground, &watchdog) {
+        Ok(child) => child,
         Err(err) => {
-            abandon(child);
+            watchdog.dismiss();
             return Err(err);
         }
     };
@@ -152,10 +152,15 @@ fn signal_all(child: Pid, signal: Signal) {
     }
 }
 
-fn spawn(program: &Program, env: &[(&str, String)], terminal: Option<&Terminal>) -> Result<Pid> {
+fn spawn(
+    program: &Program,
+    env: &[(&str, String)],
+    terminal: Option<&Terminal>,
+    watchdog: &Watchdog,
+) -> Result<Pid> {
     let exec =
         spawn::Exec::new(&program.argv(), env).map_err(|err| spawn_error(program, None, &err))?;
-    let pid = spawn::spawn(&exec, terminal.map(Terminal::raw_fd))
+    let pid = spawn::spawn(&exec, terminal.map(Terminal::raw_fd), &watchdog.announcer())
         .map_err(|err| spawn_error(program, exec.found(), &err))?;
     // The child has exec'd by now, so it is already in its own group and holds the terminal.
     if let Some(terminal) = terminal {

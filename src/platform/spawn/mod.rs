@@ -25,20 +25,23 @@ use nix::unistd::{Pid, getpid, getppid, setpgid};
 pub use exec::Exec;
 use stack::Stack;
 
+use super::watchdog::Announcer;
 use super::{signals, terminal};
 
 /// Starts `exec` in its own process group (taking the terminal's foreground
 /// when `tty` is given), with every signal unblocked, SIGPIPE at its default,
-/// and SIGKILL as its parent-death signal. Returns once the child has called
-/// exec: an exec failure comes back as its error.
-pub fn spawn(exec: &Exec, tty: Option<i32>) -> io::Result<Pid> {
+/// and SIGKILL as its parent-death signal; the new group is announced to
+/// `watchdog` before exec. Returns once the child has called exec: an exec
+/// failure comes back as its error.
+pub fn spawn(exec: &Exec, tty: Option<i32>, watchdog: &Announcer) -> io::Result<Pid> {
     let mut prepared = exec.prepare();
     let parent = getpid();
     // The child reports why it could not exec here: it shares this memory.
     let failure = AtomicI32::new(0);
     let mut stack = Stack::new()?;
     let child = || -> isize {
-        let errno = setup(parent, tty).map_or_else(|errno| errno as i32, |()| prepared.exec());
+        let errno =
+            setup(parent, tty, watchdog).map_or_else(|errno| errno as i32, |()| prepared.exec());
         failure.store(errno, Ordering::Relaxed);
         127
     };
@@ -64,7 +67,7 @@ pub fn spawn(exec: &Exec, tty: Option<i32>) -> io::Result<Pid> {
 }
 
 /// The child's side, before exec.
-fn setup(parent: Pid, tty: Option<i32>) -> nix::Result<()> {
+fn setup(parent: Pid, tty: Option<i32>, watchdog: &Announcer) -> nix::Result<()> {
     setpgid(Pid::from_raw(0), Pid::from_raw(0))?;
     if let Some(fd) = tty {
         terminal::claim_foreground(fd)?;
@@ -74,6 +77,8 @@ fn setup(parent: Pid, tty: Option<i32>) -> nix::Result<()> {
     if getppid() != parent {
         kill(getpid(), Signal::SIGKILL)?;
     }
+    // Guarded from now on, whatever happens to lockrun.
+    watchdog.announce(getpid())?;
     // Rust ignores SIGPIPE; exec keeps ignored signals ignored, the command must not inherit that.
     // SAFETY: the default disposition has no handler; this child's handler table is its own copy.
     unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) }?;
