@@ -64,9 +64,10 @@ impl Place {
         let joining = dir.path().join(format!("{stem}.{ticket}.joining"));
         let mut file = dir.create_new(&joining)?;
         let written = match file.try_lock() {
-            Ok(()) => serde_json::to_writer(&mut file, record)
+            // Encoded first and written at once: serde_json writes to a file piece by piece.
+            Ok(()) => serde_json::to_vec(record)
                 .map_err(io::Error::other)
-                .and_then(|()| file.flush())
+                .and_then(|bytes| file.write_all(&bytes))
                 .and_then(|()| fs::rename(&joining, &path)),
             // Nobody has any business with a file made a moment ago.
             Err(fs::TryLockError::WouldBlock) => Err(io::Error::other("another process locked it")),
