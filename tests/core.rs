@@ -72,13 +72,36 @@ pub fn hold_after(
     extra: &[&str],
     first: &str,
 ) -> Running {
+    start_holding(store.lockrun(), scratch, name, extra, first)
+}
+
+/// Like `hold`, in a process group of its own (out of reach of signals to the
+/// test's group), writing `$LOCKRUN_FENCE` to `fence` and, when SIGTERM stops
+/// it, the time (ns since the epoch) to `stopped` before it exits 1.
+pub fn hold_recording(store: &Store, scratch: &Scratch, name: &str, extra: &[&str]) -> Running {
+    let first = format!(
+        "trap 'date +%s%N > {stopped}; exit 1' TERM; echo $LOCKRUN_FENCE > {fence}; ",
+        stopped = scratch.path("stopped").display(),
+        fence = scratch.path("fence").display(),
+    );
+    let mut command = store.lockrun();
+    command.process_group(0);
+    start_holding(command, scratch, name, extra, &first)
+}
+
+fn start_holding(
+    mut command: std::process::Command,
+    scratch: &Scratch,
+    name: &str,
+    extra: &[&str],
+    first: &str,
+) -> Running {
     let script = format!(
         "{first}echo $$ > '{ready}.tmp' && mv '{ready}.tmp' '{ready}'; while [ ! -e '{release}' ]; do sleep 0.02; done",
         ready = scratch.path("ready").display(),
         release = scratch.path("release").display()
     );
-    let child = store
-        .lockrun()
+    let child = command
         .args(["--name", name])
         .args(extra)
         .args(["-c", &script])
@@ -87,6 +110,22 @@ pub fn hold_after(
         .start();
     wait_for_file(&scratch.path("ready"));
     child
+}
+
+/// `name` is held by a crashed holder on host "elsewhere" whose lease ends in a
+/// moment: status shows it, and a waiter whose retries are 30 s apart takes the
+/// slot within seconds, woken by the lease's end, not by a retry.
+pub fn takes_the_slot_of_a_lapsing_holder_elsewhere(store: &Store, name: &str) {
+    let output = run(store.status().args([name, "--json"]));
+    assert!(stdout(&output).contains("elsewhere"), "{}", stdout(&output));
+    let started = std::time::Instant::now();
+    let args = ["--name", name, "-w", "20", "--initial-delay", "30", "true"];
+    assert_status(&run(store.lockrun().args(args)), 0);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "took the slot when the lease expired, after {:?}",
+        started.elapsed()
+    );
 }
 
 /// Runs `true` under `name`, retrying quickly for up to 10 s: the slot must come free by then.

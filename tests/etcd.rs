@@ -3,13 +3,12 @@
 //! failing, auth and secrets, and one thread while the command runs.
 
 use std::fs;
-use std::os::unix::process::CommandExt;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockrun::backend::etcd::client::{Client, Endpoints, Keys, Op, Txn};
 
+use crate::core::{hold_recording, takes_the_slot_of_a_lapsing_holder_elsewhere};
 use crate::support::etcd::{EtcdCluster, EtcdServer};
 use crate::support::*;
 
@@ -27,29 +26,6 @@ fn on_cluster(cluster: &Arc<EtcdCluster>, first: usize) -> Store {
 
 fn client(endpoints: &str) -> Client {
     Client::new(Endpoints::parse(endpoints).expect("endpoints"))
-}
-
-/// A holder whose command records its fence and pid, loops until `release`
-/// appears, and on SIGTERM records that it was stopped and exits.
-fn holder(store: &Store, scratch: &Scratch, name: &str, extra: &[&str]) -> Running {
-    let script = format!(
-        "trap 'touch {stopped}; exit 1' TERM; echo $LOCKRUN_FENCE > {fence}; echo $$ > {ready}.tmp; mv {ready}.tmp {ready}; while [ ! -e {release} ]; do sleep 0.02; done",
-        stopped = scratch.path("stopped").display(),
-        fence = scratch.path("fence").display(),
-        ready = scratch.path("ready").display(),
-        release = scratch.path("release").display(),
-    );
-    let child = store
-        .lockrun()
-        .args(["--name", name])
-        .args(extra)
-        .args(["-c", &script])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .start();
-    wait_for_file(&scratch.path("ready"));
-    child
 }
 
 #[test]
@@ -78,7 +54,7 @@ fn a_waiter_starts_as_soon_as_the_holder_ends_without_polling() {
         return;
     };
     let scratch = Scratch::new();
-    let mut first = holder(&store, &scratch, "handoff", &[]);
+    let mut first = hold_recording(&store, &scratch, "handoff", &[]);
     // The default --initial-delay of 1s: polling would start it 0.5 to 1.5 s late.
     let second_script = format!(
         "echo $LOCKRUN_FENCE > {fence}; touch {started}; while [ ! -e {release} ]; do sleep 0.02; done",
@@ -126,7 +102,7 @@ fn keys_live_under_the_prefix_and_the_escaped_name_with_the_real_name_inside() {
     };
     let scratch = Scratch::new();
     let name = "a/b c";
-    let mut held = holder(&store, &scratch, name, &["--prefix", "myapp"]);
+    let mut held = hold_recording(&store, &scratch, name, &["--prefix", "myapp"]);
     let waiter = store
         .lockrun()
         .args(["--prefix", "myapp", "--name", name, "-w", "60", "true"])
@@ -232,25 +208,7 @@ fn a_crashed_holder_on_another_host_is_replaced_when_its_lease_expires() {
         .then(Op::put(place.as_bytes(), record.as_bytes(), lease.id))
         .then(Op::put(b"/lockrun/crash/slot/0", b"t", lease.id));
     etcd.txn(&crashed, within).unwrap();
-    let output = run(store.status().args(["crash", "--json"]));
-    assert!(stdout(&output).contains("elsewhere"), "{}", stdout(&output));
-    // A 30 s retry delay: only the watch can see the lease end in time.
-    let started = Instant::now();
-    let output = run(store.lockrun().args([
-        "--name",
-        "crash",
-        "-w",
-        "20",
-        "--initial-delay",
-        "30",
-        "true",
-    ]));
-    assert_status(&output, 0);
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "took the slot when the lease expired, after {:?}",
-        started.elapsed()
-    );
+    takes_the_slot_of_a_lapsing_holder_elsewhere(&store, "crash");
 }
 
 #[test]
@@ -259,7 +217,7 @@ fn etcd_killed_mid_hold_stops_the_command_with_76_within_the_ttl() {
         return;
     };
     let scratch = Scratch::new();
-    let mut holder = holder(&store, &scratch, "killed", &["--ttl", "2"]);
+    let mut holder = hold_recording(&store, &scratch, "killed", &["--ttl", "2"]);
     server.kill();
     let killed = Instant::now();
     let status = wait(&mut holder);
@@ -279,7 +237,7 @@ fn release_force_revokes_the_holders_lease_and_its_lockrun_exits_76() {
         return;
     };
     let scratch = Scratch::new();
-    let mut holder = holder(&store, &scratch, "broken", &["--ttl", "1.5"]);
+    let mut holder = hold_recording(&store, &scratch, "broken", &["--ttl", "1.5"]);
     let output = run(store.release().args(["broken", "--force"]));
     assert_status(&output, 0);
     assert!(
@@ -310,7 +268,7 @@ fn a_member_killed_during_a_hold_leaves_the_holder_running() {
     let leader = cluster.leader();
     let store = on_cluster(&cluster, leader);
     let scratch = Scratch::new();
-    let mut held = holder(&store, &scratch, "survives", &["--ttl", "2", "-v"]);
+    let mut held = hold_recording(&store, &scratch, "survives", &["--ttl", "2", "-v"]);
     cluster.kill(leader);
     let killed = Instant::now();
     // A new lockrun whose first member is the dead one: the failover a fresh process sees.
@@ -338,7 +296,7 @@ fn a_waiter_keeps_its_place_across_a_members_loss() {
     let leader = cluster.leader();
     let scratch = Scratch::new();
     let held = on_cluster(&cluster, (leader + 1) % 3);
-    let mut holder = holder(&held, &scratch, "across", &[]);
+    let mut holder = hold_recording(&held, &scratch, "across", &[]);
     // The waiter watches on the leader, and a 30 s retry delay leaves its watch to notice the release.
     let waiting = on_cluster(&cluster, leader);
     let ran = scratch.path("ran");

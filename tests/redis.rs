@@ -4,8 +4,6 @@
 use std::fs;
 use std::io::Write;
 use std::net::TcpListener;
-use std::os::unix::process::CommandExt;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -13,6 +11,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
+use crate::core::{hold_recording, takes_the_slot_of_a_lapsing_holder_elsewhere};
 use crate::support::*;
 
 /// A Redis store and its server, or `None` when redis-server is missing.
@@ -37,29 +36,6 @@ fn info_field(client: &mut redis::Connection, section: &str, field: &str) -> u64
 fn nanos(path: &std::path::Path) -> i128 {
     let text = fs::read_to_string(path).expect("a timestamp");
     text.trim().parse().expect("nanoseconds")
-}
-
-/// A holder whose command records its pid in `ready`, loops until `release`
-/// appears, and on SIGTERM records the time in `stopped` and exits.
-fn holder(store: &Store, scratch: &Scratch, name: &str, extra: &[&str]) -> Running {
-    let script = format!(
-        "trap 'date +%s%N > {stopped}; exit 1' TERM; echo $LOCKRUN_FENCE > {fence}; echo $$ > {ready}.tmp; mv {ready}.tmp {ready}; while [ ! -e {release} ]; do sleep 0.02; done",
-        stopped = scratch.path("stopped").display(),
-        fence = scratch.path("fence").display(),
-        ready = scratch.path("ready").display(),
-        release = scratch.path("release").display(),
-    );
-    let mut command = store.lockrun();
-    command
-        .args(["--name", name])
-        .args(extra)
-        .args(["-c", &script])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .process_group(0);
-    let child = command.start();
-    wait_for_file(&scratch.path("ready"));
-    child
 }
 
 fn stderr_of(child: Running) -> String {
@@ -171,25 +147,7 @@ fn a_crashed_holder_on_another_host_is_replaced_when_its_lease_expires() {
         .arg(800)
         .query(&mut server.client())
         .unwrap();
-    let output = run(store.status().args(["crash", "--json"]));
-    assert!(stdout(&output).contains("elsewhere"), "{}", stdout(&output));
-    // A 30 s retry delay: only the expiry-capped wait can get the slot in time.
-    let started = Instant::now();
-    let output = run(store.lockrun().args([
-        "--name",
-        "crash",
-        "-w",
-        "20",
-        "--initial-delay",
-        "30",
-        "true",
-    ]));
-    assert_status(&output, 0);
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "took the slot when the lease expired, after {:?}",
-        started.elapsed()
-    );
+    takes_the_slot_of_a_lapsing_holder_elsewhere(&store, "crash");
 }
 
 #[test]
@@ -198,7 +156,7 @@ fn a_dead_holder_on_this_host_is_reclaimed_at_once() {
         return;
     };
     let scratch = Scratch::new();
-    let mut holder = holder(&store, &scratch, "dead", &[]);
+    let mut holder = hold_recording(&store, &scratch, "dead", &[]);
     let command = read_pid(&scratch.path("ready"));
     // SIGKILL leaves the 30 s lease in Redis; the command dies with lockrun.
     holder.kill().unwrap();
@@ -214,7 +172,7 @@ fn renewal_keeps_the_lease_past_its_ttl() {
         return;
     };
     let scratch = Scratch::new();
-    let holder = holder(&store, &scratch, "renewed", &["--ttl", "0.6", "-v"]);
+    let holder = hold_recording(&store, &scratch, "renewed", &["--ttl", "0.6", "-v"]);
     let ready = Instant::now();
     // Three TTLs: without renewal the slot would have been free after the first.
     while ready.elapsed() < Duration::from_millis(1800) {
@@ -236,7 +194,7 @@ fn redis_killed_mid_hold_stops_the_command_with_76_within_the_ttl() {
         return;
     };
     let scratch = Scratch::new();
-    let mut holder = holder(&store, &scratch, "killed", &["--ttl", "1.5"]);
+    let mut holder = hold_recording(&store, &scratch, "killed", &["--ttl", "1.5"]);
     server.kill();
     let killed = Instant::now();
     let status = wait(&mut holder);
@@ -256,7 +214,7 @@ fn redis_restarted_empty_bounds_the_overlap_and_fences_still_increase() {
         return;
     };
     let scratch = Scratch::new();
-    let mut first = holder(&store, &scratch, "restart", &["--ttl", "1.5"]);
+    let mut first = hold_recording(&store, &scratch, "restart", &["--ttl", "1.5"]);
     let first_fence: u64 = fs::read_to_string(scratch.path("fence"))
         .unwrap()
         .trim()
@@ -299,7 +257,7 @@ fn a_frozen_holder_loses_its_slot_and_exits_76_when_continued() {
         return;
     };
     let scratch = Scratch::new();
-    let mut holder = holder(&store, &scratch, "frozen", &["--ttl", "1"]);
+    let mut holder = hold_recording(&store, &scratch, "frozen", &["--ttl", "1"]);
     let command = read_pid(&scratch.path("ready"));
     // Freeze lockrun and its command, as a paused VM would.
     let groups = [
@@ -410,7 +368,7 @@ fn keys_start_with_the_prefix() {
         return;
     };
     let scratch = Scratch::new();
-    let holder = holder(&store, &scratch, "prefixed", &["--prefix", "myapp"]);
+    let holder = hold_recording(&store, &scratch, "prefixed", &["--prefix", "myapp"]);
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg("*")
         .query(&mut server.client())
@@ -491,7 +449,7 @@ fn release_force_breaks_the_lease_and_its_holder_stops() {
         return;
     };
     let scratch = Scratch::new();
-    let mut holder = holder(&store, &scratch, "broken", &["--ttl", "0.6"]);
+    let mut holder = hold_recording(&store, &scratch, "broken", &["--ttl", "0.6"]);
     let output = run(store.release().args(["broken", "--force"]));
     assert_status(&output, 0);
     assert!(
@@ -519,7 +477,7 @@ fn a_waiter_keeps_its_place_across_a_redis_restart() {
         return;
     };
     let scratch = Scratch::new();
-    let mut first = holder(&store, &scratch, "restarted", &[]);
+    let mut first = hold_recording(&store, &scratch, "restarted", &[]);
     let mut waiter = store
         .lockrun()
         .args(["--name", "restarted", "-w", "60", "--initial-delay", "0.2"])
@@ -558,7 +516,7 @@ fn a_dead_waiter_on_another_host_stalls_the_line_only_until_its_place_lapses() {
         return;
     };
     let scratch = Scratch::new();
-    let mut first = holder(&store, &scratch, "ghost", &[]);
+    let mut first = hold_recording(&store, &scratch, "ghost", &[]);
     // A waiter from another host that died: its place lapses in 800 ms, as nobody renews it.
     let record = r#"{"name":"ghost","token":"dead","pid":1,"start_time":1,"boot_id":"another-boot","host":"elsewhere","command":"crashed","since":0}"#;
     let mut client = server.client();
