@@ -128,6 +128,28 @@ pub fn takes_the_slot_of_a_lapsing_holder_elsewhere(store: &Store, name: &str) {
     );
 }
 
+/// The server is lost (`lose`) while a holder holds with `--ttl ttl`: lockrun
+/// tells its command to stop and exits 76 within `within` of the loss.
+pub fn losing_the_server_stops_the_holder(
+    store: &Store,
+    ttl: &str,
+    within: std::time::Duration,
+    lose: impl FnOnce(),
+) {
+    let scratch = Scratch::new();
+    let mut holder = hold_recording(store, &scratch, "lost", &["--ttl", ttl]);
+    lose();
+    let lost = std::time::Instant::now();
+    let status = wait(&mut holder);
+    let took = lost.elapsed();
+    assert_eq!(status.code(), Some(76), "{}", stderr(&finish(holder)));
+    assert!(
+        scratch.path("stopped").exists(),
+        "the command was told to stop"
+    );
+    assert!(took < within, "stopped after {took:?}");
+}
+
 /// Runs `true` under `name`, retrying quickly for up to 10 s: the slot must come free by then.
 fn take_soon(store: &Store, name: &str) -> std::process::Output {
     let args = [

@@ -8,7 +8,10 @@ use std::time::{Duration, Instant};
 
 use lockrun::backend::etcd::client::{Client, Endpoints, Keys, Op, Txn};
 
-use crate::core::{hold_recording, takes_the_slot_of_a_lapsing_holder_elsewhere};
+use crate::core::{
+    hold_recording, losing_the_server_stops_the_holder,
+    takes_the_slot_of_a_lapsing_holder_elsewhere,
+};
 use crate::support::etcd::{EtcdCluster, EtcdServer};
 use crate::support::*;
 
@@ -216,19 +219,8 @@ fn etcd_killed_mid_hold_stops_the_command_with_76_within_the_ttl() {
     let Some((store, server)) = etcd() else {
         return;
     };
-    let scratch = Scratch::new();
-    let mut holder = hold_recording(&store, &scratch, "killed", &["--ttl", "2"]);
-    server.kill();
-    let killed = Instant::now();
-    let status = wait(&mut holder);
-    let took = killed.elapsed();
-    let err = stderr(&finish(holder));
-    assert_eq!(status.code(), Some(76), "{err}");
-    assert!(
-        scratch.path("stopped").exists(),
-        "the command was told to stop"
-    );
-    assert!(took < Duration::from_millis(2500), "stopped after {took:?}");
+    // A little slack past the TTL for a loaded machine.
+    losing_the_server_stops_the_holder(&store, "2", Duration::from_millis(2500), || server.kill());
 }
 
 #[test]

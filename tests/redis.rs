@@ -11,7 +11,10 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
-use crate::core::{hold_recording, takes_the_slot_of_a_lapsing_holder_elsewhere};
+use crate::core::{
+    hold_recording, losing_the_server_stops_the_holder,
+    takes_the_slot_of_a_lapsing_holder_elsewhere,
+};
 use crate::support::*;
 
 /// A Redis store and its server, or `None` when redis-server is missing.
@@ -193,19 +196,8 @@ fn redis_killed_mid_hold_stops_the_command_with_76_within_the_ttl() {
     let Some((store, server)) = redis(&[]) else {
         return;
     };
-    let scratch = Scratch::new();
-    let mut holder = hold_recording(&store, &scratch, "killed", &["--ttl", "1.5"]);
-    server.kill();
-    let killed = Instant::now();
-    let status = wait(&mut holder);
-    let took = killed.elapsed();
-    assert_eq!(status.code(), Some(76), "{}", stderr_of(holder));
-    assert!(
-        scratch.path("stopped").exists(),
-        "the command was told to stop"
-    );
     // Within the TTL of the last renewal; a little slack for a loaded machine.
-    assert!(took < Duration::from_secs(2), "stopped after {took:?}");
+    losing_the_server_stops_the_holder(&store, "1.5", Duration::from_secs(2), || server.kill());
 }
 
 #[test]
