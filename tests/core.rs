@@ -139,9 +139,9 @@ pub fn losing_the_server_stops_the_holder(
     let scratch = Scratch::new();
     let mut holder = hold_recording(store, &scratch, "lost", &["--ttl", ttl]);
     lose();
-    let lost = std::time::Instant::now();
+    let since = std::time::Instant::now();
     let status = wait(&mut holder);
-    let took = lost.elapsed();
+    let took = since.elapsed();
     assert_eq!(status.code(), Some(76), "{}", stderr(&finish(holder)));
     assert!(
         scratch.path("stopped").exists(),

@@ -242,21 +242,7 @@ impl RedisServer {
     /// `Some` when redis-server is on PATH; `None` after a loud notice when it
     /// is not, unless `CI=true`, where that fails the test.
     pub fn installed() -> Option<()> {
-        let found = Command::new("redis-server")
-            .arg("--version")
-            .stdout(Stdio::null())
-            .status()
-            .is_ok();
-        if !found {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "redis-server is not on PATH; CI must run the Redis tests"
-            );
-            eprintln!(
-                "\n*** SKIPPED: redis-server is not on PATH, so this Redis test did not run ***\n"
-            );
-        }
-        found.then_some(())
+        program_installed("redis-server", "Redis").then_some(())
     }
 
     pub fn port(&self) -> u16 {
@@ -302,24 +288,9 @@ impl RedisServer {
             .expect("spawn redis-server");
         let pid = child.id();
         *self.child.lock().unwrap() = Some(child);
-        let started = Instant::now();
-        while started.elapsed() < PATIENCE {
-            if self.answers_ping() {
-                // Another test's server may have had the port first: ours then fails to bind.
-                return self.server_pid() == Some(pid);
-            }
-            let exited = self
-                .child
-                .lock()
-                .unwrap()
-                .as_mut()
-                .is_none_or(|child| child.try_wait().ok().flatten().is_some());
-            if exited {
-                return false;
-            }
-            thread::sleep(Duration::from_millis(10));
-        }
-        false
+        // Another test's server may have had the port first: ours then fails to bind.
+        answers_before_exiting(&self.child, || self.answers_ping())
+            && self.server_pid() == Some(pid)
     }
 
     /// The pid of the server answering on our port.
@@ -643,4 +614,46 @@ pub fn usage_line(output: &Output) -> String {
 pub fn process_state(pid: i32) -> Option<char> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     stat.rsplit_once(") ")?.1.chars().next()
+}
+
+/// Whether `program` can be run; a loud notice when not, and under `CI=true`
+/// a failure: CI must run the tests of every backend (`what`).
+pub fn program_installed(program: &str, what: &str) -> bool {
+    let found = Command::new(program)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok();
+    if !found {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "{program} is not on PATH; CI must run the {what} tests"
+        );
+        eprintln!("\n*** SKIPPED: {program} is not on PATH, so this {what} test did not run ***\n");
+    }
+    found
+}
+
+/// Waits (up to `PATIENCE`) for a server just started as `child` to answer;
+/// false as soon as it exits.
+pub fn answers_before_exiting(
+    child: &Mutex<Option<Child>>,
+    mut answers: impl FnMut() -> bool,
+) -> bool {
+    let started = Instant::now();
+    while started.elapsed() < PATIENCE {
+        if answers() {
+            return true;
+        }
+        let exited = child
+            .lock()
+            .unwrap()
+            .as_mut()
+            .is_none_or(|child| child.try_wait().ok().flatten().is_some());
+        if exited {
+            return false;
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+    false
 }

@@ -217,23 +217,7 @@ impl PostgresServer {
         let child = command.spawn().expect("spawn postgres");
         let pid = child.id();
         *self.child.lock().unwrap() = Some(child);
-        let started = Instant::now();
-        while started.elapsed() < PATIENCE {
-            if self.is_ready(pid) {
-                return true;
-            }
-            let exited = self
-                .child
-                .lock()
-                .unwrap()
-                .as_mut()
-                .is_none_or(|child| child.try_wait().ok().flatten().is_some());
-            if exited {
-                return false;
-            }
-            thread::sleep(Duration::from_millis(5));
-        }
-        false
+        super::answers_before_exiting(&self.child, || self.is_ready(pid))
     }
 
     /// Turns TLS on with the certificate and key that [`write_certificates`]
