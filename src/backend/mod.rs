@@ -105,6 +105,16 @@ pub struct Abilities {
     pub wakeup: Wakeup,
 }
 
+impl Abilities {
+    /// A store of leases that can be broken and tells its waiters when the line
+    /// moves: a database or a server of locks.
+    pub const LEASES_THAT_TELL: Self = Self {
+        leases: true,
+        breakable: true,
+        wakeup: Wakeup::Told,
+    };
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Wakeup {
     /// [`Store::wait`] blocks until the line moves (in the kernel): no polling, no backoff.

@@ -28,7 +28,7 @@ use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
 
 use super::record::{sort, waiting};
-use super::{Abilities, Attempt, Common, Entry, Owner, Request, Slot, Store, Wakeup};
+use super::{Abilities, Attempt, Common, Entry, Owner, Request, Slot, Store};
 use crate::error::Result;
 use crate::identity::Process;
 use crate::name::Name;
@@ -161,11 +161,7 @@ fn change(
 
 impl Store for PostgresStore {
     fn abilities(&self) -> Abilities {
-        Abilities {
-            leases: true,
-            breakable: true,
-            wakeup: Wakeup::Told,
-        }
+        Abilities::LEASES_THAT_TELL
     }
 
     fn attempt(&mut self, request: &Request) -> Result<Attempt> {

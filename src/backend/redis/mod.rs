@@ -11,9 +11,7 @@ use std::rc::Rc;
 use std::time::{Duration, SystemTime};
 
 use super::record::{HolderRecord, WaiterRecord, local_ahead, sort, waiting};
-use super::{
-    Abilities, Attempt, Common, Entry, Line, Owner, Renewal, Request, Slot, Store, Wakeup,
-};
+use super::{Abilities, Attempt, Common, Entry, Line, Owner, Renewal, Request, Slot, Store};
 use crate::error::{Error, Result};
 use crate::identity::epoch_millis;
 use crate::name::Name;
@@ -195,11 +193,7 @@ impl RedisStore {
 
 impl Store for RedisStore {
     fn abilities(&self) -> Abilities {
-        Abilities {
-            leases: true,
-            breakable: true,
-            wakeup: Wakeup::Told,
-        }
+        Abilities::LEASES_THAT_TELL
     }
 
     fn attempt(&mut self, request: &Request) -> Result<Attempt> {

@@ -14,9 +14,7 @@ use std::time::{Duration, SystemTime};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::record::{Ahead, line, sort, waiting};
-use super::{
-    Abilities, Attempt, Common, Entry, Line, Owner, Renewal, Request, Slot, Store, Wakeup,
-};
+use super::{Abilities, Attempt, Common, Entry, Line, Owner, Renewal, Request, Slot, Store};
 use crate::error::Result;
 use crate::identity::{Process, epoch_millis};
 use crate::name::Name;
@@ -218,11 +216,7 @@ impl SqliteStore {
 
 impl Store for SqliteStore {
     fn abilities(&self) -> Abilities {
-        Abilities {
-            leases: true,
-            breakable: true,
-            wakeup: Wakeup::Told,
-        }
+        Abilities::LEASES_THAT_TELL
     }
 
     fn attempt(&mut self, request: &Request) -> Result<Attempt> {
