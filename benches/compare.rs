@@ -15,7 +15,6 @@ use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::fs::{self, OpenOptions};
 use std::io::Write as _;
-use std::net::TcpListener;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -25,6 +24,17 @@ use std::time::{Duration, Instant};
 
 use nix::sys::resource::{UsageWho, getrusage};
 use nix::time::{ClockId, clock_gettime};
+
+/// The tests' harness, for the servers the benchmark starts; most of it is for the tests alone.
+#[allow(dead_code)]
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use support::RedisServer;
+#[cfg(feature = "etcd")]
+use support::etcd::EtcdServer;
+#[cfg(feature = "postgres")]
+use support::postgres::PostgresServer;
 
 /// Runs of `COMMAND true` per contender for (a) and (d).
 const SINGLE_RUNS: usize = 1000;
@@ -343,10 +353,9 @@ struct Bench {
     flock: Locker,
     /// Lease backends this build has, or why not.
     sqlite: Result<Locker, String>,
-    redis: Result<(Locker, Redis), String>,
-    /// On the server `LOCKRUN_BENCH_POSTGRES_URL` names (the benchmark starts none).
-    postgres: Result<Locker, String>,
-    etcd: Result<(Locker, Etcd), String>,
+    redis: Result<Networked, String>,
+    postgres: Result<Networked, String>,
+    etcd: Result<Networked, String>,
     /// (c)'s flock(1) handoff gap: the baseline of (ii).
     flock_handoff: Option<Duration>,
     outcomes: Vec<Outcome>,
@@ -387,17 +396,22 @@ fn benchmark() {
         "--db",
         dir("sqlite").join("locks.sqlite3").into(),
     ));
-    let redis = Redis::start(scratch.path()).and_then(|server| {
-        let locker = available(lockrun("redis", "--redis-url", server.url().into()))?;
-        Ok((locker, server))
-    });
-    let postgres = std::env::var("LOCKRUN_BENCH_POSTGRES_URL")
-        .map_err(|_| "LOCKRUN_BENCH_POSTGRES_URL is not set".to_owned())
-        .and_then(|url| available(lockrun("postgres", "--postgres-url", url.into())));
-    let etcd = Etcd::start(scratch.path(), &default).and_then(|server| {
-        let locker = available(lockrun("etcd", "--etcd-endpoints", server.url().into()))?;
-        Ok((locker, server))
-    });
+    let missing = |what: &str| format!("{what} is not installed or did not start");
+    let redis = RedisServer::start(&[])
+        .ok_or_else(|| missing("redis-server"))
+        .and_then(|server| Server::Redis(server).locker(lockrun));
+    #[cfg(feature = "postgres")]
+    let postgres = PostgresServer::start()
+        .ok_or_else(|| missing("PostgreSQL's server"))
+        .and_then(|server| Server::Postgres(server).locker(lockrun));
+    #[cfg(not(feature = "postgres"))]
+    let postgres = Err("this build has no postgres backend".to_owned());
+    #[cfg(feature = "etcd")]
+    let etcd = EtcdServer::start()
+        .ok_or_else(|| missing("etcd"))
+        .and_then(|server| Server::Etcd(server).locker(lockrun));
+    #[cfg(not(feature = "etcd"))]
+    let etcd = Err("this build has no etcd backend".to_owned());
     let mut bench = Bench {
         scratch,
         file,
@@ -421,7 +435,7 @@ fn benchmark() {
     bench.handoff_with_slots();
     bench.fairness();
     bench.growth();
-    bench.redis_against_file();
+    bench.networked_against_file();
     bench.peak_rss();
     let took = started.elapsed();
     println!("\nbenchmark took {:.0} s", took.as_secs_f64());
@@ -642,13 +656,6 @@ impl Bench {
         }
     }
 
-    fn redis_locker(&self) -> Result<Locker, String> {
-        self.redis
-            .as_ref()
-            .map(|(locker, _)| locker.clone())
-            .map_err(Clone::clone)
-    }
-
     /// (c) handoff gap in a queue of 12 waiters, per backend, against flock(1).
     /// Rounds are interleaved across contenders, so load from elsewhere falls on all alike.
     fn handoff(&mut self) {
@@ -660,9 +667,9 @@ impl Bench {
                 self.sqlite.clone(),
                 Target::Absolute(Duration::from_millis(50)),
             ),
-            ("redis", self.redis_locker(), Target::Ratio(2.0)),
-            ("postgres", self.postgres.clone(), Target::Ratio(2.0)),
-            ("etcd", self.etcd_locker(), Target::Ratio(3.0)),
+            ("redis", locker(&self.redis), Target::Ratio(2.0)),
+            ("postgres", locker(&self.postgres), Target::Ratio(2.0)),
+            ("etcd", locker(&self.etcd), Target::Ratio(3.0)),
         ];
         let summaries = self.queue_gaps(&contenders, 1, Arrival::Settle(QUEUE_SETTLE));
         let Ok(flock) = summaries[0] else {
@@ -688,7 +695,9 @@ impl Bench {
         let contenders: Vec<(&str, Result<Locker, String>, Target)> = vec![
             ("file", Ok(self.file.clone()), Target::Ratio(1.3)),
             ("sqlite", self.sqlite.clone(), Target::Ratio(2.5)),
-            ("redis", self.redis_locker(), Target::Ratio(1.5)),
+            ("redis", locker(&self.redis), Target::Ratio(1.5)),
+            ("postgres", locker(&self.postgres), Target::Ratio(2.0)),
+            ("etcd", locker(&self.etcd), Target::Ratio(3.0)),
         ];
         let summaries = self.queue_gaps(&contenders, SLOTS, Arrival::AllInLine);
         let Some(flock) = self.flock_handoff else {
@@ -787,9 +796,9 @@ impl Bench {
             ("flock(1)", Ok(self.flock.clone())),
             ("file", Ok(self.file.clone())),
             ("sqlite", self.sqlite.clone()),
-            ("redis", self.redis_locker()),
-            ("postgres", self.postgres.clone()),
-            ("etcd", self.etcd_locker()),
+            ("redis", locker(&self.redis)),
+            ("postgres", locker(&self.postgres)),
+            ("etcd", locker(&self.etcd)),
         ];
         let mut counts: Vec<Result<Vec<usize>, String>> = contenders
             .iter()
@@ -860,9 +869,9 @@ impl Bench {
             ("flock(1)", Ok(self.flock.clone())),
             ("file", Ok(self.file.clone())),
             ("sqlite", self.sqlite.clone()),
-            ("redis", self.redis_locker()),
-            ("postgres", self.postgres.clone()),
-            ("etcd", self.etcd_locker()),
+            ("redis", locker(&self.redis)),
+            ("postgres", locker(&self.postgres)),
+            ("etcd", locker(&self.etcd)),
         ];
         let mut lines: Vec<Result<Vec<Line>, String>> = contenders
             .iter()
@@ -1012,16 +1021,8 @@ impl Bench {
                 ..
             }
         );
-        let (_, server) = self.redis.as_ref().ok().filter(|_| uses_redis)?;
-        Some(
-            server
-                .command_calls()
-                .iter()
-                // INFO and PING are the benchmark's own.
-                .filter(|(command, _)| !matches!(command.as_str(), "info" | "ping"))
-                .map(|(_, calls)| calls)
-                .sum(),
-        )
+        let served = self.redis.as_ref().ok().filter(|_| uses_redis)?;
+        Some(served.server.work().values().sum())
     }
 
     /// One queue round: `slots` holders that hold until released, then the
@@ -1142,58 +1143,83 @@ impl Bench {
         }
     }
 
-    /// (d) the redis backend's wall time against the file backend's, and the Redis commands per run.
-    fn redis_against_file(&mut self) {
-        let what = "(d) redis backend wall time against the file backend".to_owned();
-        let target = "≤ 1.30× file";
-        let (redis, server) = match &self.redis {
-            Ok((locker, server)) => (locker.clone(), server),
-            Err(why) => {
-                println!("(d) redis: not measured: {why}");
-                self.outcomes.push(Outcome::not_measured(what, target, why));
-                return;
-            }
-        };
-        let before = server.command_calls();
-        let medians = interleaved_medians(&[self.file.clone(), redis], "d", SINGLE_RUNS);
-        let after = server.command_calls();
-        let [file, redis] = medians[..] else {
-            unreachable!()
-        };
-        let per_run: Vec<String> = after
-            .iter()
-            // INFO and PING are the benchmark's own.
-            .filter(|(command, _)| !matches!(command.as_str(), "info" | "ping"))
-            .filter_map(|(command, calls)| {
-                let delta = calls - before.get(command).copied().unwrap_or(0);
-                // Runs include the warm-up, hence the division by the runs actually made.
-                (delta > 0).then(|| {
-                    format!(
-                        "{command} {:.2}",
-                        delta as f64 / (SINGLE_RUNS + WARMUP) as f64
-                    )
+    /// (d) each networked backend's wall time against the file backend's, and
+    /// its server's work per run. PostgreSQL also counts its round trips per run,
+    /// through a counting proxy (tests/support), in runs of their own.
+    fn networked_against_file(&mut self) {
+        for (backend, limit) in [
+            ("redis", Some(1.30)),
+            ("postgres", Some(1.50)),
+            ("etcd", None),
+        ] {
+            let what = format!("(d) {backend} backend wall time against the file backend");
+            let target =
+                limit.map_or_else(|| "-".to_owned(), |limit| format!("≤ {limit:.2}× file"));
+            let served = match backend {
+                "redis" => &self.redis,
+                "postgres" => &self.postgres,
+                _ => &self.etcd,
+            };
+            let served = match served {
+                Ok(served) => served,
+                Err(why) => {
+                    println!("(d) {backend}: not measured: {why}");
+                    let why = why.clone();
+                    self.outcomes
+                        .push(Outcome::not_measured(what, &target, &why));
+                    continue;
+                }
+            };
+            let before = served.server.work();
+            let medians = interleaved_medians(
+                &[self.file.clone(), served.locker.clone()],
+                "d",
+                SINGLE_RUNS,
+            );
+            let after = served.server.work();
+            let [file, measured] = medians[..] else {
+                unreachable!()
+            };
+            let per_run: Vec<String> = after
+                .iter()
+                .filter_map(|(kind, count)| {
+                    let delta = count - before.get(kind).copied().unwrap_or(0);
+                    // Runs include the warm-up, hence the division by the runs actually made.
+                    (delta > 0).then(|| {
+                        format!("{kind} {:.2}", delta as f64 / (SINGLE_RUNS + WARMUP) as f64)
+                    })
                 })
-            })
-            .collect();
-        let commands = if per_run.is_empty() {
-            "none".into()
-        } else {
-            per_run.join(", ")
-        };
-        println!(
-            "(d) median of {SINGLE_RUNS}: file {}, redis {}; Redis commands per run: {commands}",
-            ms(file),
-            ms(redis)
-        );
-        let ratio = redis.as_secs_f64() / file.as_secs_f64();
-        self.outcomes.push(Outcome {
-            what: format!("{what} (Redis commands per run: {commands})"),
-            measured: ms(redis),
-            baseline: format!("{} (file)", ms(file)),
-            ratio: format!("{ratio:.2}×"),
-            target: target.into(),
-            pass: Some(ratio <= 1.30),
-        });
+                .collect();
+            let mut work = format!(
+                "{} per run: {}",
+                served.server.unit(),
+                if per_run.is_empty() {
+                    "none".to_owned()
+                } else {
+                    per_run.join(", ")
+                }
+            );
+            if let Some(trips) = round_trips(served) {
+                let _ = write!(
+                    work,
+                    "; round trips per run, connecting included: {trips:.1}"
+                );
+            }
+            println!(
+                "(d) median of {SINGLE_RUNS}: file {}, {backend} {}; {work}",
+                ms(file),
+                ms(measured)
+            );
+            let ratio = measured.as_secs_f64() / file.as_secs_f64();
+            self.outcomes.push(Outcome {
+                what: format!("{what} ({work})"),
+                measured: ms(measured),
+                baseline: format!("{} (file)", ms(file)),
+                ratio: format!("{ratio:.2}×"),
+                target,
+                pass: limit.map(|limit| ratio <= limit),
+            });
+        }
     }
 
     /// (e) peak RSS of lockrun (and of flock(1) beside it), the largest of a few runs.
@@ -1202,8 +1228,9 @@ impl Bench {
         let lockers = vec![
             ("file", Ok(self.file.clone())),
             ("sqlite", self.sqlite.clone()),
-            ("redis", self.redis_locker()),
-            ("etcd", self.etcd_locker()),
+            ("redis", locker(&self.redis)),
+            ("postgres", locker(&self.postgres)),
+            ("etcd", locker(&self.etcd)),
         ];
         for (backend, locker) in lockers {
             let what = format!("(e) peak RSS, {backend}, largest of {RSS_RUNS} runs");
@@ -1228,13 +1255,6 @@ impl Bench {
                 }
             }
         }
-    }
-
-    fn etcd_locker(&self) -> Result<Locker, String> {
-        self.etcd
-            .as_ref()
-            .map(|(locker, _)| locker.clone())
-            .map_err(Clone::clone)
     }
 
     fn ratio(&mut self, what: String, measured: Duration, baseline: Duration, limit: f64) {
@@ -1513,160 +1533,132 @@ fn monotonic_nanos() -> i128 {
     i128::from(now.tv_sec()) * 1_000_000_000 + i128::from(now.tv_nsec())
 }
 
-/// A redis-server of the benchmark's own on a free loopback port, without persistence.
-struct Redis {
-    child: Child,
-    port: u16,
+/// A server of the benchmark's own, started by the tests' harness (tests/support):
+/// free loopback ports, data in temporary directories, cleaned up on drop.
+enum Server {
+    Redis(RedisServer),
+    #[cfg(feature = "postgres")]
+    Postgres(PostgresServer),
+    #[cfg(feature = "etcd")]
+    Etcd(EtcdServer),
 }
 
-impl Redis {
-    fn start(scratch: &Path) -> Result<Self, String> {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|err| format!("no free loopback port: {err}"))?
-            .port();
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .arg("--dir")
-            .arg(scratch)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|err| format!("redis-server not available: {err}"))?;
-        let server = Self { child, port };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while server.connection().is_err() {
-            if Instant::now() > deadline {
-                return Err("redis-server did not start within 10 s".into());
-            }
-            thread::sleep(Duration::from_millis(10));
-        }
-        Ok(server)
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    fn connection(&self) -> redis::RedisResult<redis::Connection> {
-        let mut connection = redis::Client::open(self.url())?.get_connection()?;
-        redis::cmd("PING").query::<String>(&mut connection)?;
-        Ok(connection)
-    }
-
-    /// Calls per command so far, from INFO commandstats.
-    fn command_calls(&self) -> BTreeMap<String, u64> {
-        let info: String = self
-            .connection()
-            .and_then(|mut c| redis::cmd("INFO").arg("commandstats").query(&mut c))
-            .unwrap_or_default();
-        info.lines()
-            .filter_map(|line| {
-                // cmdstat_evalsha:calls=3,usec=...
-                let (command, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-                let calls = stats
-                    .strip_prefix("calls=")?
-                    .split(',')
-                    .next()?
-                    .parse()
-                    .ok()?;
-                Some((command.to_owned(), calls))
-            })
-            .collect()
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A one-member etcd of the benchmark's own on free loopback ports, with its
-/// data in the scratch directory and etcd's default timing.
-struct Etcd {
-    child: Child,
-    port: u16,
-}
-
-impl Etcd {
-    fn start(scratch: &Path, lockrun: &Build) -> Result<Self, String> {
-        let free_port = || {
-            TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .map(|address| address.port())
-                .map_err(|err| format!("no free loopback port: {err}"))
+impl Server {
+    /// A lockrun on this server, if it answers.
+    fn locker(
+        self,
+        lockrun: impl Fn(&'static str, &str, OsString) -> Locker,
+    ) -> Result<Networked, String> {
+        let locker = match &self {
+            Self::Redis(server) => lockrun("redis", "--redis-url", server.url().into()),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(server) => lockrun("postgres", "--postgres-url", server.url().into()),
+            #[cfg(feature = "etcd")]
+            Self::Etcd(server) => lockrun("etcd", "--etcd-endpoints", server.url().into()),
         };
-        let (port, peer) = (free_port()?, free_port()?);
-        let client = format!("http://127.0.0.1:{port}");
-        let peer = format!("http://127.0.0.1:{peer}");
-        let child = Command::new("etcd")
-            .args(["--name", "bench", "--data-dir"])
-            .arg(scratch.join("bench.etcd"))
-            .args([
-                "--listen-client-urls",
-                &client,
-                "--advertise-client-urls",
-                &client,
-            ])
-            .args([
-                "--listen-peer-urls",
-                &peer,
-                "--initial-advertise-peer-urls",
-                &peer,
-            ])
-            .args(["--initial-cluster", &format!("bench={peer}")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|err| format!("etcd not available: {err}"))?;
-        let server = Self { child, port };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !server.serves(lockrun) {
-            if Instant::now() > deadline {
-                return Err("etcd did not start within 10 s".into());
+        Ok(Networked {
+            locker: available(locker)?,
+            server: self,
+        })
+    }
+
+    /// The work the server has done so far, by kind: Redis's commands (INFO
+    /// commandstats, less the benchmark's own INFO), etcd's calls (gRPC, from its
+    /// metrics), PostgreSQL's transactions (`pg_stat_database`, which counts a
+    /// session's work when it ends: lockrun's sessions have ended when this is read).
+    fn work(&self) -> BTreeMap<String, u64> {
+        match self {
+            Self::Redis(server) => {
+                let info: String = redis::cmd("INFO")
+                    .arg("commandstats")
+                    .query(&mut server.client())
+                    .unwrap_or_default();
+                info.lines()
+                    .filter_map(|line| {
+                        // cmdstat_evalsha:calls=3,usec=...
+                        let (command, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+                        let calls = stats.strip_prefix("calls=")?.split(',').next()?;
+                        Some((command.to_owned(), calls.parse().ok()?))
+                    })
+                    // INFO and PING are the benchmark's own.
+                    .filter(|(command, _)| !matches!(command.as_str(), "info" | "ping"))
+                    .collect()
             }
-            thread::sleep(Duration::from_millis(50));
+            #[cfg(feature = "postgres")]
+            Self::Postgres(server) => {
+                let row = server
+                    .client()
+                    .query_one(
+                        "SELECT xact_commit + xact_rollback FROM pg_stat_database \
+                         WHERE datname = current_database()",
+                        &[],
+                    )
+                    .expect("pg_stat_database");
+                // Each such reading session adds one of its own: noise over a thousand runs.
+                BTreeMap::from([(
+                    "transactions".to_owned(),
+                    row.get::<_, i64>(0).cast_unsigned(),
+                )])
+            }
+            #[cfg(feature = "etcd")]
+            Self::Etcd(server) => server.calls(),
         }
-        Ok(server)
     }
 
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    /// Whether it has a leader: lockrun's status answers.
-    fn serves(&self, lockrun: &Build) -> bool {
-        Command::new(&lockrun.path)
-            .args([
-                "status",
-                "--backend",
-                "etcd",
-                "--etcd-endpoints",
-                &self.url(),
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|status| status.success())
+    /// What `work` counts.
+    fn unit(&self) -> &'static str {
+        match self {
+            Self::Redis(_) => "Redis commands",
+            #[cfg(feature = "postgres")]
+            Self::Postgres(_) => "PostgreSQL transactions",
+            #[cfg(feature = "etcd")]
+            Self::Etcd(_) => "etcd calls",
+        }
     }
 }
 
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+/// The lockrun of a networked backend, or why there is none.
+fn locker(networked: &Result<Networked, String>) -> Result<Locker, String> {
+    networked
+        .as_ref()
+        .map(|networked| networked.locker.clone())
+        .map_err(Clone::clone)
+}
+
+/// PostgreSQL's round trips per uncontended run, counted by a proxy in front
+/// of the server (without TLS, which the proxy cannot read); `None` elsewhere.
+fn round_trips(served: &Networked) -> Option<f64> {
+    #[cfg(feature = "postgres")]
+    if let Server::Postgres(server) = &served.server {
+        const RUNS: usize = 20;
+        let proxy = support::postgres::Proxy::start(server, true);
+        let Locker::Lockrun { build, .. } = &served.locker else {
+            return None;
+        };
+        let through = Locker::Lockrun {
+            build: build.clone(),
+            backend: "postgres",
+            flags: vec![
+                "--backend".into(),
+                "postgres".into(),
+                "--postgres-url".into(),
+                proxy.url().into(),
+            ],
+        };
+        for _ in 0..RUNS {
+            let status = through.command("probe", &["true"]).status().ok()?;
+            status.success().then_some(())?;
+        }
+        return Some(proxy.turns() as f64 / RUNS as f64);
     }
+    let _ = served;
+    None
+}
+
+/// A networked backend's lockrun and the server it runs on.
+struct Networked {
+    locker: Locker,
+    server: Server,
 }
 
 /// What the numbers were measured on.
