@@ -516,8 +516,8 @@ impl Counters {
 struct Served {
     spans: Vec<Span>,
     in_line: BTreeMap<usize, Counters>,
-    /// On Redis: the commands it had run once the waiters were in line.
-    redis_calls_in_line: Option<u64>,
+    /// On a server: the work it had done once the waiters were in line.
+    work_in_line: Option<u64>,
 }
 
 impl Served {
@@ -862,8 +862,8 @@ impl Bench {
     }
 
     /// (iii) a line of 10 waiters against one of 100: the handoff gap and the
-    /// waiting processes' work per acquisition (wake-ups, CPU time; Redis:
-    /// commands) should not grow with the line.
+    /// waiting processes' work per acquisition (wake-ups, CPU time; on a
+    /// server: its work) should not grow with the line.
     fn growth(&mut self) {
         let contenders: Vec<(&str, Result<Locker, String>)> = vec![
             ("flock(1)", Ok(self.flock.clone())),
@@ -892,10 +892,10 @@ impl Bench {
                     arrival: Arrival::Spaced(Duration::ZERO),
                 };
                 let served = self.queue_round(&round);
-                let after = self.redis_calls(locker);
+                let after = self.server_work(locker);
                 let line = served.and_then(|served| {
                     let (wakeups, cpu_ms) = served.waiting_work()?;
-                    let commands = match (served.redis_calls_in_line, after) {
+                    let work = match (served.work_in_line, after) {
                         (Some(before), Some(after)) => {
                             Some((after - before) as f64 / waiters as f64)
                         }
@@ -905,7 +905,7 @@ impl Bench {
                         gap: median(served.gaps(1)),
                         wakeups,
                         cpu_ms,
-                        commands,
+                        work,
                     })
                 });
                 match line {
@@ -915,8 +915,8 @@ impl Bench {
                             ms(line.gap),
                             line.wakeups,
                             line.cpu_ms,
-                            line.commands
-                                .map(|c| format!(", {c:.1} Redis commands"))
+                            line.work
+                                .map(|work| format!(", {work:.1} {}", work_unit(backend)))
                                 .unwrap_or_default()
                         );
                         collected.push(line);
@@ -980,11 +980,9 @@ impl Bench {
                 lines.1.cpu_ms,
                 "ms",
             );
-            if let (Some(a), Some(b)) = (lines.0.commands, lines.1.commands) {
+            if let (Some(a), Some(b)) = (lines.0.work, lines.1.work) {
                 self.growth_outcome(
-                    what(
-                        "Redis commands per acquisition (INFO commandstats, scripts' own included)",
-                    ),
+                    what(&format!("{} per acquisition", work_unit(backend))),
                     a,
                     b,
                     "",
@@ -1012,17 +1010,18 @@ impl Bench {
         });
     }
 
-    /// Every command Redis ran so far, when `locker` uses it.
-    fn redis_calls(&self, locker: &Locker) -> Option<u64> {
-        let uses_redis = matches!(
-            locker,
-            Locker::Lockrun {
-                backend: "redis",
-                ..
-            }
-        );
-        let served = self.redis.as_ref().ok().filter(|_| uses_redis)?;
-        Some(served.server.work().values().sum())
+    /// The work the server of `locker`'s backend has done so far (see [`Server::work`]).
+    fn server_work(&self, locker: &Locker) -> Option<u64> {
+        let Locker::Lockrun { backend, .. } = locker else {
+            return None;
+        };
+        let networked = match *backend {
+            "redis" => &self.redis,
+            "postgres" => &self.postgres,
+            "etcd" => &self.etcd,
+            _ => return None,
+        };
+        Some(networked.as_ref().ok()?.server.work().values().sum())
     }
 
     /// One queue round: `slots` holders that hold until released, then the
@@ -1068,7 +1067,7 @@ impl Bench {
         let lined_up = line_up(round, &name, &mut children, &mut in_line, |id| {
             stamp(id, "hold", hold_ms.as_ref())
         });
-        let redis_calls_in_line = self.redis_calls(locker);
+        let work_in_line = self.server_work(locker);
         if !lined_up {
             self.note(format!(
                 "{}: the waiters did not line up within {} s",
@@ -1115,7 +1114,7 @@ impl Bench {
         let served = Served {
             spans,
             in_line,
-            redis_calls_in_line,
+            work_in_line,
         };
         self.check_overlap(locker, &served, round.slots);
         Some(served)
@@ -1192,7 +1191,7 @@ impl Bench {
                 .collect();
             let mut work = format!(
                 "{} per run: {}",
-                served.server.unit(),
+                work_unit(backend),
                 if per_run.is_empty() {
                     "none".to_owned()
                 } else {
@@ -1281,8 +1280,8 @@ struct Line {
     /// Per acquisition, of the waiting processes, from all in line to their command's start.
     wakeups: f64,
     cpu_ms: f64,
-    /// Redis commands per acquisition, over the whole round.
-    commands: Option<f64>,
+    /// The server's work per acquisition, over the whole round.
+    work: Option<f64>,
 }
 
 /// Starts the waiters of `round` (`stamp(id)` starts one) and waits until they
@@ -1604,16 +1603,16 @@ impl Server {
             Self::Etcd(server) => server.calls(),
         }
     }
+}
 
-    /// What `work` counts.
-    fn unit(&self) -> &'static str {
-        match self {
-            Self::Redis(_) => "Redis commands",
-            #[cfg(feature = "postgres")]
-            Self::Postgres(_) => "PostgreSQL transactions",
-            #[cfg(feature = "etcd")]
-            Self::Etcd(_) => "etcd calls",
-        }
+/// What [`Server::work`] counts on `backend`'s server.
+fn work_unit(backend: &str) -> &'static str {
+    match backend {
+        "redis" => "Redis commands (INFO commandstats, scripts' own included)",
+        // Counted when a session reports them: at its end, or at most once a second.
+        "postgres" => "PostgreSQL transactions",
+        "etcd" => "etcd calls",
+        _ => "",
     }
 }
 
@@ -1831,7 +1830,8 @@ fn write_report(machine: &str, bench: &Bench, took: Duration) {
          in line (`status --json`; for flock(1) /proc/locks), served order from the stamps; (iii) one round each of \
          {short} and {long} waiters holding {hold} ms, each started once the one before was in line, the waiting \
          processes' voluntary context switches and CPU time (/proc/PID/status, /proc/PID/schedstat) from all in line \
-         to their command's start, and Redis's commands from all in line to the end; (e) \
+         to their command's start, and the server's work (Redis commands, PostgreSQL transactions, etcd calls) from \
+         all in line to the end; (e) \
          getrusage(RUSAGE_CHILDREN) of a wrapper, largest of {RSS_RUNS} runs of `true`. Every backend runs with \
          default flags; every contender without the entries cargo adds to LD_LIBRARY_PATH.\n\n{END}",
         hold = QUEUE_HOLD.as_millis(),
