@@ -77,13 +77,14 @@ impl Held {
             };
         }
         if lease.renewal_due().has_passed() {
-            let sent = Moment::now();
             // An answer after the stop is due would come too late to spare the command.
-            match self.slot.renew(lease.stop_at().remaining()) {
-                Ok(Renewal::Renewed) => {
-                    lease.renewed(sent);
-                    reporter.event(&Event::Renewed { ttl: lease.ttl() });
-                }
+            match renew(
+                self.slot.as_mut(),
+                lease,
+                lease.stop_at().remaining(),
+                reporter,
+            ) {
+                Ok(Renewal::Renewed) => {}
                 Ok(Renewal::Lost) => {
                     return Verdict::Stop {
                         reason: "it was broken or expired",
@@ -115,10 +116,47 @@ impl Held {
         }
     }
 
+    /// Before the command starts: a lease already due for renewal (its slot's
+    /// answer came late: a database busy for a while) is renewed now, even past
+    /// its deadline, as nothing runs under it yet. `Keep` once it is confirmed.
+    pub fn confirm(&mut self, reporter: &Reporter) -> Verdict {
+        let Some(lease) = &mut self.lease else {
+            return Verdict::Keep;
+        };
+        if !lease.renewal_due().has_passed() {
+            return Verdict::Keep;
+        }
+        let reason = match renew(self.slot.as_mut(), lease, lease.ttl() / 3, reporter) {
+            Ok(Renewal::Renewed) => return Verdict::Keep,
+            Ok(Renewal::Lost) => "it was broken or expired",
+            Err(_) => "no renewal was confirmed in time",
+        };
+        Verdict::Stop {
+            reason,
+            grace: Duration::ZERO,
+        }
+    }
+
     /// Gives the slot up; see [`Slot::release`].
     pub fn release(self, keep_until: Option<SystemTime>) -> Result<()> {
         self.slot.release(keep_until)
     }
+}
+
+/// Renews `slot`'s `lease`, waiting `within` for the answer, and keeps the time of a confirmed renewal.
+fn renew(
+    slot: &mut dyn Slot,
+    lease: &mut Lease,
+    within: Duration,
+    reporter: &Reporter,
+) -> Result<Renewal> {
+    let sent = Moment::now();
+    let renewal = slot.renew(within)?;
+    if renewal == Renewal::Renewed {
+        lease.renewed(sent);
+        reporter.event(&Event::Renewed { ttl: lease.ttl() });
+    }
+    Ok(renewal)
 }
 
 /// The lease's clock, on the monotonic clock of this host.

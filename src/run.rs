@@ -81,7 +81,7 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
         // The command's run is over either way: its status stands, and a lease
         // that could not be released lapses by itself.
         let message = format!("could not release {}: {err}", request.name);
-        if matches!(ending, Ending::LeaseLost(_)) {
+        if matches!(ending, Ending::LeaseLost(_) | Ending::LostBeforeStart(_)) {
             reporter.event(&Event::Notice { message: &message });
         } else {
             reporter.error(&format!("{message}; its lease lapses within --ttl"));
@@ -123,6 +123,10 @@ fn report_ending(ending: &Ending, request: &Request, reporter: &Reporter) {
         Ending::Exited(_) => {}
         Ending::LeaseLost(reason) => reporter.error(&format!(
             "stopped the command: the lease on {} was lost ({reason})",
+            request.name
+        )),
+        Ending::LostBeforeStart(reason) => reporter.error(&format!(
+            "did not start the command: the lease on {} was lost ({reason})",
             request.name
         )),
         Ending::MaxRuntime(max) => reporter.error(&format!(

@@ -476,6 +476,50 @@ fn a_waiter_rides_out_a_database_locked_for_six_seconds() {
     );
 }
 
+#[test]
+fn a_slot_taken_after_a_long_wait_for_the_database_is_renewed_before_the_command_starts() {
+    let store = Store::sqlite();
+    let scratch = Scratch::new();
+    // A holder whose one-second lease lapses while the database is locked.
+    let mut holder = hold(&store, &scratch, "slow", &["--ttl", "1"]);
+    let script = format!("sleep 0.2; touch '{}'", scratch.path("ran").display());
+    let mut taker = store
+        .lockrun()
+        .args([
+            "--name",
+            "slow",
+            "--ttl",
+            "1",
+            "-w",
+            "30",
+            "--log-format",
+            "json",
+        ])
+        .args(["-c", &script])
+        .stderr(fs::File::create(scratch.path("events")).unwrap())
+        .start();
+    let events = || fs::read_to_string(scratch.path("events")).unwrap_or_default();
+    wait_until("the taker to join the line", || {
+        events().contains(r#""event":"waiting""#)
+    });
+    // Locked for longer than the leases, shorter than a writer waits for it (2 s): the
+    // taker's look, sent while it is locked, takes the lapsed slot when it is free again,
+    // with its lease (counted from the look's sending) past its stop.
+    let db = store.args()[3].clone();
+    let locker = rusqlite::Connection::open(&db).unwrap();
+    locker.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    thread::sleep(Duration::from_millis(1700));
+    locker.execute_batch("COMMIT").unwrap();
+    assert_eq!(wait(&mut taker).code(), Some(0), "{}", events());
+    assert!(scratch.path("ran").exists(), "{}", events());
+    let (acquired, renewed) = (
+        events().find(r#""event":"acquired""#),
+        events().find(r#""event":"renewed""#),
+    );
+    assert!(acquired < renewed, "renewed at once: {}", events());
+    assert_eq!(wait(&mut holder).code(), Some(76));
+}
+
 /// Uses of a database: (subcommand, arguments).
 type Use = (&'static [&'static str], &'static [&'static str]);
 const RUNNING: Use = (&[], &["--name", "x", "true"]);

@@ -78,6 +78,8 @@ pub enum Ending {
     Exited(u8),
     /// lockrun stopped it because the lease could not be kept.
     LeaseLost(String),
+    /// The lease could not be kept from the start: the command never ran.
+    LostBeforeStart(String),
     /// lockrun stopped it at `--max-runtime`.
     MaxRuntime(Duration),
 }
@@ -86,7 +88,7 @@ impl Ending {
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::Exited(code) => *code,
-            Self::LeaseLost(_) => status::LEASE_LOST,
+            Self::LeaseLost(_) | Self::LostBeforeStart(_) => status::LEASE_LOST,
             Self::MaxRuntime(_) => status::MAX_RUNTIME,
         }
     }
@@ -106,6 +108,11 @@ pub fn supervise(
     limits: &Limits,
     reporter: &Reporter,
 ) -> Result<Ending> {
+    // Never a command under a lease whose stop has passed (the watchdog would stop it at once).
+    if let Verdict::Stop { reason, .. } = held.confirm(reporter) {
+        reporter.event(&Event::Lost { reason });
+        return Ok(Ending::LostBeforeStart(reason.to_owned()));
+    }
     let terminal = Terminal::open();
     let foreground = terminal.as_ref().filter(|terminal| terminal.is_ours());
     let watchdog = Watchdog::start()?;
