@@ -9,6 +9,7 @@ mod etcd;
 #[cfg(feature = "etcd")]
 mod etcd_client;
 mod file;
+mod fleet;
 mod generated;
 mod line;
 mod neighbours;

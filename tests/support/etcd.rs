@@ -260,9 +260,7 @@ impl EtcdServer {
     /// How many calls of each kind (`LeaseGrant`, `Txn`, ...) the server has
     /// begun since it started, gRPC streams included, from its metrics.
     pub fn calls(&self) -> std::collections::BTreeMap<String, u64> {
-        let (_, metrics) = request(self.member.metrics_port, "GET", "/metrics", "", PATIENCE)
-            .expect("etcd's metrics");
-        metrics
+        self.metrics()
             .lines()
             .filter_map(|line| line.strip_prefix("grpc_server_started_total{"))
             .filter_map(|line| {
@@ -274,6 +272,13 @@ impl EtcdServer {
             })
             .filter(|&(_, count)| count > 0)
             .collect()
+    }
+
+    /// Its metrics, in Prometheus's text format.
+    pub fn metrics(&self) -> String {
+        let (_, metrics) = request(self.member.metrics_port, "GET", "/metrics", "", PATIENCE)
+            .expect("etcd's metrics");
+        metrics
     }
 
     /// Turns auth on: a root user, and `user` with `password` allowed to read

@@ -1,0 +1,519 @@
+//! A cron minute on a fleet, simulated on one machine (README: "Benchmarks",
+//! BENCHMARKS.md: "Scale"): many lockrun processes at once against real
+//! servers of the test's own. Ignored by default, like the stress suite;
+//! `.ci/run` runs a small version and `scripts/fleet` the full one, which sets:
+//!
+//! - `LOCKRUN_FLEET_HERD` (default 100): lockruns started at one instant with
+//!   `--no-wait -p 3` on one name: 3 run, the rest exit 75, none 69 or hangs;
+//! - `LOCKRUN_FLEET_LINE` (default 50): waiters queued one after another
+//!   behind a holder, then served: in arrival order, the handoff flat;
+//! - `LOCKRUN_FLEET_NAMES` (default 300): names held at once (with
+//!   `--min-hold`, no process per name), then `status` over all of them.
+//!
+//! Each prints one `fleet:` line of figures per measure; the server's work is
+//! read from the server itself (Redis `INFO`, PostgreSQL's statistics and its
+//! processes' CPU time, etcd's metrics).
+
+use std::fs;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::support::*;
+
+/// The fleet tests for one backend, on a store and a gauge of its server's work.
+macro_rules! fleet_tests {
+    ($module:ident, $setup:expr) => {
+        mod $module {
+            use super::*;
+
+            #[test]
+            #[ignore = "fleet suite: cargo test --test integration -- --ignored fleet --test-threads 1"]
+            fn herd() {
+                if let Some((store, gauge)) = $setup {
+                    super::herd(stringify!($module), &store, &gauge);
+                }
+            }
+            #[test]
+            #[ignore = "fleet suite: cargo test --test integration -- --ignored fleet --test-threads 1"]
+            fn long_line() {
+                if let Some((store, gauge)) = $setup {
+                    super::long_line(stringify!($module), &store, &gauge);
+                }
+            }
+            #[test]
+            #[ignore = "fleet suite: cargo test --test integration -- --ignored fleet --test-threads 1"]
+            fn many_names() {
+                if let Some((store, _gauge)) = $setup {
+                    super::many_names(stringify!($module), &store);
+                }
+            }
+        }
+    };
+}
+
+fleet_tests!(file, Some((Store::file(), Gauge::none())));
+fleet_tests!(sqlite, Some((Store::sqlite(), Gauge::none())));
+fleet_tests!(redis, redis_store());
+#[cfg(feature = "postgres")]
+fleet_tests!(postgres, postgres_store());
+#[cfg(feature = "etcd")]
+fleet_tests!(etcd, etcd_store());
+
+/// The herd's slots.
+const SLOTS: usize = 3;
+/// Lockruns taking names at once in `many_names`.
+const WORKERS: usize = 8;
+/// Longer than any answer may take: a lockrun still running then has hung.
+const PATIENCE_PER_RUN: Duration = Duration::from_millis(200);
+
+fn scale(variable: &str, default: usize) -> usize {
+    std::env::var(variable)
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(default)
+}
+
+/// What a server has done so far.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Work {
+    /// Commands, transactions or calls, as the server counts them.
+    calls: u64,
+    /// CPU time of the server's processes.
+    cpu: Duration,
+    /// Clients connected now.
+    connections: u64,
+    /// Memory the server uses for data, where it says (Redis).
+    memory: Option<u64>,
+}
+
+/// Reads a server's [`Work`]; none for the file and SQLite backends.
+pub struct Gauge {
+    read: Option<Box<dyn Fn() -> Work + Send + Sync>>,
+    /// What `calls` counts.
+    unit: &'static str,
+}
+
+impl Gauge {
+    fn none() -> Self {
+        Self {
+            read: None,
+            unit: "",
+        }
+    }
+
+    fn read(&self) -> Option<Work> {
+        self.read.as_ref().map(|read| read())
+    }
+}
+
+fn redis_store() -> Option<(Store, Gauge)> {
+    let server = Arc::new(RedisServer::start(&["--maxclients", "4000"])?);
+    let store = Store::on_redis(&server);
+    let read = move || {
+        let info: String = ::redis::cmd("INFO")
+            .arg("all")
+            .query(&mut server.client())
+            .expect("INFO");
+        let field = |name: &str| -> f64 {
+            info.lines()
+                .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+                .and_then(|value| value.trim().parse().ok())
+                .unwrap_or(0.0)
+        };
+        let calls = info
+            .lines()
+            .filter_map(|line| line.strip_prefix("cmdstat_"))
+            .filter(|line| !line.starts_with("info:"))
+            .filter_map(|line| {
+                let calls = line.split_once("calls=")?.1.split(',').next()?;
+                calls.parse::<u64>().ok()
+            })
+            .sum();
+        Work {
+            calls,
+            cpu: Duration::from_secs_f64(field("used_cpu_sys") + field("used_cpu_user")),
+            // Less the connection that asks.
+            connections: (field("connected_clients") as u64).saturating_sub(1),
+            memory: Some(field("used_memory") as u64),
+        }
+    };
+    let gauge = Gauge {
+        read: Some(Box::new(read)),
+        unit: "Redis commands",
+    };
+    Some((store, gauge))
+}
+
+#[cfg(feature = "postgres")]
+fn postgres_store() -> Option<(Store, Gauge)> {
+    use crate::support::postgres::PostgresServer;
+
+    // PostgreSQL's default: a thousand waiters must not need a connection each.
+    let server = Arc::new(PostgresServer::start_with(&["max_connections=100"])?);
+    let store = Store::on_postgres(&server);
+    let read = move || {
+        let mut client = server.client();
+        let row = client
+            .query_one(
+                "SELECT (SELECT xact_commit + xact_rollback FROM pg_stat_database \
+                 WHERE datname = current_database()), \
+                 (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'), \
+                 pg_backend_pid()",
+                &[],
+            )
+            .expect("PostgreSQL's statistics");
+        // The postmaster: the parent of this session's server process; its
+        // children's CPU time (reaped sessions included) counts as its own.
+        let backend: i32 = row.get(2);
+        let postmaster = parent_of(backend.unsigned_abs());
+        Work {
+            calls: row.get::<_, i64>(0).unsigned_abs(),
+            cpu: postmaster.map_or(Duration::ZERO, cpu_time_with_children),
+            connections: row.get::<_, i64>(1).unsigned_abs().saturating_sub(1),
+            memory: None,
+        }
+    };
+    let gauge = Gauge {
+        read: Some(Box::new(read)),
+        unit: "PostgreSQL transactions",
+    };
+    Some((store, gauge))
+}
+
+#[cfg(feature = "etcd")]
+fn etcd_store() -> Option<(Store, Gauge)> {
+    use crate::support::etcd::EtcdServer;
+
+    let server = Arc::new(EtcdServer::start()?);
+    let store = Store::on_etcd(server.url(), Box::new(Arc::clone(&server)));
+    let read = move || {
+        let metrics = server.metrics();
+        let sum = |prefix: &str| -> f64 {
+            metrics
+                .lines()
+                .filter(|line| line.starts_with(prefix))
+                .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        };
+        Work {
+            calls: sum("grpc_server_started_total{") as u64,
+            cpu: Duration::from_secs_f64(sum("process_cpu_seconds_total")),
+            connections: 0,
+            memory: None,
+        }
+    };
+    let gauge = Gauge {
+        read: Some(Box::new(read)),
+        unit: "etcd calls",
+    };
+    Some((store, gauge))
+}
+
+/// The parent process of `pid`.
+fn parent_of(pid: u32) -> Option<u32> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("PPid:"))?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// A process's CPU time with that of its reaped children (utime, stime, cutime, cstime).
+fn cpu_time_with_children(pid: u32) -> Duration {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after_name = stat.rfind(')').map_or("", |end| &stat[end + 1..]);
+    let ticks: u64 = after_name
+        .split_whitespace()
+        .skip(11)
+        .take(4)
+        .filter_map(|field| field.parse::<u64>().ok())
+        .sum();
+    // USER_HZ is 100 on Linux.
+    Duration::from_millis(ticks * 10)
+}
+
+/// The `p`-th percentile of `values` (sorted here).
+fn percentile(values: &mut [Duration], p: f64) -> Duration {
+    values.sort();
+    let at = ((values.len() as f64 - 1.0) * p / 100.0).round() as usize;
+    values[at]
+}
+
+fn ms(duration: Duration) -> String {
+    format!("{:.1} ms", duration.as_secs_f64() * 1000.0)
+}
+
+/// The server's work between `before` and `after`, per `per` of something.
+fn work_text(gauge: &Gauge, before: Option<Work>, after: Option<Work>, per: usize) -> String {
+    let (Some(before), Some(after)) = (before, after) else {
+        return String::new();
+    };
+    let per = per as f64;
+    format!(
+        "; server: {:.2} {} and {:.3} ms CPU per {}",
+        (after.calls - before.calls) as f64 / per,
+        gauge.unit,
+        (after.cpu.saturating_sub(before.cpu)).as_secs_f64() * 1000.0 / per,
+        "attempt",
+    )
+}
+
+/// Processes blocked on `barrier`'s lock, from /proc/locks.
+fn blocked_on(barrier: &Path) -> usize {
+    use std::os::unix::fs::MetadataExt;
+
+    let inode = fs::metadata(barrier).expect("the barrier").ino();
+    let suffix = format!(":{inode} ");
+    fs::read_to_string("/proc/locks")
+        .unwrap_or_default()
+        .lines()
+        .filter(|line| line.contains("->") && line.contains(&suffix))
+        .count()
+}
+
+/// `herd` lockruns with `--no-wait -p 3` let go at one instant (all blocked on
+/// one flock(1) barrier first): exactly 3 run, the rest exit 75 at once.
+pub fn herd(backend: &str, store: &Store, gauge: &Gauge) {
+    let herd = scale("LOCKRUN_FLEET_HERD", 100);
+    let scratch = Scratch::new();
+    let barrier = scratch.path("barrier");
+    fs::write(&barrier, "").unwrap();
+    let gate = fs::File::open(&barrier).unwrap();
+    gate.lock().unwrap();
+    let holder = format!(
+        "touch '{held}'.$$; while [ ! -e '{release}' ]; do sleep 0.05; done",
+        held = scratch.path("held").display(),
+        release = scratch.path("release").display(),
+    );
+    let argv = store.argv(&["--name", "herd", "-p", "3", "--no-wait", "-c", &holder]);
+    let mut runs: Vec<Running> = (0..herd)
+        .map(|_| {
+            Command::new("flock")
+                .arg("-s")
+                .arg(&barrier)
+                .args(&argv)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .start()
+        })
+        .collect();
+    wait_until("the herd to line up at the barrier", || {
+        blocked_on(&barrier) == herd
+    });
+    let before = gauge.read();
+    let started = Instant::now();
+    gate.unlock().unwrap();
+    let limit = PATIENCE_PER_RUN * u32::try_from(herd).unwrap() + Duration::from_secs(10);
+    let mut answered = vec![None; herd];
+    let mut codes = vec![None; herd];
+    let holding = |pid: u32| {
+        // flock(1) runs lockrun as its child, and lockrun the holder's shell.
+        fs::read_dir(scratch.dir()).unwrap().any(|entry| {
+            let name = entry.unwrap().file_name();
+            let name = name.to_string_lossy();
+            name.strip_prefix("held.")
+                .and_then(|child| child.parse::<u32>().ok())
+                .is_some_and(|child| parent_of(child).and_then(parent_of) == Some(pid))
+        })
+    };
+    while answered.iter().any(Option::is_none) {
+        assert!(
+            started.elapsed() < limit,
+            "{} of {herd} lockruns had no answer after {:?}",
+            answered.iter().filter(|a| a.is_none()).count(),
+            started.elapsed()
+        );
+        for (at, run) in runs.iter_mut().enumerate() {
+            if answered[at].is_some() {
+                continue;
+            }
+            if let Some(status) = run.try_wait().unwrap() {
+                answered[at] = Some(started.elapsed());
+                codes[at] = status.code();
+            } else if holding(run.id()) {
+                answered[at] = Some(started.elapsed());
+            }
+        }
+        thread::sleep(Duration::from_millis(2));
+    }
+    let after = gauge.read();
+    fs::write(scratch.path("release"), "").unwrap();
+    for (at, run) in runs.iter_mut().enumerate() {
+        if codes[at].is_none() {
+            codes[at] = wait(run).code();
+        }
+    }
+    let count = |code: i32| codes.iter().filter(|c| **c == Some(code)).count();
+    let mut times: Vec<Duration> = answered.into_iter().flatten().collect();
+    let (p50, p99, last) = (
+        percentile(&mut times, 50.0),
+        percentile(&mut times, 99.0),
+        percentile(&mut times, 100.0),
+    );
+    eprintln!(
+        "fleet: {backend} herd of {herd} (--no-wait -p {SLOTS}): {} ran, {} busy (75), {} other; \
+         answer after p50 {}, p99 {}, last {}{}",
+        count(0),
+        count(75),
+        herd - count(0) - count(75),
+        ms(p50),
+        ms(p99),
+        ms(last),
+        work_text(gauge, before, after, herd),
+    );
+    assert_eq!(count(0), SLOTS, "exactly {SLOTS} ran: {codes:?}");
+    assert_eq!(count(75), herd - SLOTS, "the rest were busy: {codes:?}");
+}
+
+/// `line` waiters queued one after another behind a holder, then served: every
+/// one runs, in arrival order; the handoff does not grow along the line; the
+/// server's connections and memory stay bounded.
+pub fn long_line(backend: &str, store: &Store, gauge: &Gauge) {
+    let line = scale("LOCKRUN_FLEET_LINE", 50);
+    let scratch = Scratch::new();
+    let mut holder = crate::core::hold(store, &scratch, "line", &[]);
+    let log = scratch.path("served");
+    let joined = Instant::now();
+    let mut waiters: Vec<Running> = (0..line)
+        .map(|place| {
+            let events = scratch.path(&format!("events.{place}"));
+            let script = format!("echo {place} $(date +%s%N) >> '{log}'", log = log.display());
+            let waiter = store
+                .lockrun()
+                .args(["--name", "line", "-w", "600", "--log-format", "json"])
+                .args(["-c", &script])
+                .stderr(fs::File::create(&events).unwrap())
+                .start();
+            wait_until("a waiter to join the line", || {
+                fs::read_to_string(&events).is_ok_and(|text| text.contains(r#""waiting""#))
+            });
+            waiter
+        })
+        .collect();
+    let joining = joined.elapsed();
+    let before = gauge.read();
+    let sampling = AtomicBool::new(true);
+    let peak = thread::scope(|scope| {
+        let sampler = scope.spawn(|| {
+            let mut peak = Work::default();
+            while sampling.load(Ordering::SeqCst) {
+                if let Some(work) = gauge.read() {
+                    peak.connections = peak.connections.max(work.connections);
+                    peak.memory = peak.memory.max(work.memory);
+                }
+                thread::sleep(Duration::from_millis(100));
+            }
+            peak
+        });
+        fs::write(scratch.path("release"), "").unwrap();
+        assert_eq!(wait(&mut holder).code(), Some(0));
+        for waiter in &mut waiters {
+            assert_eq!(wait(waiter).code(), Some(0));
+        }
+        sampling.store(false, Ordering::SeqCst);
+        sampler.join().unwrap()
+    });
+    let after = gauge.read();
+    let served: Vec<(usize, i128)> = fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let (place, at) = line.split_once(' ').unwrap();
+            (place.parse().unwrap(), at.parse().unwrap())
+        })
+        .collect();
+    let order: Vec<usize> = served.iter().map(|(place, _)| *place).collect();
+    let intervals: Vec<Duration> = served
+        .windows(2)
+        .map(|pair| Duration::from_nanos((pair[1].1 - pair[0].1).max(0).unsigned_abs() as u64))
+        .collect();
+    let tenth = (intervals.len() / 10).max(1);
+    let mut front = intervals[..tenth].to_vec();
+    let mut back = intervals[intervals.len() - tenth..].to_vec();
+    let (front, back) = (percentile(&mut front, 50.0), percentile(&mut back, 50.0));
+    let bounded = match (before, after) {
+        (Some(_), Some(after)) => format!(
+            "; server: peak {} connections{}{}",
+            peak.connections,
+            peak.memory
+                .map(|memory| format!(", peak {:.1} MiB used", memory as f64 / 1_048_576.0))
+                .unwrap_or_default(),
+            work_text(gauge, before, Some(after), line).replace("; server:", ","),
+        ),
+        _ => String::new(),
+    };
+    eprintln!(
+        "fleet: {backend} line of {line}: joined in {:.1} s; served in arrival order: {}; \
+         start-to-start median, first tenth {} → last tenth {}{bounded}",
+        joining.as_secs_f64(),
+        order.iter().copied().eq(0..line),
+        ms(front),
+        ms(back),
+    );
+    assert_eq!(
+        order,
+        (0..line).collect::<Vec<_>>(),
+        "first come, first served"
+    );
+}
+
+/// `names` distinct names held at once (kept by `--min-hold` after each
+/// lockrun exits), then `status` over all of them: its time and peak memory.
+pub fn many_names(backend: &str, store: &Store) {
+    let names = scale("LOCKRUN_FLEET_NAMES", 300);
+    let took = Instant::now();
+    let flags = store.args().to_vec();
+    thread::scope(|scope| {
+        for worker in 0..WORKERS {
+            let flags = &flags;
+            scope.spawn(move || {
+                for name in (worker..names).step_by(WORKERS) {
+                    let name = format!("name-{name:06}");
+                    let args = ["--name", &name, "--min-hold", "1h", "--ttl", "1h", "true"];
+                    assert_status(&run(lockrun().args(flags).args(args)), 0);
+                }
+            });
+        }
+    });
+    let taking = took.elapsed();
+    for json in [true, false] {
+        let started = Instant::now();
+        let argv = store.argv(&[]);
+        let mut command = Command::new("/usr/bin/time");
+        command
+            .args(["-f", "peak %M KiB"])
+            .arg(&argv[0])
+            .arg("status")
+            .args(&argv[1..]);
+        if json {
+            command.arg("--json");
+        }
+        let output = run(&mut command);
+        let took = started.elapsed();
+        assert!(output.status.success(), "{}", stderr(&output));
+        let listed = if json {
+            let entries: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+            entries.as_array().map_or(0, Vec::len)
+        } else {
+            stdout(&output).lines().count().saturating_sub(1)
+        };
+        let peak = stderr(&output)
+            .lines()
+            .find_map(|line| line.strip_prefix("peak "))
+            .unwrap_or("?")
+            .to_owned();
+        eprintln!(
+            "fleet: {backend} {names} names held (taken in {:.1} s): status{} listed {listed} in {}, peak {peak}",
+            taking.as_secs_f64(),
+            if json { " --json" } else { "" },
+            ms(took),
+        );
+        assert_eq!(listed, names, "every name listed");
+    }
+}
