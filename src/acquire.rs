@@ -210,12 +210,7 @@ impl Waiter<'_> {
 
     /// Who holds the slots now, for messages: a failure to look just shows nobody.
     fn holders(&mut self) -> Vec<Entry> {
-        let mut entries = self
-            .store
-            .list(Some(&self.request.name))
-            .unwrap_or_default();
-        entries.retain(Entry::is_holder);
-        entries
+        self.store.holders(&self.request.name).unwrap_or_default()
     }
 
     fn busy(&mut self, trouble: Option<&Error>) -> Error {

@@ -52,6 +52,41 @@ fn an_uncontended_run_makes_three_calls() {
 }
 
 #[test]
+fn a_busy_run_asks_about_the_holders_not_the_whole_line() {
+    let Some((store, server)) = etcd() else {
+        return;
+    };
+    let scratch = Scratch::new();
+    let mut holder = hold_recording(&store, &scratch, "busy", &[]);
+    let mut waiters: Vec<Running> = (0..8)
+        .map(|_| {
+            store
+                .lockrun()
+                .args(["--name", "busy", "-w", "60", "true"])
+                .start()
+        })
+        .collect();
+    wait_until("the waiters to join the line", || {
+        let output = run(store.status().args(["busy", "--json"]));
+        stdout(&output).matches(r#""state":"waiting""#).count() == 8
+    });
+    let asked = || server.calls().get("LeaseTimeToLive").copied().unwrap_or(0);
+    let before = asked();
+    let output = run(store
+        .lockrun()
+        .args(["--name", "busy", "--no-wait", "true"]));
+    assert_status(&output, 75);
+    assert!(stderr(&output).contains("busy"), "{}", stderr(&output));
+    // A herd of busy runs on one name must not each ask about every place in line.
+    assert_eq!(asked() - before, 1, "one lease asked about: the holder's");
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(wait(&mut holder).code(), Some(0));
+    for waiter in &mut waiters {
+        assert_eq!(wait(waiter).code(), Some(0));
+    }
+}
+
+#[test]
 fn a_waiter_starts_as_soon_as_the_holder_ends_without_polling() {
     let Some((store, _server)) = etcd() else {
         return;

@@ -227,6 +227,14 @@ pub trait Store {
     /// name). Only reads: never takes a lock or writes.
     fn list(&mut self, name: Option<&Name>) -> Result<Vec<Entry>>;
 
+    /// The holders of `name`, for a busy run's message and the waiting line's
+    /// display. A store that pays a call per entry overrides it to skip the waiters.
+    fn holders(&mut self, name: &Name) -> Result<Vec<Entry>> {
+        let mut entries = self.list(Some(name))?;
+        entries.retain(Entry::is_holder);
+        Ok(entries)
+    }
+
     /// Takes the slots of `name` (one, or all) away from their holders
     /// (`release --force`) and returns what it broke. Only where
     /// [`Abilities::breakable`]: elsewhere nothing can be broken.

@@ -48,6 +48,11 @@ impl Place {
         }
     }
 
+    /// Whether its record says it holds a slot.
+    pub fn holds(&self) -> bool {
+        matches!(self.record, Some(Record::Holding(_)))
+    }
+
     pub fn owner(&self) -> Option<&Owner> {
         match &self.record {
             Some(Record::Holding(holding)) => Some(&holding.holder.owner),
