@@ -433,6 +433,7 @@ pub fn long_line(backend: &str, store: &Store, gauge: &Gauge) {
         .windows(2)
         .map(|pair| Duration::from_nanos((pair[1].1 - pair[0].1).max(0).unsigned_abs() as u64))
         .collect();
+    let longest = intervals.iter().max().copied().unwrap_or_default();
     let tenth = (intervals.len() / 10).max(1);
     let mut front = intervals[..tenth].to_vec();
     let mut back = intervals[intervals.len() - tenth..].to_vec();
@@ -450,11 +451,12 @@ pub fn long_line(backend: &str, store: &Store, gauge: &Gauge) {
     };
     eprintln!(
         "fleet: {backend} line of {line}: joined in {:.1} s; served in arrival order: {}; \
-         start-to-start median, first tenth {} → last tenth {}{bounded}",
+         start-to-start median, first tenth {} → last tenth {}, longest {}{bounded}",
         joining.as_secs_f64(),
         order.iter().copied().eq(0..line),
         ms(front),
         ms(back),
+        ms(longest),
     );
     assert_eq!(
         order,
