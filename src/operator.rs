@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::io::Write;
 use std::time::{Duration, SystemTime};
 
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::backend::Entry;
 use crate::cli::{ReleaseArgs, StatusArgs};
@@ -20,16 +20,15 @@ use crate::timestamp::{rfc3339, rfc3339_seconds};
 pub fn status(args: &StatusArgs) -> Result<u8> {
     let mut store = args.store.open(false)?;
     let entries = store.list(args.name.as_ref())?;
-    let text = if args.json {
-        json_list(&args.store.backend, &entries)
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    // Written entry by entry: thousands of names need no copy of the whole listing as text.
+    let written = if args.json {
+        json_list(&mut out, &args.store.backend, &entries)
     } else {
-        table(
-            &entries,
-            args.name.as_ref(),
-            epoch_millis(SystemTime::now()),
-        )
+        let now = epoch_millis(SystemTime::now());
+        table(&mut out, &entries, args.name.as_ref(), now)
     };
-    print(&text)?;
+    finish(written.and_then(|()| out.flush()))?;
     Ok(0)
 }
 
@@ -104,107 +103,79 @@ fn unbreakable(name: &Name, entries: &[Entry]) -> Error {
 
 fn print(text: &str) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
-    match stdout
-        .write_all(text.as_bytes())
-        .and_then(|()| stdout.flush())
-    {
+    finish(
+        stdout
+            .write_all(text.as_bytes())
+            .and_then(|()| stdout.flush()),
+    )
+}
+
+/// What writing to stdout came to.
+fn finish(written: std::io::Result<()>) -> Result<()> {
+    match written {
         // The reader stopped reading (`| head`): it has all it wanted, nothing went wrong.
         Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         written => written.map_err(|err| Error::output("stdout", &err)),
     }
 }
 
-/// The `status --json` array (README: "Who holds a lock").
-fn json_list(backend: &str, entries: &[Entry]) -> String {
-    let objects: Vec<Value> = entries
-        .iter()
-        .map(|entry| {
-            let mut object = json!({
-                "name": entry.name,
-                "backend": backend,
-                "state": if entry.is_holder() { "holding" } else { "waiting" },
-                "slot": entry.slot,
-                "position": entry.position,
-                "pid": entry.pid,
-                "host": entry.host,
-                "command": entry.command,
-                "expires_at": entry.expires_at.map(rfc3339),
-                "fence": entry.fence,
-            });
-            let since = if entry.is_holder() {
-                "acquired_at"
-            } else {
-                "waiting_since"
-            };
-            object[since] = json!(entry.since.map(rfc3339));
-            object
-        })
-        .collect();
-    format!("{}\n", Value::Array(objects))
+/// The `status --json` array (README: "Who holds a lock"), one object at a time.
+fn json_list(out: &mut impl Write, backend: &str, entries: &[Entry]) -> std::io::Result<()> {
+    out.write_all(b"[")?;
+    for (at, entry) in entries.iter().enumerate() {
+        if at > 0 {
+            out.write_all(b",")?;
+        }
+        let mut object = json!({
+            "name": entry.name,
+            "backend": backend,
+            "state": if entry.is_holder() { "holding" } else { "waiting" },
+            "slot": entry.slot,
+            "position": entry.position,
+            "pid": entry.pid,
+            "host": entry.host,
+            "command": entry.command,
+            "expires_at": entry.expires_at.map(rfc3339),
+            "fence": entry.fence,
+        });
+        let since = if entry.is_holder() {
+            "acquired_at"
+        } else {
+            "waiting_since"
+        };
+        object[since] = json!(entry.since.map(rfc3339));
+        serde_json::to_writer(&mut *out, &object)?;
+    }
+    out.write_all(b"]\n")
 }
 
 /// An aligned table for people; times in UTC with how long ago / how soon.
-fn table(entries: &[Entry], name: Option<&Name>, now_millis: u64) -> String {
+/// The columns' widths come from a first pass over the rows, which are then
+/// made again one at a time as they are written.
+fn table(
+    out: &mut impl Write,
+    entries: &[Entry],
+    name: Option<&Name>,
+    now_millis: u64,
+) -> std::io::Result<()> {
     if entries.is_empty() {
         return match name {
-            Some(name) => format!("{name} is not held\n"),
-            None => "no lock is held\n".into(),
+            Some(name) => writeln!(out, "{name} is not held"),
+            None => writeln!(out, "no lock is held"),
         };
     }
     let header = [
         "NAME", "STATE", "SLOT", "LINE", "PID", "HOST", "SINCE", "FOR", "EXPIRES", "FENCE",
         "COMMAND",
-    ];
-    let unknown = || "-".to_owned();
-    let rows: Vec<[String; 11]> = entries
-        .iter()
-        .map(|entry| {
-            let ago = |millis: u64| Duration::from_millis(now_millis.saturating_sub(millis));
-            let expires =
-                entry
-                    .expires_at
-                    .map_or_else(unknown, |at| match at.checked_sub(now_millis) {
-                        Some(left) => format!("in {}", display(Duration::from_millis(left))),
-                        None => format!("{} ago", display(ago(at))),
-                    });
-            [
-                entry.name.clone(),
-                if entry.is_holder() {
-                    "holding"
-                } else {
-                    "waiting"
-                }
-                .to_owned(),
-                entry.slot.map_or_else(unknown, |slot| slot.to_string()),
-                if entry.is_holder() {
-                    unknown()
-                } else {
-                    entry.position.to_string()
-                },
-                entry.pid.to_string(),
-                entry.host.clone(),
-                entry.since.map_or_else(unknown, rfc3339_seconds),
-                entry
-                    .since
-                    .map_or_else(unknown, |since| display(ago(since))),
-                expires,
-                entry.fence.map_or_else(unknown, |fence| fence.to_string()),
-                entry.command.clone(),
-            ]
-            .map(|cell| escape_controls(&cell))
-        })
-        .collect();
-    let widths: Vec<usize> = (0..header.len())
-        .map(|column| {
-            rows.iter()
-                .map(|row| row[column].chars().count())
-                .chain([header[column].len()])
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let mut out = String::new();
-    let mut push_row = |cells: &[&str]| {
+    ]
+    .map(str::to_owned);
+    let mut widths = header.each_ref().map(|cell| cell.chars().count());
+    for entry in entries {
+        for (width, cell) in widths.iter_mut().zip(row(entry, now_millis)) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut write_row = |cells: &[String; 11]| {
         let mut line = String::new();
         for (column, cell) in cells.iter().enumerate() {
             if column + 1 == cells.len() {
@@ -214,12 +185,48 @@ fn table(entries: &[Entry], name: Option<&Name>, now_millis: u64) -> String {
                 let _ = write!(line, "{cell}{}  ", " ".repeat(pad));
             }
         }
-        out.push_str(line.trim_end());
-        out.push('\n');
+        writeln!(out, "{}", line.trim_end())
     };
-    push_row(&header);
-    for row in &rows {
-        push_row(&row.each_ref().map(String::as_str));
+    write_row(&header)?;
+    for entry in entries {
+        write_row(&row(entry, now_millis))?;
     }
-    out
+    Ok(())
+}
+
+/// One entry's cells, escaped for a terminal.
+fn row(entry: &Entry, now_millis: u64) -> [String; 11] {
+    let unknown = || "-".to_owned();
+    let ago = |millis: u64| Duration::from_millis(now_millis.saturating_sub(millis));
+    let expires = entry
+        .expires_at
+        .map_or_else(unknown, |at| match at.checked_sub(now_millis) {
+            Some(left) => format!("in {}", display(Duration::from_millis(left))),
+            None => format!("{} ago", display(ago(at))),
+        });
+    [
+        entry.name.clone(),
+        if entry.is_holder() {
+            "holding"
+        } else {
+            "waiting"
+        }
+        .to_owned(),
+        entry.slot.map_or_else(unknown, |slot| slot.to_string()),
+        if entry.is_holder() {
+            unknown()
+        } else {
+            entry.position.to_string()
+        },
+        entry.pid.to_string(),
+        entry.host.clone(),
+        entry.since.map_or_else(unknown, rfc3339_seconds),
+        entry
+            .since
+            .map_or_else(unknown, |since| display(ago(since))),
+        expires,
+        entry.fence.map_or_else(unknown, |fence| fence.to_string()),
+        entry.command.clone(),
+    ]
+    .map(|cell| escape_controls(&cell))
 }
