@@ -29,6 +29,8 @@ pub struct Look {
     pub free: bool,
     /// The look began to listen for wake-ups (its session did not before).
     pub began_listening: bool,
+    /// When to look again at the latest, if sooner than the line says.
+    pub moves_by: Option<Moment>,
     holders: Vec<Seen>,
     just_ahead: Option<Seen>,
     /// When the answer came: `left_ms` counts from then.
@@ -193,6 +195,7 @@ impl Look {
                 .transpose()
                 .map_err(bad)?,
             answered: Moment::now(),
+            moves_by: None,
         })
     }
 
@@ -204,7 +207,9 @@ impl Look {
             .map(|h| h.ahead(self.answered))
             .collect();
         let just_ahead = self.just_ahead.as_ref().map(|w| w.ahead(self.answered));
-        line(me, self.position, &holders, just_ahead.as_ref())
+        let mut line = line(me, self.position, &holders, just_ahead.as_ref());
+        line.moves_by = [line.moves_by, self.moves_by].into_iter().flatten().min();
+        line
     }
 }
 

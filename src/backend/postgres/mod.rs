@@ -77,6 +77,12 @@ impl Options {
 /// them connect only to look, so a line of thousands needs a few connections.
 const SPARE_LISTENERS: u32 = 16;
 const MAX_LISTENERS: u32 = 64;
+/// How long a waiter beyond those places waits between looks per place it is
+/// beyond them: a line of short jobs drains the places ahead of it no faster
+/// than about one per 10 ms, so it comes in well before they have gone, and a
+/// line of a thousand that stands still costs a few dozen more looks a second
+/// than the looks every TTL/3 that keep the places.
+const PACE_FROM_AFAR: Duration = Duration::from_millis(100);
 
 struct PostgresStore {
     link: Rc<RefCell<Link>>,
@@ -107,13 +113,17 @@ impl PostgresStore {
     fn look(&mut self, request: &Request, join: bool) -> Result<Look> {
         let refresh = join || self.refresh_due.is_none_or(Moment::has_passed);
         let mut link = self.link.borrow_mut();
-        let look = Look::take(&mut link, &self.sql, request, join, refresh)?;
+        let mut look = Look::take(&mut link, &self.sql, request, join, refresh)?;
         if refresh {
             self.refresh_due = Some(Moment::now() + request.ttl / 3);
         }
         let listener_places = (request.parallelism + SPARE_LISTENERS).min(MAX_LISTENERS);
         if look.position > listener_places {
             link.disconnect();
+            // Not told when the line moves: look again in time to come in and listen
+            // before the places ahead have gone, however fast the line moves then.
+            let distance = look.position - listener_places;
+            look.moves_by = Some(Moment::now() + PACE_FROM_AFAR * distance);
         }
         // Without the name's lock, a wake-up may have gone out just before we listened.
         self.look_again = look.began_listening && !join && link.listening();
