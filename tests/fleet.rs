@@ -312,15 +312,16 @@ pub fn herd(backend: &str, store: &Store, gauge: &Gauge) {
     let limit = PATIENCE_PER_RUN * u32::try_from(herd).unwrap() + Duration::from_secs(10);
     let mut answered = vec![None; herd];
     let mut codes = vec![None; herd];
-    let holding = |pid: u32| {
-        // flock(1) runs lockrun as its child, and lockrun the holder's shell.
-        fs::read_dir(scratch.dir()).unwrap().any(|entry| {
-            let name = entry.unwrap().file_name();
-            let name = name.to_string_lossy();
-            name.strip_prefix("held.")
-                .and_then(|child| child.parse::<u32>().ok())
-                .is_some_and(|child| parent_of(child).and_then(parent_of) == Some(pid))
-        })
+    // flock(1) runs lockrun as its child, and lockrun the holder's shell, which names its file.
+    let holding = || -> Vec<u32> {
+        fs::read_dir(scratch.dir())
+            .unwrap()
+            .filter_map(|entry| {
+                let name = entry.ok()?.file_name();
+                let shell = name.to_str()?.strip_prefix("held.")?.parse().ok()?;
+                parent_of(shell).and_then(parent_of)
+            })
+            .collect()
     };
     while answered.iter().any(Option::is_none) {
         assert!(
@@ -329,6 +330,7 @@ pub fn herd(backend: &str, store: &Store, gauge: &Gauge) {
             answered.iter().filter(|a| a.is_none()).count(),
             started.elapsed()
         );
+        let holders = holding();
         for (at, run) in runs.iter_mut().enumerate() {
             if answered[at].is_some() {
                 continue;
@@ -336,7 +338,7 @@ pub fn herd(backend: &str, store: &Store, gauge: &Gauge) {
             if let Some(status) = run.try_wait().unwrap() {
                 answered[at] = Some(started.elapsed());
                 codes[at] = status.code();
-            } else if holding(run.id()) {
+            } else if holders.contains(&run.id()) {
                 answered[at] = Some(started.elapsed());
             }
         }
