@@ -15,6 +15,7 @@
 //! processes' CPU time, etcd's metrics).
 
 use std::fs;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -277,38 +278,27 @@ fn blocked_on(barrier: &Path) -> usize {
         .count()
 }
 
-/// `herd` lockruns with `--no-wait -p 3` let go at one instant (all blocked on
-/// one flock(1) barrier first): exactly 3 run, the rest exit 75 at once.
-pub fn herd(backend: &str, store: &Store, gauge: &Gauge) {
-    let herd = scale("LOCKRUN_FLEET_HERD", 100);
-    let scratch = Scratch::new();
-    let barrier = scratch.path("barrier");
-    fs::write(&barrier, "").unwrap();
-    let gate = fs::File::open(&barrier).unwrap();
-    gate.lock().unwrap();
-    let holder = format!(
-        "touch '{held}'.$$; while [ ! -e '{release}' ]; do sleep 0.05; done",
-        held = scratch.path("held").display(),
-        release = scratch.path("release").display(),
-    );
-    let argv = store.argv(&["--name", "herd", "-p", "3", "--no-wait", "-c", &holder]);
-    let mut runs: Vec<Running> = (0..herd)
-        .map(|_| {
-            Command::new("flock")
-                .arg("-s")
-                .arg(&barrier)
-                .args(&argv)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .start()
-        })
-        .collect();
-    wait_until("the herd to line up at the barrier", || {
-        blocked_on(&barrier) == herd
-    });
-    let before = gauge.read();
-    let started = Instant::now();
-    gate.unlock().unwrap();
+/// The herd's flock(1) processes, each leading a process group with its
+/// lockrun: killed with them if the test ends early (the watchdogs then stop the commands).
+struct Herd(Vec<Running>);
+
+impl Drop for Herd {
+    fn drop(&mut self) {
+        for run in &self.0 {
+            let group = nix::unistd::Pid::from_raw(run.id().cast_signed());
+            let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
+
+/// Waits for every lockrun of the herd to have its answer: an exit, or its
+/// command running (the holders). When each came, and the exits' statuses.
+fn answers(
+    runs: &mut Herd,
+    scratch: &Scratch,
+    started: Instant,
+) -> (Vec<Option<Duration>>, Vec<Option<i32>>) {
+    let herd = runs.0.len();
     let limit = PATIENCE_PER_RUN * u32::try_from(herd).unwrap() + Duration::from_secs(10);
     let mut answered = vec![None; herd];
     let mut codes = vec![None; herd];
@@ -331,7 +321,7 @@ pub fn herd(backend: &str, store: &Store, gauge: &Gauge) {
             started.elapsed()
         );
         let holders = holding();
-        for (at, run) in runs.iter_mut().enumerate() {
+        for (at, run) in runs.0.iter_mut().enumerate() {
             if answered[at].is_some() {
                 continue;
             }
@@ -344,9 +334,48 @@ pub fn herd(backend: &str, store: &Store, gauge: &Gauge) {
         }
         thread::sleep(Duration::from_millis(2));
     }
+    (answered, codes)
+}
+
+/// `herd` lockruns with `--no-wait -p 3` let go at one instant (all blocked on
+/// one flock(1) barrier first): exactly 3 run, the rest exit 75 at once.
+pub fn herd(backend: &str, store: &Store, gauge: &Gauge) {
+    let herd = scale("LOCKRUN_FLEET_HERD", 100);
+    let scratch = Scratch::new();
+    let barrier = scratch.path("barrier");
+    fs::write(&barrier, "").unwrap();
+    let gate = fs::File::open(&barrier).unwrap();
+    gate.lock().unwrap();
+    let holder = format!(
+        "touch '{held}'.$$; while [ ! -e '{release}' ]; do sleep 0.05; done",
+        held = scratch.path("held").display(),
+        release = scratch.path("release").display(),
+    );
+    let argv = store.argv(&["--name", "herd", "-p", "3", "--no-wait", "-c", &holder]);
+    let mut runs = Herd(
+        (0..herd)
+            .map(|at| {
+                Command::new("flock")
+                    .arg("-s")
+                    .arg(&barrier)
+                    .args(&argv)
+                    .stdout(Stdio::null())
+                    .stderr(fs::File::create(scratch.path(&format!("stderr.{at}"))).unwrap())
+                    .process_group(0)
+                    .start()
+            })
+            .collect(),
+    );
+    wait_until("the herd to line up at the barrier", || {
+        blocked_on(&barrier) == herd
+    });
+    let before = gauge.read();
+    let started = Instant::now();
+    gate.unlock().unwrap();
+    let (answered, mut codes) = answers(&mut runs, &scratch, started);
     let after = gauge.read();
     fs::write(scratch.path("release"), "").unwrap();
-    for (at, run) in runs.iter_mut().enumerate() {
+    for (at, run) in runs.0.iter_mut().enumerate() {
         if codes[at].is_none() {
             codes[at] = wait(run).code();
         }
@@ -369,8 +398,20 @@ pub fn herd(backend: &str, store: &Store, gauge: &Gauge) {
         ms(last),
         work_text(gauge, before, after, herd),
     );
-    assert_eq!(count(0), SLOTS, "exactly {SLOTS} ran: {codes:?}");
-    assert_eq!(count(75), herd - SLOTS, "the rest were busy: {codes:?}");
+    let other = codes
+        .iter()
+        .position(|code| !matches!(code, Some(0 | 75)))
+        .map(|at| fs::read_to_string(scratch.path(&format!("stderr.{at}"))).unwrap_or_default());
+    assert_eq!(
+        count(0),
+        SLOTS,
+        "exactly {SLOTS} ran; another said: {other:?}"
+    );
+    assert_eq!(
+        count(75),
+        herd - SLOTS,
+        "the rest were busy; another said: {other:?}"
+    );
 }
 
 /// `line` waiters queued one after another behind a holder, then served: every

@@ -526,3 +526,64 @@ fn waiters_too_far_back_to_listen_come_in_before_the_line_reaches_them() {
         longest / 1_000_000
     );
 }
+
+#[test]
+fn a_server_too_busy_to_answer_at_first_contact_is_waited_out() {
+    use std::io;
+    use std::net::{TcpListener, TcpStream};
+
+    let Some(server) = PostgresServer::start() else {
+        return;
+    };
+    // In front of the server, as it looks in a fleet's cron minute: the first two
+    // connections are accepted and never answered; the rest reach the server.
+    let front = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = front.local_addr().unwrap().port();
+    let upstream = server.port();
+    thread::spawn(move || {
+        for (at, client) in front.incoming().map_while(Result::ok).enumerate() {
+            if at < 2 {
+                thread::spawn(move || {
+                    thread::sleep(Duration::from_secs(4));
+                    drop(client);
+                });
+                continue;
+            }
+            let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                continue;
+            };
+            for (mut from, mut to) in [
+                (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                (server, client),
+            ] {
+                thread::spawn(move || io::copy(&mut from, &mut to));
+            }
+        }
+    });
+    let url = format!(
+        "postgres://{USER}:{PASSWORD}@127.0.0.1:{port}/postgres?sslmode=disable&connect_timeout=1"
+    );
+    let lockrun = || {
+        let mut command = lockrun();
+        command.args([
+            "--backend",
+            "postgres",
+            "--postgres-url",
+            &url,
+            "--name",
+            "busy",
+        ]);
+        command
+    };
+    // Not unavailable (69): busy, saying why.
+    let output = run(lockrun().args(["--no-wait", "true"]));
+    assert_status(&output, 75);
+    assert!(
+        stderr(&output).contains("did not answer"),
+        "{}",
+        stderr(&output)
+    );
+    // A waiting run rides it out.
+    let output = run(lockrun().args(["-w", "30", "--initial-delay", "0.1", "true"]));
+    assert_status(&output, 0);
+}

@@ -95,11 +95,15 @@ impl Connector {
                 }
             };
             let left = deadline.saturating_duration_since(Instant::now());
-            let config = config(target, &endpoint);
+            let mut config = config(target, &endpoint);
+            // The socket gets half the time, so that a connection that was not made fails
+            // as unreachable before the deadline: one still starting at the deadline was
+            // accepted by a server too busy to answer (a fleet's cron minute).
+            config.connect_timeout(target.connect_timeout.min(left / 2));
             let connect = runtime.block_on(async {
                 tokio::time::timeout(left, config.connect(self.tls.clone()))
                     .await
-                    .map_err(|_| Trouble::TimedOut(within))?
+                    .map_err(|_| Trouble::Unanswered(within))?
                     .map_err(Trouble::from)
             });
             match connect {
@@ -114,7 +118,7 @@ impl Connector {
                     });
                 }
                 Err(trouble) => {
-                    let out_of_time = matches!(trouble, Trouble::TimedOut(_));
+                    let out_of_time = matches!(trouble, Trouble::Unanswered(_));
                     failure = Some(describe(target, "connect", &trouble));
                     if out_of_time {
                         break;

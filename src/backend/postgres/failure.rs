@@ -35,9 +35,10 @@ pub enum Kind {
     /// timeout. Exit 69 at first contact; later, retried with backoff.
     Transient,
     /// The server is there but has no room for another connection ("too many
-    /// clients", 53300). Retried with backoff even at first contact: a fleet
-    /// whose cron jobs all start in the same minute fills `max_connections`
-    /// for a moment, and that is no reason for their jobs to fail.
+    /// clients", 53300), or accepted it but is too busy to start the session
+    /// in time. Retried with backoff even at first contact: a fleet whose cron
+    /// jobs all start in the same minute fills `max_connections` or the
+    /// server's CPU for a moment, and that is no reason for their jobs to fail.
     Crowded,
     /// SQL the server rejected that lockrun should never have sent: a bug, exit 70.
     Internal,
@@ -97,6 +98,9 @@ pub(super) enum Trouble {
     Postgres(tokio_postgres::Error),
     /// No answer within this long: the connection is given up.
     TimedOut(Duration),
+    /// Connected, but the server did not finish starting the session within
+    /// this long: it is there, too busy for us for now.
+    Unanswered(Duration),
     /// The connection had ended before or during the call.
     Lost,
 }
@@ -118,6 +122,12 @@ fn classify(trouble: &Trouble) -> (Kind, String) {
     let err = match trouble {
         Trouble::TimedOut(within) => {
             return (Kind::Unreachable, format!("no answer within {within:?}"));
+        }
+        Trouble::Unanswered(within) => {
+            return (
+                Kind::Crowded,
+                format!("connected, but the server did not answer within {within:?}"),
+            );
         }
         Trouble::Lost => return (Kind::Transient, "the connection was lost".into()),
         Trouble::Postgres(err) => err,
