@@ -21,9 +21,9 @@ use crate::error::{Error, Trouble as Passing};
 pub enum Kind {
     /// `--postgres-url` or the environment is wrong: exit 64.
     Usage,
-    /// The server cannot be reached: refused, no such host or socket, no answer
-    /// in time. Exit 69 at first contact; later, a restart or a network blip
-    /// to ride out.
+    /// The server cannot be reached: refused, no such host or socket, no
+    /// connection in time, no answer to a call. Exit 69 at first contact;
+    /// later, a restart or a network blip to ride out.
     Unreachable,
     /// The server answered but will not serve lockrun: a wrong password, no
     /// such user or database, a missing privilege, a certificate that does not
