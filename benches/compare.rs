@@ -407,7 +407,16 @@ fn benchmark() {
     #[cfg(not(feature = "postgres"))]
     let postgres = Err("this build has no postgres backend".to_owned());
     #[cfg(feature = "etcd")]
-    let etcd = EtcdServer::start()
+    // etcd's default timing and snapshots, not the tests' quicker elections and frequent snapshots.
+    let defaults = [
+        "--heartbeat-interval",
+        "100",
+        "--election-timeout",
+        "1000",
+        "--snapshot-count",
+        "100000",
+    ];
+    let etcd = EtcdServer::start_with(None, &defaults)
         .ok_or_else(|| missing("etcd"))
         .and_then(|server| Server::Etcd(server).locker(lockrun));
     #[cfg(not(feature = "etcd"))]
