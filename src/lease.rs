@@ -116,14 +116,15 @@ impl Held {
         }
     }
 
-    /// Before the command starts: a lease already due for renewal (its slot's
+    /// Before the command starts: a lease close to its stop already (its slot's
     /// answer came late: a database busy for a while) is renewed now, even past
     /// its deadline, as nothing runs under it yet. `Keep` once it is confirmed.
+    /// One merely due for renewal is renewed once the command runs, as ever.
     pub fn confirm(&mut self, reporter: &Reporter) -> Verdict {
         let Some(lease) = &mut self.lease else {
             return Verdict::Keep;
         };
-        if !lease.renewal_due().has_passed() {
+        if lease.stop_at().remaining() >= lease.ttl() / 6 {
             return Verdict::Keep;
         }
         let reason = match renew(self.slot.as_mut(), lease, lease.ttl() / 3, reporter) {
