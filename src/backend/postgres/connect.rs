@@ -31,7 +31,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{AsyncMessage, Client, Config, Connection, Notification, Row, Socket};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use super::failure::{Failure, Kind, Trouble, connection_timed_out, describe};
+use super::failure::{Failure, Kind, Trouble, describe};
 use super::resolve::{self, Endpoint};
 use super::target::{SslMode, Target};
 use super::tls;
@@ -45,8 +45,6 @@ const KEEPALIVE_RETRIES: u32 = 3;
 /// How long sent data may go unacknowledged before the kernel drops the
 /// connection; covers a peer that vanished while lockrun was sending.
 const TCP_USER_TIMEOUT: Duration = Duration::from_secs(8);
-/// The longest one attempt to make a connection may take before another is made.
-const SOCKET_ATTEMPT: Duration = Duration::from_secs(1);
 
 type TlsStream = <MakeRustlsConnect as MakeTlsConnect<Socket>>::Stream;
 
@@ -96,28 +94,18 @@ impl Connector {
                     continue;
                 }
             };
-            let connect = loop {
-                let left = deadline.saturating_duration_since(Instant::now());
-                let mut config = config(target, &endpoint);
-                // A socket gets at most half the time left, so that a connection not made
-                // fails as unreachable before the deadline: one still starting at the deadline
-                // was accepted by a server too busy to answer (a fleet's cron minute). And at
-                // most a second: a server whose listen queue is full drops new connections
-                // until it has room, and a fresh attempt is seen sooner than the kernel's
-                // retries of the first (after 1 s, then 3 s).
-                config.connect_timeout(target.connect_timeout.min(left / 2).min(SOCKET_ATTEMPT));
-                let attempt = runtime.block_on(async {
-                    tokio::time::timeout(left, config.connect(self.tls.clone()))
-                        .await
-                        .map_err(|_| Trouble::Unanswered(within))?
-                        .map_err(Trouble::from)
-                });
-                let again = matches!(&attempt, Err(trouble) if connection_timed_out(trouble))
-                    && deadline.saturating_duration_since(Instant::now()) >= SOCKET_ATTEMPT;
-                if !again {
-                    break attempt;
-                }
-            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            let mut config = config(target, &endpoint);
+            // The socket gets half the time, so that a connection that was not made fails
+            // as unreachable before the deadline: one still starting at the deadline was
+            // accepted by a server too busy to answer (a fleet's cron minute).
+            config.connect_timeout(target.connect_timeout.min(left / 2));
+            let connect = runtime.block_on(async {
+                tokio::time::timeout(left, config.connect(self.tls.clone()))
+                    .await
+                    .map_err(|_| Trouble::Unanswered(within))?
+                    .map_err(Trouble::from)
+            });
             match connect {
                 Ok((client, connection)) => {
                     return Ok(Session {

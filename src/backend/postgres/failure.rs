@@ -200,13 +200,6 @@ fn kind_of_io(err: &io::Error, connecting: bool) -> Kind {
 }
 
 /// The first I/O error in `err`'s chain of causes.
-/// Whether `trouble` is a connection that was not made in time (the server's
-/// listen queue may be full: it drops new connections until it has room).
-pub(super) fn connection_timed_out(trouble: &Trouble) -> bool {
-    matches!(trouble, Trouble::Postgres(err)
-        if io_error(err).is_some_and(|io| io.kind() == io::ErrorKind::TimedOut))
-}
-
 fn io_error(err: &tokio_postgres::Error) -> Option<&io::Error> {
     causes(err).find_map(|cause| cause.downcast_ref::<io::Error>())
 }
