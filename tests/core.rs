@@ -150,6 +150,48 @@ pub fn losing_the_server_stops_the_holder(
     assert!(took < within, "stopped after {took:?}");
 }
 
+/// `count` waiters for `name` (with `extra` flags), each joining once the one
+/// before is in line, each a command that appends its place and the time it
+/// started (ns) to `served` in `scratch` (read back with [`served`]).
+pub fn line_up(
+    store: &Store,
+    scratch: &Scratch,
+    name: &str,
+    count: usize,
+    extra: &[&str],
+) -> Vec<Running> {
+    let log = scratch.path("served");
+    (0..count)
+        .map(|place| {
+            let events = scratch.path(&format!("events.{place}"));
+            let script = format!("echo {place} $(date +%s%N) >> '{}'", log.display());
+            let waiter = store
+                .lockrun()
+                .args(["--name", name, "--log-format", "json"])
+                .args(extra)
+                .args(["-c", &script])
+                .stderr(fs::File::create(&events).unwrap())
+                .start();
+            wait_until("a waiter to join the line", || {
+                fs::read_to_string(&events).is_ok_and(|text| text.contains(r#""waiting""#))
+            });
+            waiter
+        })
+        .collect()
+}
+
+/// The places of [`line_up`]'s waiters in the order they were served, each with when it started.
+pub fn served(scratch: &Scratch) -> Vec<(usize, i128)> {
+    fs::read_to_string(scratch.path("served"))
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let (place, at) = line.split_once(' ').unwrap();
+            (place.parse().unwrap(), at.parse().unwrap())
+        })
+        .collect()
+}
+
 /// Runs `true` under `name`, retrying quickly for up to 10 s: the slot must come free by then.
 fn take_soon(store: &Store, name: &str) -> std::process::Output {
     let args = [

@@ -421,24 +421,8 @@ pub fn long_line(backend: &str, store: &Store, gauge: &Gauge) {
     let line = scale("LOCKRUN_FLEET_LINE", 50);
     let scratch = Scratch::new();
     let mut holder = crate::core::hold(store, &scratch, "line", &[]);
-    let log = scratch.path("served");
     let joined = Instant::now();
-    let mut waiters: Vec<Running> = (0..line)
-        .map(|place| {
-            let events = scratch.path(&format!("events.{place}"));
-            let script = format!("echo {place} $(date +%s%N) >> '{log}'", log = log.display());
-            let waiter = store
-                .lockrun()
-                .args(["--name", "line", "-w", "600", "--log-format", "json"])
-                .args(["-c", &script])
-                .stderr(fs::File::create(&events).unwrap())
-                .start();
-            wait_until("a waiter to join the line", || {
-                fs::read_to_string(&events).is_ok_and(|text| text.contains(r#""waiting""#))
-            });
-            waiter
-        })
-        .collect();
+    let mut waiters = crate::core::line_up(store, &scratch, "line", line, &["-w", "600"]);
     let joining = joined.elapsed();
     let before = gauge.read();
     let sampling = AtomicBool::new(true);
@@ -463,14 +447,7 @@ pub fn long_line(backend: &str, store: &Store, gauge: &Gauge) {
         sampler.join().unwrap()
     });
     let after = gauge.read();
-    let served: Vec<(usize, i128)> = fs::read_to_string(&log)
-        .unwrap()
-        .lines()
-        .map(|line| {
-            let (place, at) = line.split_once(' ').unwrap();
-            (place.parse().unwrap(), at.parse().unwrap())
-        })
-        .collect();
+    let served = crate::core::served(&scratch);
     let order: Vec<usize> = served.iter().map(|(place, _)| *place).collect();
     let intervals: Vec<Duration> = served
         .windows(2)

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::core::hold;
+use crate::core::{hold, line_up, served};
 use crate::support::postgres::{PASSWORD, PostgresServer, Proxy, USER};
 use crate::support::*;
 
@@ -477,38 +477,21 @@ fn waiters_too_far_back_to_listen_come_in_before_the_line_reaches_them() {
     };
     let scratch = Scratch::new();
     let mut holder = hold(&store, &scratch, "far", &[]);
-    // 17 waiters listen (one slot and 16 more); the 13 behind them look from afar.
-    let log = scratch.path("served");
-    let mut waiters: Vec<Running> = (0..30)
-        .map(|place| {
-            let events = scratch.path(&format!("events.{place}"));
-            let script = format!("echo {place} $(date +%s%N) >> '{}'", log.display());
-            // A 5 s backoff step: a waiter that only polled would hold the line up that long.
-            let waiter = store
-                .lockrun()
-                .args(["--name", "far", "-w", "60", "--initial-delay", "5"])
-                .args(["--log-format", "json", "-c", &script])
-                .stderr(fs::File::create(&events).unwrap())
-                .start();
-            wait_until("the waiter to join the line", || {
-                fs::read_to_string(&events).is_ok_and(|text| text.contains(r#""waiting""#))
-            });
-            waiter
-        })
-        .collect();
+    // 17 waiters listen (one slot and 16 more); the 13 behind them look from afar,
+    // behind a 5 s backoff step: one that only polled would hold the line up that long.
+    let mut waiters = line_up(
+        &store,
+        &scratch,
+        "far",
+        30,
+        &["-w", "60", "--initial-delay", "5"],
+    );
     fs::write(scratch.path("release"), "").unwrap();
     assert_eq!(wait(&mut holder).code(), Some(0));
     for waiter in &mut waiters {
         assert_eq!(wait(waiter).code(), Some(0));
     }
-    let served: Vec<(usize, i128)> = fs::read_to_string(&log)
-        .unwrap()
-        .lines()
-        .map(|line| {
-            let (place, at) = line.split_once(' ').unwrap();
-            (place.parse().unwrap(), at.parse().unwrap())
-        })
-        .collect();
+    let served = served(&scratch);
     let order: Vec<usize> = served.iter().map(|(place, _)| *place).collect();
     assert_eq!(
         order,
