@@ -1,4 +1,4 @@
-//! A cron minute on a fleet, simulated on one machine (README: "Benchmarks",
+//! A cron minute on a fleet, simulated on one machine (README: "Fleet scale",
 //! BENCHMARKS.md: "Scale"): many lockrun processes at once against real
 //! servers of the test's own. Ignored by default, like the stress suite;
 //! `.ci/run` runs a small version and `scripts/fleet` the full one, which sets:
@@ -85,8 +85,8 @@ pub struct Work {
     calls: u64,
     /// CPU time of the server's processes.
     cpu: Duration,
-    /// Clients connected now.
-    connections: u64,
+    /// Clients connected now, where the server says (not etcd's gateway).
+    connections: Option<u64>,
     /// Memory the server uses for data, where it says (Redis).
     memory: Option<u64>,
 }
@@ -138,7 +138,7 @@ fn redis_store() -> Option<(Store, Gauge)> {
             calls,
             cpu: Duration::from_secs_f64(field("used_cpu_sys") + field("used_cpu_user")),
             // Less the connection that asks.
-            connections: (field("connected_clients") as u64).saturating_sub(1),
+            connections: Some((field("connected_clients") as u64).saturating_sub(1)),
             memory: Some(field("used_memory") as u64),
         }
     };
@@ -174,7 +174,7 @@ fn postgres_store() -> Option<(Store, Gauge)> {
         Work {
             calls: row.get::<_, i64>(0).unsigned_abs(),
             cpu: postmaster.map_or(Duration::ZERO, cpu_time_with_children),
-            connections: row.get::<_, i64>(1).unsigned_abs().saturating_sub(1),
+            connections: Some(row.get::<_, i64>(1).unsigned_abs().saturating_sub(1)),
             memory: None,
         }
     };
@@ -203,7 +203,7 @@ fn etcd_store() -> Option<(Store, Gauge)> {
         Work {
             calls: sum("grpc_server_started_total{") as u64,
             cpu: Duration::from_secs_f64(sum("process_cpu_seconds_total")),
-            connections: 0,
+            connections: None,
             memory: None,
         }
     };
@@ -251,17 +251,21 @@ fn ms(duration: Duration) -> String {
 }
 
 /// The server's work between `before` and `after`, per `per` of something.
-fn work_text(gauge: &Gauge, before: Option<Work>, after: Option<Work>, per: usize) -> String {
+fn work_text(
+    gauge: &Gauge,
+    (before, after): (Option<Work>, Option<Work>),
+    per: usize,
+    each: &str,
+) -> String {
     let (Some(before), Some(after)) = (before, after) else {
         return String::new();
     };
     let per = per as f64;
     format!(
-        "; server: {:.2} {} and {:.3} ms CPU per {}",
+        "; server: {:.2} {} and {:.3} ms CPU per {each}",
         (after.calls - before.calls) as f64 / per,
         gauge.unit,
         (after.cpu.saturating_sub(before.cpu)).as_secs_f64() * 1000.0 / per,
-        "attempt",
     )
 }
 
@@ -396,7 +400,7 @@ pub fn herd(backend: &str, store: &Store, gauge: &Gauge) {
         ms(p50),
         ms(p99),
         ms(last),
-        work_text(gauge, before, after, herd),
+        work_text(gauge, (before, after), herd, "attempt"),
     );
     let other = codes
         .iter()
@@ -460,12 +464,14 @@ pub fn long_line(backend: &str, store: &Store, gauge: &Gauge) {
     let (front, back) = (percentile(&mut front, 50.0), percentile(&mut back, 50.0));
     let bounded = match (before, after) {
         (Some(_), Some(after)) => format!(
-            "; server: peak {} connections{}{}",
-            peak.connections,
-            peak.memory
-                .map(|memory| format!(", peak {:.1} MiB used", memory as f64 / 1_048_576.0))
+            "; server:{}{}{}",
+            peak.connections
+                .map(|connections| format!(" peak {connections} connections,"))
                 .unwrap_or_default(),
-            work_text(gauge, before, Some(after), line).replace("; server:", ","),
+            peak.memory
+                .map(|memory| format!(" peak {:.1} MiB used,", memory as f64 / 1_048_576.0))
+                .unwrap_or_default(),
+            work_text(gauge, (before, Some(after)), line, "acquisition").replace("; server:", ""),
         ),
         _ => String::new(),
     };
