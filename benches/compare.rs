@@ -406,19 +406,21 @@ fn benchmark() {
         .and_then(|server| Server::Postgres(server).locker(lockrun));
     #[cfg(not(feature = "postgres"))]
     let postgres = Err("this build has no postgres backend".to_owned());
-    #[cfg(feature = "etcd")]
     // etcd's default timing and snapshots, not the tests' quicker elections and frequent snapshots.
-    let defaults = [
-        "--heartbeat-interval",
-        "100",
-        "--election-timeout",
-        "1000",
-        "--snapshot-count",
-        "100000",
-    ];
-    let etcd = EtcdServer::start_with(None, &defaults)
-        .ok_or_else(|| missing("etcd"))
-        .and_then(|server| Server::Etcd(server).locker(lockrun));
+    #[cfg(feature = "etcd")]
+    let etcd = EtcdServer::start_with(
+        None,
+        &[
+            "--heartbeat-interval",
+            "100",
+            "--election-timeout",
+            "1000",
+            "--snapshot-count",
+            "100000",
+        ],
+    )
+    .ok_or_else(|| missing("etcd"))
+    .and_then(|server| Server::Etcd(server).locker(lockrun));
     #[cfg(not(feature = "etcd"))]
     let etcd = Err("this build has no etcd backend".to_owned());
     let mut bench = Bench {
