@@ -1572,43 +1572,15 @@ impl Server {
         })
     }
 
-    /// The work the server has done so far, by kind: Redis's commands (INFO
-    /// commandstats, less the benchmark's own INFO), etcd's calls (gRPC, from its
-    /// metrics), PostgreSQL's transactions (`pg_stat_database`, which counts a
-    /// session's work when it ends: lockrun's sessions have ended when this is read).
+    /// The work the server has done so far, by kind: Redis's commands, etcd's
+    /// calls (gRPC, from its metrics), PostgreSQL's transactions (counted when a
+    /// session ends: lockrun's have ended when this is read); see tests/support.
     fn work(&self) -> BTreeMap<String, u64> {
         match self {
-            Self::Redis(server) => {
-                let info: String = redis::cmd("INFO")
-                    .arg("commandstats")
-                    .query(&mut server.client())
-                    .unwrap_or_default();
-                info.lines()
-                    .filter_map(|line| {
-                        // cmdstat_evalsha:calls=3,usec=...
-                        let (command, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-                        let calls = stats.strip_prefix("calls=")?.split(',').next()?;
-                        Some((command.to_owned(), calls.parse().ok()?))
-                    })
-                    // INFO and PING are the benchmark's own.
-                    .filter(|(command, _)| !matches!(command.as_str(), "info" | "ping"))
-                    .collect()
-            }
+            Self::Redis(server) => server.command_calls(),
             #[cfg(feature = "postgres")]
             Self::Postgres(server) => {
-                let row = server
-                    .client()
-                    .query_one(
-                        "SELECT xact_commit + xact_rollback FROM pg_stat_database \
-                         WHERE datname = current_database()",
-                        &[],
-                    )
-                    .expect("pg_stat_database");
-                // Each such reading session adds one of its own: noise over a thousand runs.
-                BTreeMap::from([(
-                    "transactions".to_owned(),
-                    row.get::<_, i64>(0).cast_unsigned(),
-                )])
+                BTreeMap::from([("transactions".to_owned(), server.transactions())])
             }
             #[cfg(feature = "etcd")]
             Self::Etcd(server) => server.calls(),

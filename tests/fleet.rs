@@ -125,17 +125,8 @@ fn redis_store() -> Option<(Store, Gauge)> {
                 .and_then(|value| value.trim().parse().ok())
                 .unwrap_or(0.0)
         };
-        let calls = info
-            .lines()
-            .filter_map(|line| line.strip_prefix("cmdstat_"))
-            .filter(|line| !line.starts_with("info:"))
-            .filter_map(|line| {
-                let calls = line.split_once("calls=")?.1.split(',').next()?;
-                calls.parse::<u64>().ok()
-            })
-            .sum();
         Work {
-            calls,
+            calls: server.command_calls().values().sum(),
             cpu: Duration::from_secs_f64(field("used_cpu_sys") + field("used_cpu_user")),
             // Less the connection that asks.
             connections: Some((field("connected_clients") as u64).saturating_sub(1)),
@@ -157,24 +148,23 @@ fn postgres_store() -> Option<(Store, Gauge)> {
     let server = Arc::new(PostgresServer::start_with(&["max_connections=100"])?);
     let store = Store::on_postgres(&server);
     let read = move || {
-        let mut client = server.client();
-        let row = client
+        let calls = server.transactions();
+        let row = server
+            .client()
             .query_one(
-                "SELECT (SELECT xact_commit + xact_rollback FROM pg_stat_database \
-                 WHERE datname = current_database()), \
-                 (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'), \
-                 pg_backend_pid()",
+                "SELECT (SELECT count(*) FROM pg_stat_activity \
+                 WHERE backend_type = 'client backend'), pg_backend_pid()",
                 &[],
             )
-            .expect("PostgreSQL's statistics");
+            .expect("PostgreSQL's activity");
         // The postmaster: the parent of this session's server process; its
         // children's CPU time (reaped sessions included) counts as its own.
-        let backend: i32 = row.get(2);
+        let backend: i32 = row.get(1);
         let postmaster = parent_of(backend.unsigned_abs());
         Work {
-            calls: row.get::<_, i64>(0).unsigned_abs(),
+            calls,
             cpu: postmaster.map_or(Duration::ZERO, cpu_time_with_children),
-            connections: Some(row.get::<_, i64>(1).unsigned_abs().saturating_sub(1)),
+            connections: Some(row.get::<_, i64>(0).unsigned_abs().saturating_sub(1)),
             memory: None,
         }
     };
@@ -192,17 +182,18 @@ fn etcd_store() -> Option<(Store, Gauge)> {
     let server = Arc::new(EtcdServer::start()?);
     let store = Store::on_etcd(server.url(), Box::new(Arc::clone(&server)));
     let read = move || {
-        let metrics = server.metrics();
-        let sum = |prefix: &str| -> f64 {
-            metrics
-                .lines()
-                .filter(|line| line.starts_with(prefix))
-                .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum()
-        };
+        let cpu = server
+            .metrics()
+            .lines()
+            .find_map(|line| {
+                line.strip_prefix("process_cpu_seconds_total ")?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or(0.0);
         Work {
-            calls: sum("grpc_server_started_total{") as u64,
-            cpu: Duration::from_secs_f64(sum("process_cpu_seconds_total")),
+            calls: server.calls().values().sum(),
+            cpu: Duration::from_secs_f64(cpu),
             connections: None,
             memory: None,
         }

@@ -265,6 +265,24 @@ impl RedisServer {
             .expect("connect to the test's redis-server")
     }
 
+    /// Calls per command so far, from `INFO commandstats` (commands that scripts
+    /// run counted too; INFO and PING, which the harness itself sends, left out).
+    pub fn command_calls(&self) -> std::collections::BTreeMap<String, u64> {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut self.client())
+            .expect("INFO commandstats");
+        info.lines()
+            .filter_map(|line| {
+                // cmdstat_evalsha:calls=3,usec=...
+                let (command, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+                let calls = stats.strip_prefix("calls=")?.split(',').next()?;
+                Some((command.to_owned(), calls.parse().ok()?))
+            })
+            .filter(|(command, _)| !matches!(command.as_str(), "info" | "ping"))
+            .collect()
+    }
+
     /// Kills the server at once (SIGKILL: no chance to save anything).
     pub fn kill(&self) {
         if let Some(mut child) = self.child.lock().unwrap().take() {

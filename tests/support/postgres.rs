@@ -145,6 +145,21 @@ impl PostgresServer {
         self.try_client().expect("connect to the test's postgres")
     }
 
+    /// Transactions committed or rolled back in its database so far, as
+    /// `pg_stat_database` counts them: a session's when it reports them (at its
+    /// end, or at most once a second). Each call's own session adds one.
+    pub fn transactions(&self) -> u64 {
+        let row = self
+            .client()
+            .query_one(
+                "SELECT xact_commit + xact_rollback FROM pg_stat_database \
+                 WHERE datname = current_database()",
+                &[],
+            )
+            .expect("pg_stat_database");
+        row.get::<_, i64>(0).unsigned_abs()
+    }
+
     /// [`PostgresServer::client`], or why not (a full server).
     pub fn try_client(&self) -> Result<postgres::Client, postgres::Error> {
         postgres::Config::new()

@@ -92,6 +92,63 @@ struct EtcdStore {
     waiter: Waiter,
 }
 
+impl EtcdStore {
+    /// The holders, then (with `waiters`) the waiters in line order, of `name`
+    /// or of every name, with when each one's lease ends: a call per entry.
+    fn entries(&mut self, name: Option<&Name>, waiters: bool) -> Result<Vec<Entry>> {
+        let mut client = self.client.borrow_mut();
+        let range = match name {
+            Some(name) => NameKeys::new(&self.prefix, name).all(),
+            None => keys::every_name(&self.prefix),
+        };
+        let listing = client.range(&range, MAX_CALL_TIMEOUT)?;
+        // Each name's keys, in create order.
+        let mut names: BTreeMap<NameKeys, client::Listing> = BTreeMap::new();
+        for kv in listing.kvs {
+            if let Some(keys) = keys::owner_of(&self.prefix, &kv.key) {
+                names
+                    .entry(keys)
+                    .or_insert_with(|| client::Listing {
+                        kvs: Vec::new(),
+                        revision: listing.revision,
+                    })
+                    .kvs
+                    .push(kv);
+            }
+        }
+        let now = now_millis();
+        let mut entries = Vec::new();
+        for (keys, listing) in names {
+            let look = Look::new(&keys, listing);
+            // When each place's lease ends; one gone since the range took the place with it.
+            let mut ends = HashMap::new();
+            for place in look.places.iter().filter(|place| waiters || place.holds()) {
+                if let Some(left) = client.lease_time_to_live(place.lease, MAX_CALL_TIMEOUT)? {
+                    ends.insert(place.lease, now + left.as_millis() as u64);
+                }
+            }
+            let end = |lease: i64| ends.get(&lease).copied();
+            entries.extend(
+                look.holders()
+                    .filter_map(|(entry, lease)| Some(entry.expiring(Some(end(lease)?)))),
+            );
+            if !waiters {
+                continue;
+            }
+            entries.extend(waiting(look.waiters().filter_map(|(waiter, lease)| {
+                Some((
+                    waiter.name.as_str(),
+                    &waiter.owner,
+                    waiter.since,
+                    Some(end(lease)?),
+                ))
+            })));
+        }
+        sort(&mut entries);
+        Ok(entries)
+    }
+}
+
 impl Store for EtcdStore {
     fn abilities(&self) -> Abilities {
         Abilities::LEASES_THAT_TELL
@@ -178,61 +235,4 @@ fn holding(request: &Request, slot: u32) -> Holding {
 
 fn now_millis() -> u64 {
     epoch_millis(SystemTime::now())
-}
-
-impl EtcdStore {
-    /// The holders, then (with `waiters`) the waiters in line order, of `name`
-    /// or of every name, with when each one's lease ends: a call per entry.
-    fn entries(&mut self, name: Option<&Name>, waiters: bool) -> Result<Vec<Entry>> {
-        let mut client = self.client.borrow_mut();
-        let range = match name {
-            Some(name) => NameKeys::new(&self.prefix, name).all(),
-            None => keys::every_name(&self.prefix),
-        };
-        let listing = client.range(&range, MAX_CALL_TIMEOUT)?;
-        // Each name's keys, in create order.
-        let mut names: BTreeMap<NameKeys, client::Listing> = BTreeMap::new();
-        for kv in listing.kvs {
-            if let Some(keys) = keys::owner_of(&self.prefix, &kv.key) {
-                names
-                    .entry(keys)
-                    .or_insert_with(|| client::Listing {
-                        kvs: Vec::new(),
-                        revision: listing.revision,
-                    })
-                    .kvs
-                    .push(kv);
-            }
-        }
-        let now = now_millis();
-        let mut entries = Vec::new();
-        for (keys, listing) in names {
-            let look = Look::new(&keys, listing);
-            // When each place's lease ends; one gone since the range took the place with it.
-            let mut ends = HashMap::new();
-            for place in look.places.iter().filter(|place| waiters || place.holds()) {
-                if let Some(left) = client.lease_time_to_live(place.lease, MAX_CALL_TIMEOUT)? {
-                    ends.insert(place.lease, now + left.as_millis() as u64);
-                }
-            }
-            let end = |lease: i64| ends.get(&lease).copied();
-            entries.extend(
-                look.holders()
-                    .filter_map(|(entry, lease)| Some(entry.expiring(Some(end(lease)?)))),
-            );
-            if !waiters {
-                continue;
-            }
-            entries.extend(waiting(look.waiters().filter_map(|(waiter, lease)| {
-                Some((
-                    waiter.name.as_str(),
-                    &waiter.owner,
-                    waiter.since,
-                    Some(end(lease)?),
-                ))
-            })));
-        }
-        sort(&mut entries);
-        Ok(entries)
-    }
 }
