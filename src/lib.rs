@@ -23,8 +23,18 @@ use cli::{Action, OutputArgs};
 use error::Error;
 use report::{Level, Reporter};
 
+/// The program, called from the C runtime's `main` (`src/main.rs`): the part
+/// of std's start-up that lockrun needs, the run, and stdout flushed, which
+/// std's exit would have done.
+pub fn main() -> i32 {
+    platform::startup::prepare();
+    let code = run();
+    let _ = std::io::Write::flush(&mut std::io::stdout());
+    i32::from(code)
+}
+
 /// Runs lockrun with the process's arguments and returns its exit status.
-pub fn run() -> u8 {
+fn run() -> u8 {
     let cli = match cli::parse() {
         Ok(cli) => cli,
         Err(code) => return code,

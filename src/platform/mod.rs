@@ -1,5 +1,5 @@
-//! Everything that only Linux has, and every `unsafe` block of lockrun: starting
-//! the command (`clone`), signals (signalfd, `sigaction`), the parent-death
+//! Everything that only Linux has, and every `unsafe` block of lockrun: the
+//! process's start-up, starting the command (`clone`), signals (signalfd, `sigaction`), the parent-death
 //! signal and the watchdog's fork (`prctl`), POSIX timers, the terminal's ioctls,
 //! `CLOCK_BOOTTIME` and what `/proc` says about processes and file locks. The
 //! rest of the crate is plain safe Rust and asks this module.
@@ -17,6 +17,7 @@ pub mod doorbell;
 pub mod proc;
 pub mod signals;
 pub mod spawn;
+pub mod startup;
 pub mod terminal;
 pub mod watch;
 pub mod watchdog;
