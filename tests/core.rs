@@ -89,7 +89,8 @@ pub fn hold_recording(store: &Store, scratch: &Scratch, name: &str, extra: &[&st
     start_holding(command, scratch, name, extra, &first)
 }
 
-fn start_holding(
+/// Like `hold`, run by `command` (lockrun, or a program that runs it, with the store's flags).
+pub fn start_holding(
     mut command: std::process::Command,
     scratch: &Scratch,
     name: &str,

@@ -3,14 +3,14 @@
 
 use std::fs::{self, File};
 use std::io::Read;
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::core::hold;
+use crate::core::{hold, start_holding};
 use crate::support::*;
 
 /// Lets the test go on: the holder started by `hold` exits.
@@ -388,6 +388,34 @@ fn a_failed_write_to_stdout_is_an_output_error_and_a_closed_pipe_is_none() {
     let output = finish(store.status().stdout(writer).stderr(Stdio::piped()).start());
     assert_status(&output, 0);
     assert_eq!(stderr(&output), "", "nothing scary on a closed pipe");
+}
+
+#[test]
+fn a_holder_started_without_stderr_writes_its_diagnostics_into_no_lock_file() {
+    // Without its standard descriptors, the slot's lock file would be opened as
+    // fd 2 and `-v`'s lines written over the holder's record.
+    let store = Store::file();
+    let scratch = Scratch::new();
+    let mut closed_stderr = without_lockrun_variables(Command::new("sh"));
+    closed_stderr
+        .args([
+            "-c",
+            "exec 2>&-; exec \"$@\"",
+            "sh",
+            env!("CARGO_BIN_EXE_lockrun"),
+            "-v",
+        ])
+        .args(store.args());
+    let holder = start_holding(closed_stderr, &scratch, "backup", &[], "");
+    let output = run(store.status().args(["backup", "--json"]));
+    assert_status(&output, 0);
+    let entries: Value = serde_json::from_str(&stdout(&output)).unwrap();
+    assert_eq!(entries[0]["name"], "backup", "{entries}");
+    assert!(
+        entries[0]["command"].as_str().unwrap().contains("echo $$"),
+        "the holder's record is intact: {entries}"
+    );
+    let_go(&scratch, holder);
 }
 
 #[test]
