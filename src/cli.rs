@@ -12,6 +12,7 @@ use crate::name::Name;
 use crate::report::Format;
 
 mod nested;
+mod quick;
 mod usage;
 
 pub use usage::report as usage_error;
@@ -224,25 +225,14 @@ fn parse_from(args: Vec<OsString>) -> Result<Cli, u8> {
     Cli::from_arg_matches_mut(&mut matches).map_err(clap_error)
 }
 
-/// A run's command line parsed with the run's own options only: building the
-/// `status` and `release` definitions too is a sixth of clap's work at every
-/// start (BENCHMARKS.md). `None` for anything else, and for any error, which the
-/// whole definition then reports as it always does.
+/// A run's command line read without clap's matching ([`quick`]); `None` for
+/// anything else, and for any error, which the whole definition then reports
+/// as it always does.
 fn run_only(args: &[OsString]) -> Option<Cli> {
     if may_name_a_subcommand(args) {
         return None;
     }
-    let definition = RunArgs::augment_args(
-        clap::Command::new("lockrun")
-            .version(env!("CARGO_PKG_VERSION"))
-            .max_term_width(100),
-    );
-    let mut matches = nested::definition(definition)
-        .try_get_matches_from(args)
-        .ok()?;
-    nested::require_own_backend(&matches).ok()?;
-    let run = RunArgs::from_arg_matches_mut(&mut matches).ok()?;
-    Some(Cli { action: None, run })
+    quick::parse(args).ok().map(|run| Cli { action: None, run })
 }
 
 /// Whether the arguments before the command may name a subcommand or ask for
@@ -284,42 +274,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_run_only_definition_parses_runs_as_the_whole_one() {
+    fn only_a_run_goes_to_the_quick_reading() {
         let args = |words: &[&str]| -> Vec<OsString> {
             std::iter::once("lockrun")
                 .chain(words.iter().copied())
                 .map(OsString::from)
                 .collect()
         };
-        for run in [
-            &["--name", "x", "--", "ls", "-l"][..],
-            &[
-                "--name=x", "-p", "3", "-n", "-w", "5", "-E", "3", "-b", "file", "-v", "true",
-            ],
-            &[
-                "--name",
-                "x",
-                "--ttl",
-                "2s",
-                "--min-hold",
-                "1s",
-                "-q",
-                "-c",
-                "echo hi",
-            ],
-            &["--name", "x", "--", "status"],
-        ] {
-            let args = args(run);
-            assert!(!may_name_a_subcommand(&args), "{run:?}");
-            let whole = Cli::command()
-                .try_get_matches_from(&args)
-                .and_then(|mut matches| Cli::from_arg_matches_mut(&mut matches))
-                .map(|cli| format!("{cli:?}"));
-            let run_only = run_only(&args).map(|cli| format!("{cli:?}"));
-            assert_eq!(run_only, whole.ok(), "{run:?}");
-        }
-        // Errors and everything but a run are left to the whole definition.
-        assert!(run_only(&args(&["--name", "x", "-p", "0", "true"])).is_none());
+        assert!(!may_name_a_subcommand(&args(&[
+            "--name", "x", "--", "status"
+        ])));
         for other in [
             &["status"][..],
             &["stauts"],

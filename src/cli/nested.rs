@@ -29,6 +29,12 @@ pub fn definition(definition: Command) -> Command {
     ignore_outer_lock(definition)
 }
 
+/// Whether an option reads the variable `var`: inside a lockrun command, none
+/// reads a variable of [`OUTER_LOCK`].
+pub fn reads_variable(var: &str) -> bool {
+    !OUTER_LOCK.contains(&var) || std::env::var_os("LOCKRUN_TOKEN").is_none()
+}
+
 fn ignore_outer_lock(command: Command) -> Command {
     command
         .mut_args(|arg| {
