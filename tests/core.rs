@@ -32,7 +32,8 @@ macro_rules! backend_tests {
             line::first_come_first_served_with_one_slot,
             line::first_come_first_served_with_two_slots,
             line::a_freed_slot_goes_to_the_head_of_the_line_at_once,
-            line::a_dead_waiter_at_the_head_is_skipped_at_once
+            line::a_dead_waiter_at_the_head_is_skipped_at_once,
+            line::a_waiter_stopped_and_continued_takes_the_freed_slot_at_once
         );
     };
     (@each $module:ident, $store:expr, $($group:ident :: $test:ident),+) => {

@@ -7,6 +7,7 @@ use std::fs;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use nix::sys::signal::Signal;
 use serde_json::Value;
 
 use crate::core::hold_after;
@@ -153,4 +154,24 @@ pub fn a_dead_waiter_at_the_head_is_skipped_at_once(store: &Store) {
     );
     assert_eq!(scratch.lines("order").len(), 1, "only the live waiter ran");
     assert_eq!(waiting_pids(store, "skip"), Vec::<u64>::new());
+}
+
+/// A waiter stopped and continued while it waits (Ctrl-Z and `fg`) takes the
+/// slot freed meanwhile at once, not at its next poll: Linux cuts short a
+/// socket read with a timeout then, and that is no trouble with the store.
+pub fn a_waiter_stopped_and_continued_takes_the_freed_slot_at_once(store: &Store) {
+    let scratch = Scratch::new();
+    let log = scratch.path("order");
+    let holders = holders(store, "resumed", 1);
+    let mut waiter = join_line(store, "resumed", 1, 1, &log);
+    signal(waiter.id(), Signal::SIGSTOP);
+    let_go(holders);
+    signal(waiter.id(), Signal::SIGCONT);
+    let continued = Instant::now();
+    assert_eq!(wait(&mut waiter).code(), Some(0));
+    assert!(
+        continued.elapsed() < Duration::from_secs(5),
+        "the waiter took the slot without waiting for its 30 s poll ({:?})",
+        continued.elapsed()
+    );
 }

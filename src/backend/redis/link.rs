@@ -77,7 +77,8 @@ impl Link {
     }
 
     /// Like [`Link::call`], for calls that can safely run twice: a connection
-    /// that the server closed since the last call (a restart) is replaced once.
+    /// that the server closed since the last call (a restart) is replaced
+    /// once, and a call that lockrun's being stopped cut short is made again.
     pub fn call_idempotent<T>(
         &mut self,
         what: &str,
@@ -86,8 +87,30 @@ impl Link {
     ) -> Result<T> {
         let reused = self.connection.is_some();
         match self.try_call(timeout, &mut call) {
-            Err(err) if reused && err.is_connection_dropped() => self.call(what, timeout, call),
+            Err(err) if (reused && err.is_connection_dropped()) || interrupted(&err) => {
+                self.call(what, timeout, call)
+            }
             result => result.map_err(|err| self.error(what, &err)),
+        }
+    }
+
+    /// Like [`Link::call_idempotent`], for a call that waits to be told
+    /// something (BLPOP): `None` when lockrun's being stopped cut it short, so
+    /// that the caller looks for itself at once (what it was told may have
+    /// been lost with the connection).
+    pub fn wait_for<T>(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        mut call: impl FnMut(&mut Connection) -> redis::RedisResult<T>,
+    ) -> Result<Option<T>> {
+        let reused = self.connection.is_some();
+        match self.try_call(timeout, &mut call) {
+            Err(err) if interrupted(&err) => Ok(None),
+            Err(err) if reused && err.is_connection_dropped() => {
+                self.call(what, timeout, call).map(Some)
+            }
+            result => result.map(Some).map_err(|err| self.error(what, &err)),
         }
     }
 
@@ -153,6 +176,15 @@ impl Link {
             Error::Unavailable(message)
         }
     }
+}
+
+/// Whether a call was cut short by lockrun being stopped and continued
+/// (Ctrl-Z and `fg`, a debugger): Linux ends a socket read that has a timeout
+/// with EINTR then, whatever the signal handlers (signal(7)). The redis crate
+/// keeps the I/O error's kind to itself; its text is what it shows.
+fn interrupted(err: &RedisError) -> bool {
+    let eintr = std::io::Error::from_raw_os_error(nix::libc::EINTR).to_string();
+    err.is_io_error() && err.to_string().contains(&eintr)
 }
 
 /// rustls needs a process-wide crypto provider before the first TLS connect,

@@ -291,7 +291,7 @@ impl Store for RedisStore {
         let wake = self.keys(&request.name).wake(&request.owner.token);
         // BLPOP's own timeout ends the wait; the socket's only catches a server that went silent.
         let socket_timeout = block + MAX_CALL_TIMEOUT;
-        let _woken: Option<(String, String)> = self.link.borrow_mut().call_idempotent(
+        let _woken: Option<Option<(String, String)>> = self.link.borrow_mut().wait_for(
             "waiting for a release",
             socket_timeout,
             |c| {
