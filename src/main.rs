@@ -4,8 +4,11 @@
 //! `lockrun::main` does the part of it that lockrun needs.
 
 #![no_main]
+#![deny(unsafe_code)]
 
-// SAFETY: the one `main` symbol of the executable; nothing else defines it.
+/// The one `main` symbol of the executable, which the C runtime calls.
+// `no_mangle` is unsafe only in that two items could claim one symbol; this is the only one.
+#[allow(unsafe_code)]
 #[unsafe(no_mangle)]
 extern "C" fn main() -> std::ffi::c_int {
     lockrun::main()

@@ -1,4 +1,4 @@
-//! What the compiler cannot check about the sources themselves (README: "Design").
+//! What the compiler cannot check about the sources and the build (README: "Design").
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -16,7 +16,8 @@ fn rust_files(dir: &Path) -> Vec<PathBuf> {
     files
 }
 
-/// `unsafe` lives only in src/platform/: the crate denies it, and only that module allows it.
+/// `unsafe` lives only in src/platform/: the crate denies it, and only that
+/// module allows it (and the entry point in src/main.rs, for `no_mangle`).
 #[test]
 fn unsafe_code_is_confined_to_the_platform_module() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -34,6 +35,16 @@ fn unsafe_code_is_confined_to_the_platform_module() {
                 !allows || file == platform.join("mod.rs"),
                 "{}: only src/platform/mod.rs allows unsafe code",
                 file.display()
+            );
+        } else if file == root.join("src/main.rs") {
+            assert!(
+                text.contains("#![deny(unsafe_code)]"),
+                "src/main.rs denies unsafe code"
+            );
+            assert_eq!(
+                text.matches("allow(unsafe_code)").count(),
+                1,
+                "src/main.rs allows it for its entry point alone"
             );
         } else {
             assert!(!allows, "{} allows unsafe code", file.display());
