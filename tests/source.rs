@@ -51,3 +51,27 @@ fn unsafe_code_is_confined_to_the_platform_module() {
         }
     }
 }
+
+/// The build loads glibc's libc alone (README: "Install and try it"): every
+/// other shared library costs each run its loading (libm, pulled in by the
+/// bundled SQLite's full-text search, cost 0.09 ms, BENCHMARKS.md "Start-up").
+#[test]
+fn the_binary_loads_no_library_but_libc() {
+    let output = std::process::Command::new("ldd")
+        .arg(env!("CARGO_BIN_EXE_lockrun"))
+        .output()
+        .expect("run ldd");
+    let libraries = String::from_utf8_lossy(&output.stdout);
+    for line in libraries.lines() {
+        let library = line.split_whitespace().next().unwrap_or_default();
+        assert!(
+            library.starts_with("linux-vdso")
+                || library.starts_with("libc.so")
+                || library.contains("/ld-linux")
+                || library.starts_with("ld-linux")
+                // Where GCC's static unwinder is missing, build.rs leaves it to libgcc_s.
+                || library.starts_with("libgcc_s"),
+            "lockrun loads {library}:\n{libraries}"
+        );
+    }
+}
