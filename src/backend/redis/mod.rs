@@ -291,16 +291,15 @@ impl Store for RedisStore {
         let wake = self.keys(&request.name).wake(&request.owner.token);
         // BLPOP's own timeout ends the wait; the socket's only catches a server that went silent.
         let socket_timeout = block + MAX_CALL_TIMEOUT;
-        let _woken: Option<Option<(String, String)>> = self.link.borrow_mut().wait_for(
-            "waiting for a release",
-            socket_timeout,
-            |c| {
-                redis::cmd("BLPOP")
-                    .arg(&wake)
-                    .arg(format!("{:.3}", block.as_secs_f64()))
-                    .query(c)
-            },
-        )?;
+        let _woken: Option<Option<(String, String)>> =
+            self.link
+                .borrow_mut()
+                .wait_for("waiting for a release", socket_timeout, |c| {
+                    redis::cmd("BLPOP")
+                        .arg(&wake)
+                        .arg(format!("{:.3}", block.as_secs_f64()))
+                        .query(c)
+                })?;
         // Woken or not, the waiting loop looks at the line again now.
         Ok(None)
     }
