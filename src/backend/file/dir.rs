@@ -38,17 +38,22 @@ pub fn choose(dir: Option<&Path>, create: bool) -> Result<LockDir> {
     let Some(dir) = dir else {
         return LockDir::vet(&default_dir(create)?);
     };
-    if dir.exists() && !dir.is_dir() {
-        return Err(Error::Unavailable(format!(
-            "the lock directory {} is not a directory",
-            dir.display()
-        )));
-    }
-    if !create && !dir.is_dir() {
-        return Err(Error::Unavailable(format!(
-            "there is no lock directory {}",
-            dir.display()
-        )));
+    // One look in the common case, a directory that exists.
+    match fs::metadata(dir) {
+        Ok(meta) if meta.is_dir() => return LockDir::with(dir, &meta),
+        Ok(_) => {
+            return Err(Error::Unavailable(format!(
+                "the lock directory {} is not a directory",
+                dir.display()
+            )));
+        }
+        Err(_) if !create => {
+            return Err(Error::Unavailable(format!(
+                "there is no lock directory {}",
+                dir.display()
+            )));
+        }
+        Err(_) => {}
     }
     DirBuilder::new()
         .recursive(true)
@@ -64,8 +69,7 @@ pub fn choose(dir: Option<&Path>, create: bool) -> Result<LockDir> {
 }
 
 impl LockDir {
-    /// Who shares `path`, from its mode; a directory where anyone could delete a
-    /// lock file in use is refused.
+    /// [`LockDir::with`] the directory at `path` as it is now.
     fn vet(path: &Path) -> Result<Self> {
         let meta = fs::metadata(path).map_err(|err| {
             Error::unavailable(
@@ -73,6 +77,12 @@ impl LockDir {
                 err,
             )
         })?;
+        Self::with(path, &meta)
+    }
+
+    /// Who shares the directory at `path`, from its mode (`meta`); a directory
+    /// where anyone could delete a lock file in use is refused.
+    fn with(path: &Path, meta: &Metadata) -> Result<Self> {
         let mode = meta.mode();
         let sharing = if mode & 0o002 != 0 {
             if mode & 0o1000 == 0 {
