@@ -287,7 +287,7 @@ fn setting(spec: &Spec, given: Option<&OsStr>) -> Result<Option<String>, LeftToC
     };
     match std::env::var_os(var) {
         None => Ok(None),
-        Some(value) if value.is_empty() => Ok(None),
+        Some(value) if value.is_empty() => Err(LeftToClap),
         Some(value) => value.into_string().map(Some).map_err(|_| LeftToClap),
     }
 }
