@@ -46,6 +46,17 @@ pub enum Action {
     Release(ReleaseArgs),
 }
 
+/// A run's defaults, which the quick reading of a command line shares (`cli/quick.rs`).
+const DEFAULT_PARALLELISM: u32 = 1;
+const MAX_PARALLELISM: u32 = 1024;
+const DEFAULT_TIMEOUT: &str = "600s";
+const DEFAULT_INITIAL_DELAY: &str = "1s";
+const DEFAULT_MAX_DELAY: &str = "30s";
+const DEFAULT_BACKOFF_MULTIPLIER: f64 = 1.5;
+const DEFAULT_TTL: &str = "30s";
+const DEFAULT_MIN_HOLD: &str = "0";
+const DEFAULT_CONFLICT_EXIT_CODE: u8 = 75;
+
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// The lock's name: 1 to 200 bytes, no control characters
@@ -56,8 +67,8 @@ pub struct RunArgs {
     pub store: StoreArgs,
 
     /// How many holders at once (slots), 1 to 1024
-    #[arg(short = 'p', long, env = "LOCKRUN_PARALLELISM", default_value_t = 1,
-          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    #[arg(short = 'p', long, env = "LOCKRUN_PARALLELISM", default_value_t = DEFAULT_PARALLELISM,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_PARALLELISM)))]
     pub parallelism: u32,
 
     /// Give up at once if no slot is free (same as --timeout 0)
@@ -65,28 +76,28 @@ pub struct RunArgs {
     pub no_wait: bool,
 
     /// Longest wait for a slot; `inf` waits forever
-    #[arg(short = 'w', long, env = "LOCKRUN_TIMEOUT", default_value = "600s", value_name = "DUR",
+    #[arg(short = 'w', long, env = "LOCKRUN_TIMEOUT", default_value = DEFAULT_TIMEOUT, value_name = "DUR",
           value_parser = parse_limit)]
     pub timeout: Limit,
 
     /// First retry delay when polling
-    #[arg(long, env = "LOCKRUN_INITIAL_DELAY", default_value = "1s", value_name = "DUR", value_parser = duration::parse)]
+    #[arg(long, env = "LOCKRUN_INITIAL_DELAY", default_value = DEFAULT_INITIAL_DELAY, value_name = "DUR", value_parser = duration::parse)]
     pub initial_delay: Duration,
 
     /// Cap on the retry delay
-    #[arg(long, env = "LOCKRUN_MAX_DELAY", default_value = "30s", value_name = "DUR", value_parser = duration::parse)]
+    #[arg(long, env = "LOCKRUN_MAX_DELAY", default_value = DEFAULT_MAX_DELAY, value_name = "DUR", value_parser = duration::parse)]
     pub max_delay: Duration,
 
     /// Growth of the retry delay per retry (>= 1)
-    #[arg(long, default_value_t = 1.5, value_name = "F", value_parser = parse_multiplier)]
+    #[arg(long, default_value_t = DEFAULT_BACKOFF_MULTIPLIER, value_name = "F", value_parser = parse_multiplier)]
     pub backoff_multiplier: f64,
 
     /// Lease length on sqlite, redis and postgres; renewed every TTL/3 while the command runs
-    #[arg(long, env = "LOCKRUN_TTL", default_value = "30s", value_name = "DUR", value_parser = parse_ttl)]
+    #[arg(long, env = "LOCKRUN_TTL", default_value = DEFAULT_TTL, value_name = "DUR", value_parser = parse_ttl)]
     pub ttl: Duration,
 
     /// Keep the slot taken at least this long after acquiring
-    #[arg(long, default_value = "0", value_name = "DUR", value_parser = duration::parse)]
+    #[arg(long, default_value = DEFAULT_MIN_HOLD, value_name = "DUR", value_parser = duration::parse)]
     pub min_hold: Duration,
 
     /// Stop the command after this long (exit 124)
@@ -98,7 +109,7 @@ pub struct RunArgs {
     pub kill_grace: Option<Duration>,
 
     /// Exit status when no slot was acquired, 0 to 255
-    #[arg(short = 'E', long, default_value_t = 75, value_name = "N")]
+    #[arg(short = 'E', long, default_value_t = DEFAULT_CONFLICT_EXIT_CODE, value_name = "N")]
     pub conflict_exit_code: u8,
 
     /// Run this string with /bin/sh -c instead of COMMAND ARGS

@@ -16,7 +16,12 @@ use std::time::Duration;
 
 use clap::{Args, Command, FromArgMatches};
 
-use super::{OutputArgs, RunArgs, nested, parse_limit, parse_multiplier, parse_name, parse_ttl};
+use super::{
+    DEFAULT_BACKOFF_MULTIPLIER, DEFAULT_CONFLICT_EXIT_CODE, DEFAULT_INITIAL_DELAY,
+    DEFAULT_MAX_DELAY, DEFAULT_MIN_HOLD, DEFAULT_PARALLELISM, DEFAULT_TIMEOUT, DEFAULT_TTL,
+    MAX_PARALLELISM, OutputArgs, RunArgs, nested, parse_limit, parse_multiplier, parse_name,
+    parse_ttl,
+};
 use crate::backend::StoreArgs;
 use crate::duration;
 use crate::report::Format;
@@ -159,27 +164,27 @@ pub fn parse(args: &[OsString]) -> Result<RunArgs, LeftToClap> {
         store,
         parallelism: match text_of(PARALLELISM)? {
             Some(text) => whole_number(&text)
-                .filter(|n| (1..=1024).contains(n))
+                .filter(|n| (1..=MAX_PARALLELISM).contains(n))
                 .ok_or(LeftToClap)?,
-            None => 1,
+            None => DEFAULT_PARALLELISM,
         },
         no_wait: given[NO_WAIT].is_some(),
-        timeout: parse_limit(text_of(TIMEOUT)?.as_deref().unwrap_or("600s"))?,
-        initial_delay: duration_or(INITIAL_DELAY, "1s")?,
-        max_delay: duration_or(MAX_DELAY, "30s")?,
+        timeout: parse_limit(text_of(TIMEOUT)?.as_deref().unwrap_or(DEFAULT_TIMEOUT))?,
+        initial_delay: duration_or(INITIAL_DELAY, DEFAULT_INITIAL_DELAY)?,
+        max_delay: duration_or(MAX_DELAY, DEFAULT_MAX_DELAY)?,
         backoff_multiplier: match text_of(BACKOFF_MULTIPLIER)? {
             Some(text) => parse_multiplier(&text)?,
-            None => 1.5,
+            None => DEFAULT_BACKOFF_MULTIPLIER,
         },
-        ttl: parse_ttl(text_of(TTL)?.as_deref().unwrap_or("30s"))?,
-        min_hold: duration_or(MIN_HOLD, "0")?,
+        ttl: parse_ttl(text_of(TTL)?.as_deref().unwrap_or(DEFAULT_TTL))?,
+        min_hold: duration_or(MIN_HOLD, DEFAULT_MIN_HOLD)?,
         max_runtime: optional_duration(MAX_RUNTIME)?,
         kill_grace: optional_duration(KILL_GRACE)?,
         conflict_exit_code: match text_of(CONFLICT_EXIT_CODE)? {
             Some(text) => whole_number(&text)
                 .and_then(|n| u8::try_from(n).ok())
                 .ok_or(LeftToClap)?,
-            None => 75,
+            None => DEFAULT_CONFLICT_EXIT_CODE,
         },
         shell_command,
         output: OutputArgs {
