@@ -214,13 +214,9 @@ fn parse_ttl(text: &str) -> Result<Duration, String> {
     Ok(ttl)
 }
 
-/// Parses the command line; `Err` carries the exit status for help, version
-/// (0, printed) and usage errors (64, one line).
-pub fn parse() -> Result<Cli, u8> {
-    parse_from(std::env::args_os().collect())
-}
-
-fn parse_from(args: Vec<OsString>) -> Result<Cli, u8> {
+/// Parses the command line `args` (the program's name first); `Err` carries
+/// the exit status for help, version (0, printed) and usage errors (64, one line).
+pub fn parse(args: Vec<OsString>) -> Result<Cli, u8> {
     if let Some(cli) = run_only(&args) {
         return Ok(cli);
     }

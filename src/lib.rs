@@ -19,23 +19,25 @@ pub mod run;
 pub mod supervisor;
 pub mod timestamp;
 
+use std::ffi::OsString;
+
 use cli::{Action, OutputArgs};
 use error::Error;
 use report::{Level, Reporter};
 
-/// The program, called from the C runtime's `main` (`src/main.rs`): the part
-/// of std's start-up that lockrun needs, the run, and stdout flushed, which
-/// std's exit would have done.
-pub fn main() -> i32 {
+/// The program, called from the C runtime's `main` (`src/main.rs`) with the
+/// process's arguments: the part of std's start-up that lockrun needs, the
+/// run, and stdout flushed, which std's exit would have done.
+pub fn main(args: Vec<OsString>) -> i32 {
     platform::startup::prepare();
-    let code = run();
+    let code = run(args);
     let _ = std::io::Write::flush(&mut std::io::stdout());
     i32::from(code)
 }
 
-/// Runs lockrun with the process's arguments and returns its exit status.
-fn run() -> u8 {
-    let cli = match cli::parse() {
+/// Runs lockrun with `args` (its name first) and returns its exit status.
+fn run(args: Vec<OsString>) -> u8 {
+    let cli = match cli::parse(args) {
         Ok(cli) => cli,
         Err(code) => return code,
     };

@@ -1,7 +1,10 @@
 //! What std's start-up would do and lockrun needs, since lockrun's `main` is
-//! the C runtime's (`src/main.rs`): standard descriptors that exist, and
-//! SIGPIPE ignored. std's report of a stack overflow is left out: lockrun
+//! the C runtime's (`src/main.rs`): the arguments, standard descriptors that
+//! exist, and SIGPIPE ignored. std's report of a stack overflow is left out: lockrun
 //! does not recurse, and an overflow still ends it (by SIGSEGV).
+
+use std::ffi::{CStr, OsString, c_char, c_int};
+use std::os::unix::ffi::OsStringExt;
 
 use nix::errno::Errno;
 use nix::libc;
@@ -14,6 +17,26 @@ pub fn prepare() {
     // (`lockrun status | head -1`); the command gets SIGPIPE back at its default.
     // SAFETY: installing SIG_IGN runs no code of ours.
     let _ = unsafe { signal(Signal::SIGPIPE, SigHandler::SigIgn) };
+}
+
+/// The arguments the C runtime passes to `main`. std collects them itself only
+/// when its own start-up runs (or, on glibc alone, from `.init_array`).
+///
+/// # Safety
+///
+/// `words` is null or points to `count` pointers to NUL-terminated strings
+/// that live at least as long as this call (C's `argc` and `argv`).
+pub unsafe fn arguments(count: c_int, words: *const *const c_char) -> Vec<OsString> {
+    if words.is_null() {
+        return Vec::new();
+    }
+    (0..usize::try_from(count).unwrap_or(0))
+        .map(|index| {
+            // SAFETY: as the caller promises, `words[index]` is a NUL-terminated string.
+            let arg = unsafe { CStr::from_ptr(*words.add(index)) };
+            OsString::from_vec(arg.to_bytes().to_vec())
+        })
+        .collect()
 }
 
 /// A descriptor 0, 1 or 2 that lockrun was started without is opened on
