@@ -133,6 +133,63 @@ fn a_waiter_starts_as_soon_as_the_holder_ends_without_polling() {
     assert_eq!(wait(&mut second).code(), Some(0));
 }
 
+/// Waiters watch and never poll (README: "etcd backend"): a waiter whose
+/// backoff steps are 50 ms looks at the line not once while it stands still,
+/// never announces a next try, and starts when the holder ends. The holder
+/// runs in a pid namespace of its own, as on another host: a holder on this
+/// host would be looked at every 100 ms for its process's death.
+#[test]
+fn a_waiter_watches_the_line_and_never_polls() {
+    let elsewhere = ["--pid", "--fork", "--kill-child", "--mount-proc"];
+    let probe = std::process::Command::new("unshare")
+        .args(elsewhere)
+        .arg("true")
+        .output();
+    if !probe.is_ok_and(|output| output.status.success()) {
+        eprintln!("SKIPPED: unshare(1) cannot make a pid namespace here (it needs privileges)");
+        return;
+    }
+    let Some((store, server)) = etcd() else {
+        return;
+    };
+    let scratch = Scratch::new();
+    let script = format!(
+        "touch {ready}; while [ ! -e {release} ]; do sleep 0.02; done",
+        ready = scratch.path("ready").display(),
+        release = scratch.path("release").display(),
+    );
+    let mut holder = std::process::Command::new("unshare")
+        .args(elsewhere)
+        .arg(env!("CARGO_BIN_EXE_lockrun"))
+        .args(store.args())
+        .args(["--name", "still", "-c", &script])
+        .start();
+    wait_for_file(&scratch.path("ready"));
+    let waiter = store
+        .lockrun()
+        .args(["--name", "still", "-w", "60", "-v"])
+        .args(["--initial-delay", "0.05", "--max-delay", "0.05", "true"])
+        .stderr(std::process::Stdio::piped())
+        .start();
+    wait_until("the waiter to join the line", || {
+        stdout(&run(store.status().arg("still"))).contains("waiting")
+    });
+    let looks = || server.calls().get("Range").copied().unwrap_or(0);
+    let before = looks();
+    // Absence takes a while to see: twenty backoff steps.
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        looks() - before,
+        0,
+        "looks at the line while it stood still"
+    );
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(wait(&mut holder).code(), Some(0));
+    let output = finish(waiter);
+    assert_status(&output, 0);
+    assert!(!stderr(&output).contains("next try"), "{}", stderr(&output));
+}
+
 #[test]
 fn keys_live_under_the_prefix_and_the_escaped_name_with_the_real_name_inside() {
     let Some((store, server)) = etcd() else {

@@ -122,6 +122,10 @@ pub enum Wakeup {
     /// [`Store::wait`] returns when told that the line moved; backoff steps only
     /// bound how long a lost notice could keep a waiter asleep.
     Told,
+    /// [`Store::wait`] returns when a watch sees the line move; the watch starts
+    /// where the last look ended and ends the wait with an error if it breaks,
+    /// so no change is lost: no backoff steps.
+    Watches,
 }
 
 /// One waiter's request for a slot of `name`.

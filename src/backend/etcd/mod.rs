@@ -18,7 +18,7 @@ use std::rc::Rc;
 use std::time::{Duration, SystemTime};
 
 use super::record::{HolderRecord, sort, waiting};
-use super::{Abilities, Attempt, Common, Entry, Owner, Request, Slot, Store};
+use super::{Abilities, Attempt, Common, Entry, Owner, Request, Slot, Store, Wakeup};
 use crate::error::{Error, Result, Trouble};
 use crate::identity::epoch_millis;
 use crate::name::Name;
@@ -151,7 +151,10 @@ impl EtcdStore {
 
 impl Store for EtcdStore {
     fn abilities(&self) -> Abilities {
-        Abilities::LEASES_THAT_TELL
+        Abilities {
+            wakeup: Wakeup::Watches,
+            ..Abilities::LEASES_THAT_TELL
+        }
     }
 
     fn attempt(&mut self, request: &Request) -> Result<Attempt> {
