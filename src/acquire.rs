@@ -6,7 +6,7 @@
 use std::thread;
 use std::time::Duration;
 
-use crate::backend::{Attempt, Entry, Line, Owner, Request, Slot, Store, Wakeup};
+use crate::backend::{Attempt, Entry, Line, Owner, Request, Slot, Store, Waited, Wakeup};
 use crate::backoff::{self, Backoff};
 use crate::duration::display;
 use crate::error::{Error, Result};
@@ -105,11 +105,8 @@ impl Waiter<'_> {
                 return Err(self.busy(None));
             }
             self.report(&line);
-            let until = self.next_look(&line);
-            match self.store.wait(self.request, until) {
-                Ok(Some(slot)) => return Ok(slot),
-                Ok(None) => {}
-                Err(err) => self.ride_out(err)?,
+            if let Some(slot) = self.wait_for_change(&line)? {
+                return Ok(slot);
             }
             if self.progress.redraw_due().is_some_and(Moment::has_passed) {
                 let holders = self.holders();
@@ -118,8 +115,28 @@ impl Waiter<'_> {
         }
     }
 
-    /// When to look at the line again at the latest.
-    fn next_look(&mut self, line: &Line) -> Moment {
+    /// Waits until the line may have moved for us. A wait that ends only to
+    /// see whether an entry ahead on this host died looks at its process, not
+    /// at the store: the store needs asking only when one did.
+    fn wait_for_change(&mut self, line: &Line) -> Result<Option<Box<dyn Slot>>> {
+        loop {
+            let (until, liveness_only) = self.next_look(line);
+            match self.store.wait(self.request, until) {
+                Ok(Waited::Taken(slot)) => return Ok(Some(slot)),
+                Ok(Waited::Quiet)
+                    if liveness_only && !line.local_ahead.iter().any(|o| o.process.is_gone()) => {}
+                Ok(_) => return Ok(None),
+                Err(err) => {
+                    self.ride_out(err)?;
+                    return Ok(None);
+                }
+            }
+        }
+    }
+
+    /// When to look at the line again at the latest, and whether that is only
+    /// to see whether an entry ahead on this host died.
+    fn next_look(&mut self, line: &Line) -> (Moment, bool) {
         let abilities = self.store.abilities();
         let mut looks = vec![self.deadline, line.moves_by, self.progress.redraw_due()];
         if abilities.wakeup == Wakeup::Told {
@@ -146,14 +163,16 @@ impl Waiter<'_> {
             // A waiter's place lapses with its TTL unless it asks again.
             looks.push(Some(Moment::now() + self.request.ttl / 3));
         }
-        if !line.local_ahead.is_empty() {
-            looks.push(Some(Moment::now() + LIVENESS_POLL));
-        }
-        looks
+        let next = looks
             .into_iter()
             .flatten()
             .min()
-            .unwrap_or_else(|| Moment::now() + Duration::from_secs(3600))
+            .unwrap_or_else(|| Moment::now() + Duration::from_secs(3600));
+        let liveness = (!line.local_ahead.is_empty()).then(|| Moment::now() + LIVENESS_POLL);
+        match liveness {
+            Some(liveness) if liveness < next => (liveness, true),
+            _ => (next, false),
+        }
     }
 
     /// The first look says that we wait and who holds the slots; later ones, when our place changed.

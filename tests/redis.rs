@@ -137,6 +137,47 @@ fn a_waiter_starts_as_soon_as_the_holder_ends_without_polling() {
     );
 }
 
+/// A waiter sees every 100 ms whether the holder ahead of it on this host is
+/// gone by looking at its process, not by asking Redis: while the holder
+/// lives, the waiter runs no script (its BLPOP ends at each check and is
+/// made anew, no more).
+#[test]
+fn a_waiter_behind_a_live_holder_on_this_host_asks_redis_nothing() {
+    let Some((store, server)) = redis(&[]) else {
+        return;
+    };
+    let scratch = Scratch::new();
+    let mut holder = hold_recording(&store, &scratch, "local", &[]);
+    let mut waiter = store
+        .lockrun()
+        .args([
+            "--name",
+            "local",
+            "-w",
+            "60",
+            "--initial-delay",
+            "30",
+            "true",
+        ])
+        .start();
+    let mut client = server.client();
+    wait_until("the waiter to block in BLPOP", || {
+        info_field(&mut client, "clients", "blocked_clients") == 1
+    });
+    let scripts = || server.command_calls().get("evalsha").copied().unwrap_or(0);
+    let before = scripts();
+    // Absence takes a while to see: ten of the 100 ms checks.
+    thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        scripts() - before,
+        0,
+        "looks at the line while the holder lived"
+    );
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(wait(&mut holder).code(), Some(0));
+    assert_eq!(wait(&mut waiter).code(), Some(0));
+}
+
 #[test]
 fn a_crashed_holder_on_another_host_is_replaced_when_its_lease_expires() {
     let Some((store, server)) = redis(&[]) else {

@@ -164,6 +164,16 @@ pub struct Line {
     pub moves_by: Option<Moment>,
 }
 
+/// How a wait ended.
+pub enum Waited {
+    /// The slot is ours (a backend that [`Wakeup::Blocks`]).
+    Taken(Box<dyn Slot>),
+    /// The line may have moved: look again.
+    Moved,
+    /// `until` came, and nothing said the line moved.
+    Quiet,
+}
+
 /// A slot this lockrun holds. Dropping it without [`Slot::release`] leaves the
 /// slot to its lease (or to the kernel, when lockrun exits).
 pub trait Slot {
@@ -222,7 +232,7 @@ pub trait Store {
 
     /// Waits until the line may have moved for us, `until` at the latest.
     /// A backend that [`Wakeup::Blocks`] may take the slot here and return it.
-    fn wait(&mut self, request: &Request, until: Moment) -> Result<Option<Box<dyn Slot>>>;
+    fn wait(&mut self, request: &Request, until: Moment) -> Result<Waited>;
 
     /// Leaves the line: we stop waiting without a slot.
     fn leave(&mut self, request: &Request) -> Result<()>;

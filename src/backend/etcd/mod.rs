@@ -18,7 +18,7 @@ use std::rc::Rc;
 use std::time::{Duration, SystemTime};
 
 use super::record::{HolderRecord, sort, waiting};
-use super::{Abilities, Attempt, Common, Entry, Owner, Request, Slot, Store, Wakeup};
+use super::{Abilities, Attempt, Common, Entry, Owner, Request, Store, Waited, Wakeup};
 use crate::error::{Error, Result, Trouble};
 use crate::identity::epoch_millis;
 use crate::name::Name;
@@ -180,10 +180,12 @@ impl Store for EtcdStore {
         Ok(())
     }
 
-    fn wait(&mut self, request: &Request, until: Moment) -> Result<Option<Box<dyn Slot>>> {
-        self.waiter.wait(request, until)?;
-        // Woken or not, the waiting loop looks at the line again now.
-        Ok(None)
+    fn wait(&mut self, request: &Request, until: Moment) -> Result<Waited> {
+        Ok(if self.waiter.wait(request, until)? {
+            Waited::Moved
+        } else {
+            Waited::Quiet
+        })
     }
 
     fn leave(&mut self, request: &Request) -> Result<()> {

@@ -60,13 +60,14 @@ impl Waiter {
         }
     }
 
-    /// Waits until what our last look said to watch changes, `until` at the latest.
-    pub fn wait(&mut self, request: &Request, until: Moment) -> client::Result<()> {
+    /// Waits until what our last look said to watch changes, `until` at the
+    /// latest; true when the wait ended early (the next look has to see why).
+    pub fn wait(&mut self, request: &Request, until: Moment) -> client::Result<bool> {
         let within = call_timeout(request.ttl);
         self.woken = self
             .watcher
             .wait(&mut self.client.borrow_mut(), until, within)?;
-        Ok(())
+        Ok(self.woken.is_some())
     }
 
     /// Revokes our lease, and with it our place.

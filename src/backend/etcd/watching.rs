@@ -32,6 +32,8 @@ pub enum Woken {
     Freed(u32),
     /// The line moved: look again.
     Moved,
+    /// The watch broke: look again, and watch anew.
+    Broke,
 }
 
 impl Target {
@@ -150,7 +152,7 @@ impl Watcher {
                         }
                         self.broke = true;
                     }
-                    return Ok(None);
+                    return Ok(Some(Woken::Broke));
                 }
             }
         }

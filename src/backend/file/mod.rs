@@ -16,7 +16,7 @@ use std::thread;
 use std::time::SystemTime;
 
 use super::record::{HolderRecord, WaiterRecord};
-use super::{Abilities, Attempt, Common, Entry, Line, Owner, Request, Slot, Store, Wakeup};
+use super::{Abilities, Attempt, Common, Entry, Line, Owner, Request, Slot, Store, Waited, Wakeup};
 use crate::error::{Error, Result};
 use crate::identity::epoch_millis;
 use crate::name::Name;
@@ -232,12 +232,11 @@ impl Store for FileStore {
         Ok(())
     }
 
-    fn wait(&mut self, request: &Request, until: Moment) -> Result<Option<Box<dyn Slot>>> {
+    fn wait(&mut self, request: &Request, until: Moment) -> Result<Waited> {
         let stem = request.name.stem();
         if let Some(ahead) = self.ahead.take() {
             // Woken when the waiter ahead of us takes a slot, gives up or dies.
-            wait::lock_until(&ahead, until, self.dir.path())?;
-            return Ok(None);
+            return Ok(moved_if(wait::lock_until(&ahead, until, self.dir.path())?));
         }
         if let Some(head) = &self.head {
             let lock_file = |name: &std::ffi::OsString| {
@@ -250,22 +249,22 @@ impl Store for FileStore {
                     Error::unavailable(format!("cannot watch {}", self.dir.path().display()), err)
                 })?;
                 if changed.iter().any(lock_file) {
-                    break;
+                    return Ok(Waited::Moved);
                 }
             }
-            return Ok(None);
+            return Ok(Waited::Quiet);
         }
         // The head of a one-slot line waits in the kernel for the slot itself, as flock(1) does.
         let path = slots::slot_path(self.dir.path(), &stem, 0);
         let file = self.dir.open_lock_file(&path)?;
         if !wait::lock_until(&file, until, &path)? {
-            return Ok(None);
+            return Ok(Waited::Quiet);
         }
         match slots::free_or_kept(file) {
-            Probe::Free(file) => self.take(request, &stem, 0, file).map(Some),
+            Probe::Free(file) => self.take(request, &stem, 0, file).map(Waited::Taken),
             Probe::Kept(kept_until) => {
                 thread::sleep(moment_of(kept_until).min(until).remaining());
-                Ok(None)
+                Ok(Waited::Moved)
             }
             Probe::Held => unreachable!("the lock was just got"),
         }
@@ -372,6 +371,11 @@ fn holder_entry(
         }),
         _ => None,
     }
+}
+
+/// [`Waited::Moved`] when a wait got what it waited for, else [`Waited::Quiet`].
+fn moved_if(got: bool) -> Waited {
+    if got { Waited::Moved } else { Waited::Quiet }
 }
 
 fn earliest(current: Option<SystemTime>, other: SystemTime) -> SystemTime {

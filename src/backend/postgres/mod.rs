@@ -28,7 +28,7 @@ use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
 
 use super::record::{sort, waiting};
-use super::{Abilities, Attempt, Common, Entry, Owner, Request, Slot, Store};
+use super::{Abilities, Attempt, Common, Entry, Owner, Request, Store, Waited};
 use crate::error::Result;
 use crate::identity::Process;
 use crate::name::Name;
@@ -228,13 +228,18 @@ impl Store for PostgresStore {
         Ok(())
     }
 
-    fn wait(&mut self, _request: &Request, until: Moment) -> Result<Option<Box<dyn Slot>>> {
-        if !std::mem::take(&mut self.look_again) {
-            let woken = self.link.borrow_mut().woken(until.remaining())?;
-            // Told only that the line moved, we look; a slot free for us, we take it.
-            self.woken = woken.as_deref() == Some(SLOT_FREE);
+    fn wait(&mut self, _request: &Request, until: Moment) -> Result<Waited> {
+        if std::mem::take(&mut self.look_again) {
+            return Ok(Waited::Moved);
         }
-        Ok(None)
+        let woken = self.link.borrow_mut().woken(until.remaining())?;
+        // Told only that the line moved, we look; a slot free for us, we take it.
+        self.woken = woken.as_deref() == Some(SLOT_FREE);
+        Ok(if woken.is_some() {
+            Waited::Moved
+        } else {
+            Waited::Quiet
+        })
     }
 
     fn leave(&mut self, request: &Request) -> Result<()> {

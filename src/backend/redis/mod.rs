@@ -11,7 +11,9 @@ use std::rc::Rc;
 use std::time::{Duration, SystemTime};
 
 use super::record::{HolderRecord, WaiterRecord, local_ahead, sort, waiting};
-use super::{Abilities, Attempt, Common, Entry, Line, Owner, Renewal, Request, Slot, Store};
+use super::{
+    Abilities, Attempt, Common, Entry, Line, Owner, Renewal, Request, Slot, Store, Waited,
+};
 use crate::error::{Error, Result};
 use crate::identity::epoch_millis;
 use crate::name::Name;
@@ -283,15 +285,15 @@ impl Store for RedisStore {
         Ok(())
     }
 
-    fn wait(&mut self, request: &Request, until: Moment) -> Result<Option<Box<dyn Slot>>> {
+    fn wait(&mut self, request: &Request, until: Moment) -> Result<Waited> {
         let block = until.remaining();
         if block < Duration::from_millis(1) {
-            return Ok(None);
+            return Ok(Waited::Quiet);
         }
         let wake = self.keys(&request.name).wake(&request.owner.token);
         // BLPOP's own timeout ends the wait; the socket's only catches a server that went silent.
         let socket_timeout = block + MAX_CALL_TIMEOUT;
-        let _woken: Option<Option<(String, String)>> =
+        let woken: Option<Option<(String, String)>> =
             self.link
                 .borrow_mut()
                 .wait_for("waiting for a release", socket_timeout, |c| {
@@ -300,8 +302,11 @@ impl Store for RedisStore {
                         .arg(format!("{:.3}", block.as_secs_f64()))
                         .query(c)
                 })?;
-        // Woken or not, the waiting loop looks at the line again now.
-        Ok(None)
+        // Cut short (None) or woken (Some(Some(_))): look again; Some(None): BLPOP timed out.
+        Ok(match woken {
+            Some(None) => Waited::Quiet,
+            _ => Waited::Moved,
+        })
     }
 
     fn leave(&mut self, request: &Request) -> Result<()> {

@@ -14,7 +14,9 @@ use std::time::{Duration, SystemTime};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::record::{Ahead, line, sort, waiting};
-use super::{Abilities, Attempt, Common, Entry, Line, Owner, Renewal, Request, Slot, Store};
+use super::{
+    Abilities, Attempt, Common, Entry, Line, Owner, Renewal, Request, Slot, Store, Waited,
+};
 use crate::error::Result;
 use crate::identity::{Process, epoch_millis};
 use crate::name::Name;
@@ -257,26 +259,25 @@ impl Store for SqliteStore {
         Ok(())
     }
 
-    fn wait(&mut self, request: &Request, until: Moment) -> Result<Option<Box<dyn Slot>>> {
+    fn wait(&mut self, request: &Request, until: Moment) -> Result<Waited> {
         if self.doorbell.is_none() {
             // Without a doorbell, looking for any change every few milliseconds is the fallback.
             self.doorbell = Doorbell::new(&request.owner.token).ok();
         }
         // A ring before the doorbell was there is lost: a change since our look counts too.
         if self.db.data_version()? != self.seen {
-            return Ok(None);
+            return Ok(Waited::Moved);
         }
-        match &self.doorbell {
-            Some(doorbell) => {
-                let _ = doorbell.wait(until.remaining());
+        let rung = if let Some(doorbell) = &self.doorbell {
+            // A doorbell that fails to wait is taken for a ring: the loop looks again.
+            doorbell.wait(until.remaining()).unwrap_or(true)
+        } else {
+            while self.db.data_version()? == self.seen && !until.has_passed() {
+                thread::sleep(CHANGE_POLL.min(until.remaining()));
             }
-            None => {
-                while self.db.data_version()? == self.seen && !until.has_passed() {
-                    thread::sleep(CHANGE_POLL.min(until.remaining()));
-                }
-            }
-        }
-        Ok(None)
+            self.db.data_version()? != self.seen
+        };
+        Ok(if rung { Waited::Moved } else { Waited::Quiet })
     }
 
     fn leave(&mut self, request: &Request) -> Result<()> {
