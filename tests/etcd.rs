@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use lockrun::backend::etcd::client::{Client, Endpoints, Keys, Op, Txn};
 
 use crate::core::{
-    hold_recording, losing_the_server_stops_the_holder,
+    hold_recording, losing_the_server_stops_the_holder, start_holding,
     takes_the_slot_of_a_lapsing_holder_elsewhere,
 };
 use crate::support::etcd::{EtcdCluster, EtcdServer};
@@ -140,31 +140,15 @@ fn a_waiter_starts_as_soon_as_the_holder_ends_without_polling() {
 /// host would be looked at every 100 ms for its process's death.
 #[test]
 fn a_waiter_watches_the_line_and_never_polls() {
-    let elsewhere = ["--pid", "--fork", "--kill-child", "--mount-proc"];
-    let probe = std::process::Command::new("unshare")
-        .args(elsewhere)
-        .arg("true")
-        .output();
-    if !probe.is_ok_and(|output| output.status.success()) {
-        eprintln!("SKIPPED: unshare(1) cannot make a pid namespace here (it needs privileges)");
+    let Some(mut elsewhere) = lockrun_in_a_pid_namespace() else {
         return;
-    }
+    };
     let Some((store, server)) = etcd() else {
         return;
     };
     let scratch = Scratch::new();
-    let script = format!(
-        "touch {ready}; while [ ! -e {release} ]; do sleep 0.02; done",
-        ready = scratch.path("ready").display(),
-        release = scratch.path("release").display(),
-    );
-    let mut holder = std::process::Command::new("unshare")
-        .args(elsewhere)
-        .arg(env!("CARGO_BIN_EXE_lockrun"))
-        .args(store.args())
-        .args(["--name", "still", "-c", &script])
-        .start();
-    wait_for_file(&scratch.path("ready"));
+    elsewhere.args(store.args());
+    let mut holder = start_holding(elsewhere, &scratch, "still", &[], "");
     let waiter = store
         .lockrun()
         .args(["--name", "still", "-w", "60", "-v"])

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
-use crate::core::hold;
+use crate::core::{hold, start_holding};
 use crate::support::*;
 
 /// `lockrun [SUBCOMMAND] --backend sqlite --db PATH ARGS`.
@@ -384,30 +384,14 @@ fn a_slot_taken_late_in_a_long_backoff_step_gets_a_whole_lease() {
 
 #[test]
 fn a_holder_in_another_pid_namespace_is_not_judged_dead() {
-    let new_namespace = ["--pid", "--fork", "--kill-child", "--mount-proc"];
-    let probe = Command::new("unshare")
-        .args(new_namespace)
-        .arg("true")
-        .output();
-    if !probe.is_ok_and(|output| output.status.success()) {
-        eprintln!("SKIPPED: unshare(1) cannot make a pid namespace here (it needs privileges)");
+    let Some(mut elsewhere) = lockrun_in_a_pid_namespace() else {
         return;
-    }
+    };
     let store = Store::sqlite();
     let scratch = Scratch::new();
-    let script = format!(
-        "touch {ready}; while [ ! -e {release} ]; do sleep 0.02; done",
-        ready = scratch.path("ready").display(),
-        release = scratch.path("release").display(),
-    );
     // Inside its namespace the holder's lockrun is pid 1: here, pid 1 is another process.
-    let mut holder = Command::new("unshare")
-        .args(new_namespace)
-        .arg(env!("CARGO_BIN_EXE_lockrun"))
-        .args(store.args())
-        .args(["--name", "namespaced", "--ttl", "60", "-c", &script])
-        .start();
-    wait_for_file(&scratch.path("ready"));
+    elsewhere.args(store.args());
+    let mut holder = start_holding(elsewhere, &scratch, "namespaced", &["--ttl", "60"], "");
     let output = run(store.lockrun().args(["--name", "namespaced", "-n", "true"]));
     assert_status(&output, 75);
     fs::write(scratch.path("release"), "").unwrap();

@@ -406,6 +406,21 @@ pub fn lockrun_without_run_lock() -> Option<Command> {
     Some(without_lockrun_variables(command))
 }
 
+/// `lockrun` in a pid namespace of its own, where its pid means nothing to a
+/// lockrun outside it, as on another host; `None`, after saying why, where this
+/// process may not make one.
+pub fn lockrun_in_a_pid_namespace() -> Option<Command> {
+    let namespace = ["--pid", "--fork", "--kill-child", "--mount-proc"];
+    let probe = Command::new("unshare").args(namespace).arg("true").output();
+    if !probe.is_ok_and(|output| output.status.success()) {
+        eprintln!("SKIPPED: unshare(1) cannot make a pid namespace here (it needs privileges)");
+        return None;
+    }
+    let mut command = Command::new("unshare");
+    command.args(namespace).arg(env!("CARGO_BIN_EXE_lockrun"));
+    Some(without_lockrun_variables(command))
+}
+
 /// `command` without the `LOCKRUN_*` variables of the test's environment, and without stdin.
 pub fn without_lockrun_variables(mut command: Command) -> Command {
     for (key, _) in std::env::vars_os() {
