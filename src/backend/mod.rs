@@ -174,6 +174,13 @@ pub enum Waited {
     Quiet,
 }
 
+impl Waited {
+    /// `Moved` when the wait was told something (or got what it waited for), else `Quiet`.
+    pub fn told(told: bool) -> Self {
+        if told { Self::Moved } else { Self::Quiet }
+    }
+}
+
 /// A slot this lockrun holds. Dropping it without [`Slot::release`] leaves the
 /// slot to its lease (or to the kernel, when lockrun exits).
 pub trait Slot {

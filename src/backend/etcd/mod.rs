@@ -181,11 +181,7 @@ impl Store for EtcdStore {
     }
 
     fn wait(&mut self, request: &Request, until: Moment) -> Result<Waited> {
-        Ok(if self.waiter.wait(request, until)? {
-            Waited::Moved
-        } else {
-            Waited::Quiet
-        })
+        Ok(Waited::told(self.waiter.wait(request, until)?))
     }
 
     fn leave(&mut self, request: &Request) -> Result<()> {

@@ -236,7 +236,11 @@ impl Store for FileStore {
         let stem = request.name.stem();
         if let Some(ahead) = self.ahead.take() {
             // Woken when the waiter ahead of us takes a slot, gives up or dies.
-            return Ok(moved_if(wait::lock_until(&ahead, until, self.dir.path())?));
+            return Ok(Waited::told(wait::lock_until(
+                &ahead,
+                until,
+                self.dir.path(),
+            )?));
         }
         if let Some(head) = &self.head {
             let lock_file = |name: &std::ffi::OsString| {
@@ -371,11 +375,6 @@ fn holder_entry(
         }),
         _ => None,
     }
-}
-
-/// [`Waited::Moved`] when a wait got what it waited for, else [`Waited::Quiet`].
-fn moved_if(got: bool) -> Waited {
-    if got { Waited::Moved } else { Waited::Quiet }
 }
 
 fn earliest(current: Option<SystemTime>, other: SystemTime) -> SystemTime {

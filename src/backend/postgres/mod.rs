@@ -235,11 +235,7 @@ impl Store for PostgresStore {
         let woken = self.link.borrow_mut().woken(until.remaining())?;
         // Told only that the line moved, we look; a slot free for us, we take it.
         self.woken = woken.as_deref() == Some(SLOT_FREE);
-        Ok(if woken.is_some() {
-            Waited::Moved
-        } else {
-            Waited::Quiet
-        })
+        Ok(Waited::told(woken.is_some()))
     }
 
     fn leave(&mut self, request: &Request) -> Result<()> {

@@ -277,7 +277,7 @@ impl Store for SqliteStore {
             }
             self.db.data_version()? != self.seen
         };
-        Ok(if rung { Waited::Moved } else { Waited::Quiet })
+        Ok(Waited::told(rung))
     }
 
     fn leave(&mut self, request: &Request) -> Result<()> {
