@@ -7,10 +7,12 @@ use std::fs::{DirBuilder, FileType, OpenOptions};
 use std::io::{self, Read};
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::thread;
+use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, ErrorCode, OpenFlags, Transaction, TransactionBehavior};
 
+use crate::backoff::{self, Backoff};
 use crate::error::{Error, Result, Trouble};
 
 /// Bumped when the tables change, so a later lockrun can migrate (stored in `PRAGMA user_version`).
@@ -21,6 +23,14 @@ const APPLICATION_ID: u32 = 0x4c4b_524e;
 /// How long a statement waits for another connection's lock before giving up.
 /// lockrun's own transactions last milliseconds; a lock held this long is stuck.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Pauses between tries of a busy switch to WAL mode: short, as the other
+/// lockrun's transaction lasts milliseconds, and jittered, as a herd may retry.
+const WAL_SWITCH_RETRY: backoff::Policy = backoff::Policy {
+    initial_delay: Duration::from_millis(10),
+    max_delay: Duration::from_millis(100),
+    multiplier: 2.0,
+};
 
 const SCHEMA: &str = "
 CREATE TABLE holders (
@@ -139,18 +149,39 @@ pub fn open(path: Option<&Path>, create: bool) -> Result<Database> {
     if create {
         initialize(&mut conn, &path)?;
     }
-    let mode: String = conn
-        .query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))
-        .map_err(|err| failure(&path, "switch to WAL mode", &err))?;
-    if !mode.eq_ignore_ascii_case("wal") {
-        return Err(Error::Unavailable(format!(
-            "cannot use {}: SQLite refused WAL mode (journal mode is {mode})",
-            path.display()
-        )));
-    }
+    let deadline = Instant::now() + BUSY_TIMEOUT;
+    let mut backoff = Backoff::new(WAL_SWITCH_RETRY);
+    switch_to_wal(&conn, &path, || {
+        let left = deadline.saturating_duration_since(Instant::now());
+        thread::sleep(backoff.next_wait(Some(left)));
+        !left.is_zero()
+    })?;
     conn.pragma_update(None, "synchronous", "FULL")
         .map_err(|err| failure(&path, "configure", &err))?;
     Ok(Database { path, conn })
+}
+
+/// Switches the database to WAL mode (kept in the file: later opens find it
+/// so). A new database starts in rollback mode, and the switch must upgrade a
+/// read lock to the write lock: when another lockrun already holds the write
+/// lock, SQLite answers "busy" at once instead of waiting, as waiting could
+/// deadlock. So a busy switch is tried again after `pause`, while it says so.
+fn switch_to_wal(conn: &Connection, path: &Path, mut pause: impl FnMut() -> bool) -> Result<()> {
+    loop {
+        match conn.query_row("PRAGMA journal_mode = WAL", [], |row| {
+            row.get::<_, String>(0)
+        }) {
+            Ok(mode) if mode.eq_ignore_ascii_case("wal") => return Ok(()),
+            Ok(mode) => {
+                return Err(Error::Unavailable(format!(
+                    "cannot use {}: SQLite refused WAL mode (journal mode is {mode})",
+                    path.display()
+                )));
+            }
+            Err(err) if is_busy(&err) && pause() => {}
+            Err(err) => return Err(failure(path, "switch to WAL mode", &err)),
+        }
+    }
 }
 
 /// `$XDG_STATE_HOME/lockrun/locks.sqlite3`, else `~/.local/state/lockrun/locks.sqlite3`.
@@ -300,12 +331,18 @@ fn initialize(conn: &mut Connection, path: &Path) -> Result<()> {
     tx.commit().map_err(fail)
 }
 
+fn is_busy(err: &rusqlite::Error) -> bool {
+    matches!(
+        err.sqlite_error_code(),
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked)
+    )
+}
+
 /// A database failure as the user should read it (exit 69).
 pub fn failure(path: &Path, what: &str, err: &rusqlite::Error) -> Error {
-    let code = err.sqlite_error_code();
     let path = path.display();
-    match code {
-        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => Error::trouble(
+    match err.sqlite_error_code() {
+        _ if is_busy(err) => Error::trouble(
             Trouble::Busy,
             format!("cannot {what}: the SQLite database {path} stayed locked by another process"),
         ),
@@ -324,6 +361,56 @@ pub fn failure(path: &Path, what: &str, err: &rusqlite::Error) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A lockrun database still in rollback mode, as its creator leaves it
+    /// before switching, and a second connection holding its write lock.
+    fn rollback_database_with_a_writer() -> (tempfile::TempDir, PathBuf, Connection) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("locks.sqlite3");
+        initialize(&mut Connection::open(&path).unwrap(), &path).unwrap();
+        let writer = Connection::open(&path).unwrap();
+        writer.execute_batch("BEGIN IMMEDIATE").unwrap();
+        (dir, path, writer)
+    }
+
+    fn journal_version(path: &Path) -> (u8, u8) {
+        let header = std::fs::read(path).unwrap();
+        (header[18], header[19])
+    }
+
+    #[test]
+    fn a_switch_to_wal_refused_while_another_writes_is_tried_again() {
+        let (_dir, path, writer) = rollback_database_with_a_writer();
+        let conn = Connection::open(&path).unwrap();
+        conn.busy_timeout(BUSY_TIMEOUT).unwrap();
+        let mut pauses = 0;
+        switch_to_wal(&conn, &path, || {
+            pauses += 1;
+            writer.execute_batch("COMMIT").unwrap();
+            true
+        })
+        .unwrap();
+        assert_eq!(pauses, 1, "the first try was not refused");
+        assert_eq!(
+            journal_version(&path),
+            (2, 2),
+            "the file is not in WAL mode"
+        );
+    }
+
+    #[test]
+    fn a_switch_to_wal_busy_past_its_time_says_so() {
+        let (_dir, path, _writer) = rollback_database_with_a_writer();
+        let conn = Connection::open(&path).unwrap();
+        let Err(err) = switch_to_wal(&conn, &path, || false) else {
+            panic!("switched while another connection held the write lock");
+        };
+        assert!(
+            err.to_string().contains("stayed locked by another process"),
+            "{err}"
+        );
+        assert_eq!(journal_version(&path), (1, 1));
+    }
 
     #[test]
     fn a_database_from_a_newer_lockrun_is_refused() {
