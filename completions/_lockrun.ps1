@@ -37,10 +37,10 @@ Register-ArgumentCompleter -Native -CommandName 'lockrun' -ScriptBlock {
             [CompletionResult]::new('--initial-delay', '--initial-delay', [CompletionResultType]::ParameterName, 'First retry delay when polling')
             [CompletionResult]::new('--max-delay', '--max-delay', [CompletionResultType]::ParameterName, 'Cap on the retry delay')
             [CompletionResult]::new('--backoff-multiplier', '--backoff-multiplier', [CompletionResultType]::ParameterName, 'Growth of the retry delay per retry (>= 1)')
-            [CompletionResult]::new('--ttl', '--ttl', [CompletionResultType]::ParameterName, 'Lease length on sqlite, redis and postgres; renewed every TTL/3 while the command runs')
+            [CompletionResult]::new('--ttl', '--ttl', [CompletionResultType]::ParameterName, 'Lease length on every backend but file; renewed every TTL/3 while the command runs')
             [CompletionResult]::new('--min-hold', '--min-hold', [CompletionResultType]::ParameterName, 'Keep the slot taken at least this long after acquiring')
             [CompletionResult]::new('--max-runtime', '--max-runtime', [CompletionResultType]::ParameterName, 'Stop the command after this long (exit 124)')
-            [CompletionResult]::new('--kill-grace', '--kill-grace', [CompletionResultType]::ParameterName, 'Time between SIGTERM and SIGKILL when lockrun stops the command [default: 10s, at most TTL/3 on sqlite, redis and postgres]')
+            [CompletionResult]::new('--kill-grace', '--kill-grace', [CompletionResultType]::ParameterName, 'Time between SIGTERM and SIGKILL when lockrun stops the command [default: 10s, at most TTL/3 on every backend but file]')
             [CompletionResult]::new('-E', '-E ', [CompletionResultType]::ParameterName, 'Exit status when no slot was acquired, 0 to 255')
             [CompletionResult]::new('--conflict-exit-code', '--conflict-exit-code', [CompletionResultType]::ParameterName, 'Exit status when no slot was acquired, 0 to 255')
             [CompletionResult]::new('-c', '-c', [CompletionResultType]::ParameterName, 'Run this string with /bin/sh -c instead of COMMAND ARGS')
@@ -57,7 +57,7 @@ Register-ArgumentCompleter -Native -CommandName 'lockrun' -ScriptBlock {
             [CompletionResult]::new('-V', '-V ', [CompletionResultType]::ParameterName, 'Print version')
             [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print version')
             [CompletionResult]::new('status', 'status', [CompletionResultType]::ParameterValue, 'List who holds a lock (every name when NAME is omitted)')
-            [CompletionResult]::new('release', 'release', [CompletionResultType]::ParameterValue, 'Break a lease that is known to be dead (sqlite, redis and postgres)')
+            [CompletionResult]::new('release', 'release', [CompletionResultType]::ParameterValue, 'Break a lease that is known to be dead (every backend but file)')
             [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
             break
         }
@@ -102,7 +102,7 @@ Register-ArgumentCompleter -Native -CommandName 'lockrun' -ScriptBlock {
         }
         'lockrun;help' {
             [CompletionResult]::new('status', 'status', [CompletionResultType]::ParameterValue, 'List who holds a lock (every name when NAME is omitted)')
-            [CompletionResult]::new('release', 'release', [CompletionResultType]::ParameterValue, 'Break a lease that is known to be dead (sqlite, redis and postgres)')
+            [CompletionResult]::new('release', 'release', [CompletionResultType]::ParameterValue, 'Break a lease that is known to be dead (every backend but file)')
             [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
             break
         }

@@ -34,10 +34,10 @@ set edit:completion:arg-completer[lockrun] = {|@words|
             cand --initial-delay 'First retry delay when polling'
             cand --max-delay 'Cap on the retry delay'
             cand --backoff-multiplier 'Growth of the retry delay per retry (>= 1)'
-            cand --ttl 'Lease length on sqlite, redis and postgres; renewed every TTL/3 while the command runs'
+            cand --ttl 'Lease length on every backend but file; renewed every TTL/3 while the command runs'
             cand --min-hold 'Keep the slot taken at least this long after acquiring'
             cand --max-runtime 'Stop the command after this long (exit 124)'
-            cand --kill-grace 'Time between SIGTERM and SIGKILL when lockrun stops the command [default: 10s, at most TTL/3 on sqlite, redis and postgres]'
+            cand --kill-grace 'Time between SIGTERM and SIGKILL when lockrun stops the command [default: 10s, at most TTL/3 on every backend but file]'
             cand -E 'Exit status when no slot was acquired, 0 to 255'
             cand --conflict-exit-code 'Exit status when no slot was acquired, 0 to 255'
             cand -c 'Run this string with /bin/sh -c instead of COMMAND ARGS'
@@ -54,7 +54,7 @@ set edit:completion:arg-completer[lockrun] = {|@words|
             cand -V 'Print version'
             cand --version 'Print version'
             cand status 'List who holds a lock (every name when NAME is omitted)'
-            cand release 'Break a lease that is known to be dead (sqlite, redis and postgres)'
+            cand release 'Break a lease that is known to be dead (every backend but file)'
             cand help 'Print this message or the help of the given subcommand(s)'
         }
         &'lockrun;status'= {
@@ -96,7 +96,7 @@ set edit:completion:arg-completer[lockrun] = {|@words|
         }
         &'lockrun;help'= {
             cand status 'List who holds a lock (every name when NAME is omitted)'
-            cand release 'Break a lease that is known to be dead (sqlite, redis and postgres)'
+            cand release 'Break a lease that is known to be dead (every backend but file)'
             cand help 'Print this message or the help of the given subcommand(s)'
         }
         &'lockrun;help;status'= {

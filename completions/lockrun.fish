@@ -41,10 +41,10 @@ complete -c lockrun -n "__fish_lockrun_needs_command" -s w -l timeout -d 'Longes
 complete -c lockrun -n "__fish_lockrun_needs_command" -l initial-delay -d 'First retry delay when polling' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l max-delay -d 'Cap on the retry delay' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l backoff-multiplier -d 'Growth of the retry delay per retry (>= 1)' -r
-complete -c lockrun -n "__fish_lockrun_needs_command" -l ttl -d 'Lease length on sqlite, redis and postgres; renewed every TTL/3 while the command runs' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -l ttl -d 'Lease length on every backend but file; renewed every TTL/3 while the command runs' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l min-hold -d 'Keep the slot taken at least this long after acquiring' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l max-runtime -d 'Stop the command after this long (exit 124)' -r
-complete -c lockrun -n "__fish_lockrun_needs_command" -l kill-grace -d 'Time between SIGTERM and SIGKILL when lockrun stops the command [default: 10s, at most TTL/3 on sqlite, redis and postgres]' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -l kill-grace -d 'Time between SIGTERM and SIGKILL when lockrun stops the command [default: 10s, at most TTL/3 on every backend but file]' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -s E -l conflict-exit-code -d 'Exit status when no slot was acquired, 0 to 255' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -s c -l command -d 'Run this string with /bin/sh -c instead of COMMAND ARGS' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l log-format -d 'Diagnostics as text lines or one JSON event per line' -r -f -a "text\t''
@@ -55,7 +55,7 @@ complete -c lockrun -n "__fish_lockrun_needs_command" -s q -l quiet -d 'No diagn
 complete -c lockrun -n "__fish_lockrun_needs_command" -s h -l help -d 'Print help'
 complete -c lockrun -n "__fish_lockrun_needs_command" -s V -l version -d 'Print version'
 complete -c lockrun -n "__fish_lockrun_needs_command" -a "status" -d 'List who holds a lock (every name when NAME is omitted)'
-complete -c lockrun -n "__fish_lockrun_needs_command" -a "release" -d 'Break a lease that is known to be dead (sqlite, redis and postgres)'
+complete -c lockrun -n "__fish_lockrun_needs_command" -a "release" -d 'Break a lease that is known to be dead (every backend but file)'
 complete -c lockrun -n "__fish_lockrun_needs_command" -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s b -l backend -d 'Where the lock lives' -r -f -a "file\t''
 sqlite\t''
@@ -93,5 +93,5 @@ complete -c lockrun -n "__fish_lockrun_using_subcommand release" -s v -l verbose
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -s q -l quiet -d 'No diagnostics at all'
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -s h -l help -d 'Print help'
 complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from status release help" -f -a "status" -d 'List who holds a lock (every name when NAME is omitted)'
-complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from status release help" -f -a "release" -d 'Break a lease that is known to be dead (sqlite, redis and postgres)'
+complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from status release help" -f -a "release" -d 'Break a lease that is known to be dead (every backend but file)'
 complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from status release help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'

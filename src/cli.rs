@@ -21,7 +21,7 @@ pub use usage::report as usage_error;
 #[command(
     name = "lockrun",
     version,
-    about = "Run a command while holding a named lock: a file, a SQLite database, Redis or PostgreSQL",
+    about = "Run a command while holding a named lock: a file, a SQLite database, Redis, PostgreSQL or etcd",
     override_usage = "lockrun [OPTIONS] --name NAME [--] COMMAND [ARG]...\n       \
                       lockrun [OPTIONS] --name NAME -c 'SHELL COMMAND'\n       \
                       lockrun status [OPTIONS] [NAME] [--json]\n       \
@@ -42,7 +42,7 @@ pub struct Cli {
 pub enum Action {
     /// List who holds a lock (every name when NAME is omitted)
     Status(StatusArgs),
-    /// Break a lease that is known to be dead (sqlite, redis and postgres)
+    /// Break a lease that is known to be dead (every backend but file)
     Release(ReleaseArgs),
 }
 
@@ -92,7 +92,7 @@ pub struct RunArgs {
     #[arg(long, default_value_t = DEFAULT_BACKOFF_MULTIPLIER, value_name = "F", value_parser = parse_multiplier)]
     pub backoff_multiplier: f64,
 
-    /// Lease length on sqlite, redis and postgres; renewed every TTL/3 while the command runs
+    /// Lease length on every backend but file; renewed every TTL/3 while the command runs
     #[arg(long, env = "LOCKRUN_TTL", default_value = DEFAULT_TTL, value_name = "DUR", value_parser = parse_ttl)]
     pub ttl: Duration,
 
@@ -104,7 +104,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "DUR", value_parser = duration::parse)]
     pub max_runtime: Option<Duration>,
 
-    /// Time between SIGTERM and SIGKILL when lockrun stops the command [default: 10s, at most TTL/3 on sqlite, redis and postgres]
+    /// Time between SIGTERM and SIGKILL when lockrun stops the command [default: 10s, at most TTL/3 on every backend but file]
     #[arg(long, value_name = "DUR", value_parser = duration::parse)]
     pub kill_grace: Option<Duration>,
 
