@@ -204,3 +204,112 @@ pub(super) fn not_etcd(why: impl fmt::Display) -> io::Error {
         format!("not an etcd v3 gateway: {why}"),
     )
 }
+
+/// What one call has heard from the members, round after round over them:
+/// whether another round is worth it and, at the end, the error to report.
+#[derive(Debug, Default)]
+pub(super) struct Tally {
+    /// This round's failures, as "member: failure".
+    round: Vec<String>,
+    /// This round's latest answer, as "member: answer".
+    answer: Option<String>,
+    /// A member did not answer in time this round.
+    silent: bool,
+    /// The latest answer of an earlier round: a member that answered was
+    /// reached, so a last round cut short by the deadline does not make the
+    /// cluster unreachable, and its answer says more than a timeout.
+    earlier_answer: Option<String>,
+}
+
+impl Tally {
+    pub(super) fn add(&mut self, member: &str, failure: &Failure) {
+        let said = format!("{member}: {failure}");
+        match failure {
+            Failure::Answer { .. } => self.answer = Some(said.clone()),
+            Failure::Io(err) => self.silent |= err.kind() == io::ErrorKind::TimedOut,
+        }
+        self.round.push(said);
+    }
+
+    /// Another round may succeed: a member answered (an election may end)
+    /// or was slow; not when every member refused the connection.
+    pub(super) fn worth_another_round(&self) -> bool {
+        self.answer.is_some() || self.silent
+    }
+
+    pub(super) fn next_round(&mut self) {
+        self.earlier_answer = self.answer.take().or(self.earlier_answer.take());
+        self.round.clear();
+        self.silent = false;
+    }
+
+    /// The call's error: transient once any member has answered, else unreachable.
+    pub(super) fn into_error(self, what: &str) -> Error {
+        let before = match (&self.answer, &self.earlier_answer) {
+            (None, Some(answer)) => format!(" (before that, {answer})"),
+            _ => String::new(),
+        };
+        let kind = if self.answer.is_some() || self.earlier_answer.is_some() {
+            ErrorKind::Transient
+        } else {
+            ErrorKind::Unreachable
+        };
+        Error::new(
+            kind,
+            format!("etcd: {what} failed: {}{before}", self.round.join("; ")),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MEMBER: &str = "http://127.0.0.1:2379";
+
+    fn no_leader() -> Failure {
+        Failure::Answer {
+            code: code::UNAVAILABLE,
+            message: "etcdserver: no leader".into(),
+        }
+    }
+
+    fn silence() -> Failure {
+        Failure::Io(io::ErrorKind::TimedOut.into())
+    }
+
+    #[test]
+    fn a_member_that_answered_before_a_last_round_cut_short_leaves_the_trouble_transient() {
+        let mut tally = Tally::default();
+        tally.add(MEMBER, &no_leader());
+        tally.add("http://127.0.0.1:2381", &silence());
+        assert!(tally.worth_another_round());
+        tally.next_round();
+        tally.add(MEMBER, &silence());
+        let err = tally.into_error("range");
+        assert_eq!(err.kind(), ErrorKind::Transient, "{err}");
+        assert_eq!(
+            err.to_string(),
+            "etcd: range failed: http://127.0.0.1:2379: no answer in time \
+             (before that, http://127.0.0.1:2379: etcdserver: no leader)"
+        );
+    }
+
+    #[test]
+    fn members_never_reached_leave_the_cluster_unreachable() {
+        let mut tally = Tally::default();
+        tally.add(MEMBER, &silence());
+        tally.next_round();
+        tally.add(
+            MEMBER,
+            &Failure::Io(io::ErrorKind::ConnectionRefused.into()),
+        );
+        assert!(!tally.worth_another_round());
+        let err = tally.into_error("range");
+        assert_eq!(err.kind(), ErrorKind::Unreachable, "{err}");
+        assert_eq!(
+            err.to_string(),
+            "etcd: range failed: http://127.0.0.1:2379: connection refused"
+        );
+    }
+}

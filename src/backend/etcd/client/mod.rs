@@ -33,7 +33,7 @@ use rustls::ClientConfig;
 use serde::Serialize;
 
 use endpoint::Secret;
-use error::{Failure, Verdict, code};
+use error::{Failure, Tally, Verdict, code};
 use http::Connection;
 use wire::{
     AuthenticateRequest, AuthenticateResponse, LeaseRequest, LeaseResponse, RangeRequest,
@@ -238,9 +238,8 @@ impl Client {
         let deadline = Instant::now() + budget;
         let members = self.endpoints.members.len();
         let mut token_renewed = false;
+        let mut tally = Tally::default();
         loop {
-            let (mut answered, mut silent) = (false, false);
-            let mut failures = Vec::new();
             let mut untried = members;
             while untried > 0 {
                 // A share as if another round over the others were to follow:
@@ -270,23 +269,15 @@ impl Client {
                         return Err(failure.into_error(verdict.kind(), &context));
                     }
                 }
-                answered |= matches!(failure, Failure::Answer { .. });
-                silent |=
-                    matches!(&failure, Failure::Io(err) if err.kind() == io::ErrorKind::TimedOut);
-                failures.push(format!("{member}: {failure}"));
+                tally.add(&member, &failure);
                 self.connection = None;
                 self.current = (self.current + 1) % members;
                 untried -= 1;
             }
-            if !(answered || silent) || Instant::now() + ROUND_PAUSE >= deadline {
-                let kind = if answered {
-                    ErrorKind::Transient
-                } else {
-                    ErrorKind::Unreachable
-                };
-                let message = format!("etcd: {what} failed: {}", failures.join("; "));
-                return Err(Error::new(kind, message));
+            if !tally.worth_another_round() || Instant::now() + ROUND_PAUSE >= deadline {
+                return Err(tally.into_error(what));
             }
+            tally.next_round();
             thread::sleep(ROUND_PAUSE);
         }
     }
