@@ -170,6 +170,19 @@ fn a_single_slot_waiter_wakes_when_the_holder_exits() {
     );
 }
 
+/// Newcomers that find a slot free each lock the line for the moment it takes
+/// to see whether anyone waits. Another newcomer's moment must not pass for a
+/// waiter: a herd let go at one instant with `--no-wait -p 3` once ran 2.
+#[test]
+fn a_newcomer_checking_the_line_turns_no_other_away_from_a_free_slot() {
+    let store = Store::file();
+    assert_status(&run(store.lockrun().args(["--name", "herd", "true"])), 0);
+    let line = fs::File::open(store.dir().join("herd.line")).unwrap();
+    line.lock().unwrap();
+    let output = run(store.lockrun().args(["--name", "herd", "--no-wait", "true"]));
+    assert_status(&output, 0);
+}
+
 #[test]
 fn leftover_metadata_without_a_live_lock_is_not_a_holder() {
     let store = Store::file();

@@ -58,7 +58,7 @@ impl Place {
             Moment::now().since_boot().as_nanos(),
             std::process::id()
         );
-        let path = dir.path().join(format!("{stem}.{ticket}{WAIT_SUFFIX}"));
+        let path = waiter_path(dir.path(), stem, &ticket);
         // Made under another name and locked before it is renamed into place:
         // a waiter behind us must never find it unlocked and take us for dead.
         let joining = dir.path().join(format!("{stem}.{ticket}.joining"));
@@ -97,7 +97,7 @@ impl Place {
         tickets.sort_unstable_by(|a, b| b.cmp(a));
         Ok(tickets
             .into_iter()
-            .map(|ticket| dir.join(format!("{stem}.{ticket}{WAIT_SUFFIX}")))
+            .map(|ticket| waiter_path(dir, stem, &ticket))
             .collect())
     }
 
@@ -136,12 +136,21 @@ pub fn nearest_live(ahead: &[PathBuf]) -> Result<(Option<File>, usize)> {
 }
 
 /// True when someone is in the line of `stem`: a newcomer must not overtake them.
+/// A free line lock says so in one call. A taken one may be held by another
+/// newcomer asking the same at this moment rather than by a waiter, so then
+/// the waiters' own files say whether a live one is there.
 pub fn is_occupied(dir: &LockDir, stem: &str) -> Result<bool> {
     let path = dir.path().join(format!("{stem}{LINE_SUFFIX}"));
     let line = dir.open_lock_file(&path)?;
     match line.try_lock() {
         Ok(()) => Ok(false),
-        Err(fs::TryLockError::WouldBlock) => Ok(true),
+        Err(fs::TryLockError::WouldBlock) => {
+            let waiters: Vec<PathBuf> = waiter_tickets(dir.path(), stem)?
+                .into_iter()
+                .map(|ticket| waiter_path(dir.path(), stem, &ticket))
+                .collect();
+            Ok(nearest_live(&waiters)?.0.is_some())
+        }
         Err(fs::TryLockError::Error(err)) => Err(Error::unavailable(
             format!("cannot lock {}", path.display()),
             err,
@@ -162,6 +171,10 @@ pub fn waiter_tickets(dir: &Path, stem: &str) -> Result<Vec<String>> {
             (their_stem == stem).then(|| ticket.to_owned())
         })
         .collect())
+}
+
+fn waiter_path(dir: &Path, stem: &str, ticket: &str) -> PathBuf {
+    dir.join(format!("{stem}.{ticket}{WAIT_SUFFIX}"))
 }
 
 /// `STEM.TICKET.wait` → (STEM, TICKET).
