@@ -179,7 +179,9 @@ fn a_newcomer_checking_the_line_turns_no_other_away_from_a_free_slot() {
     assert_status(&run(store.lockrun().args(["--name", "herd", "true"])), 0);
     let line = fs::File::open(store.dir().join("herd.line")).unwrap();
     line.lock().unwrap();
-    let output = run(store.lockrun().args(["--name", "herd", "--no-wait", "true"]));
+    let output = run(store
+        .lockrun()
+        .args(["--name", "herd", "--no-wait", "true"]));
     assert_status(&output, 0);
 }
 
