@@ -119,12 +119,18 @@ impl Waiter<'_> {
     /// see whether an entry ahead on this host died looks at its process, not
     /// at the store: the store needs asking only when one did.
     fn wait_for_change(&mut self, line: &Line) -> Result<Option<Box<dyn Slot>>> {
+        // Fixed once: the process checks below must not push back a look that
+        // keeps our place in line alive.
+        let look = self.next_look(line);
         loop {
-            let (until, liveness_only) = self.next_look(line);
-            match self.store.wait(self.request, until) {
+            let check = (!line.local_ahead.is_empty())
+                .then(|| Moment::now() + LIVENESS_POLL)
+                .filter(|check| *check < look);
+            match self.store.wait(self.request, check.unwrap_or(look)) {
                 Ok(Waited::Taken(slot)) => return Ok(Some(slot)),
                 Ok(Waited::Quiet)
-                    if liveness_only && !line.local_ahead.iter().any(|o| o.process.is_gone()) => {}
+                    if check.is_some() && !line.local_ahead.iter().any(|o| o.process.is_gone()) => {
+                }
                 Ok(_) => return Ok(None),
                 Err(err) => {
                     self.ride_out(err)?;
@@ -134,9 +140,8 @@ impl Waiter<'_> {
         }
     }
 
-    /// When to look at the line again at the latest, and whether that is only
-    /// to see whether an entry ahead on this host died.
-    fn next_look(&mut self, line: &Line) -> (Moment, bool) {
+    /// When to look at the line again at the latest.
+    fn next_look(&mut self, line: &Line) -> Moment {
         let abilities = self.store.abilities();
         let mut looks = vec![self.deadline, line.moves_by, self.progress.redraw_due()];
         if abilities.wakeup == Wakeup::Told {
@@ -163,16 +168,11 @@ impl Waiter<'_> {
             // A waiter's place lapses with its TTL unless it asks again.
             looks.push(Some(Moment::now() + self.request.ttl / 3));
         }
-        let next = looks
+        looks
             .into_iter()
             .flatten()
             .min()
-            .unwrap_or_else(|| Moment::now() + Duration::from_secs(3600));
-        let liveness = (!line.local_ahead.is_empty()).then(|| Moment::now() + LIVENESS_POLL);
-        match liveness {
-            Some(liveness) if liveness < next => (liveness, true),
-            _ => (next, false),
-        }
+            .unwrap_or_else(|| Moment::now() + Duration::from_secs(3600))
     }
 
     /// The first look says that we wait and who holds the slots; later ones, when our place changed.

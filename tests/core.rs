@@ -33,7 +33,8 @@ macro_rules! backend_tests {
             line::first_come_first_served_with_two_slots,
             line::a_freed_slot_goes_to_the_head_of_the_line_at_once,
             line::a_dead_waiter_at_the_head_is_skipped_at_once,
-            line::a_waiter_stopped_and_continued_takes_the_freed_slot_at_once
+            line::a_waiter_stopped_and_continued_takes_the_freed_slot_at_once,
+            line::a_waiter_behind_a_holder_on_this_host_keeps_its_place_past_its_ttl
         );
     };
     (@each $module:ident, $store:expr, $($group:ident :: $test:ident),+) => {

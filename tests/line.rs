@@ -63,11 +63,24 @@ fn let_go(holders: Vec<(Scratch, Running)>) {
 /// Starts a waiter on `name` that logs `ID FENCE` to `log` when it runs, once
 /// `status` shows it at the end of the line.
 fn join_line(store: &Store, name: &str, slots: u32, id: usize, log: &std::path::Path) -> Running {
+    join_line_with(store, name, slots, id, log, &[])
+}
+
+/// Like `join_line`, with more options.
+fn join_line_with(
+    store: &Store,
+    name: &str,
+    slots: u32,
+    id: usize,
+    log: &std::path::Path,
+    extra: &[&str],
+) -> Running {
     let before = waiting_pids(store, name).len();
     let script = format!("echo {id} $LOCKRUN_FENCE >> '{}'", log.display());
     let waiter = store
         .lockrun()
         .args(["--name", name, "-p", &slots.to_string(), "-w", "60"])
+        .args(extra)
         // Slow polls: only the line's own wake-ups hand the slots on in time.
         .args(["--initial-delay", "30", "-c", &script])
         .stdout(Stdio::null())
@@ -179,4 +192,28 @@ pub fn a_waiter_stopped_and_continued_takes_the_freed_slot_at_once(store: &Store
         Instant::now(),
         "the continued waiter took the slot",
     );
+}
+
+/// A waiter behind a holder on this host checks the holder's process every
+/// 100 ms. Its place in line, which lapses after `--ttl` on a backend with
+/// leases unless the waiter looks again, is still kept alive meanwhile: a
+/// lapsed place would let a later arrival from another host overtake it.
+pub fn a_waiter_behind_a_holder_on_this_host_keeps_its_place_past_its_ttl(store: &Store) {
+    let scratch = Scratch::new();
+    let log = scratch.path("order");
+    let holders = holders(store, "kept", 1);
+    let mut waiter = join_line_with(store, "kept", 1, 1, &log, &["--ttl", "1"]);
+    // Past the 1 s TTL a few times over (etcd grants at least its own minimum, 2 s here).
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(3) {
+        assert_eq!(
+            waiting_pids(store, "kept"),
+            vec![u64::from(waiter.id())],
+            "the waiter's place lapsed after {:?}",
+            watched.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let_go(holders);
+    runs_soon(&mut waiter, Instant::now(), "the waiter took the slot");
 }
