@@ -185,6 +185,8 @@ pub fn a_waiter_stopped_and_continued_takes_the_freed_slot_at_once(store: &Store
     let holders = holders(store, "resumed", 1);
     let mut waiter = join_line(store, "resumed", 1, 1, &log);
     signal(waiter.id(), Signal::SIGSTOP);
+    let pid = waiter.id().cast_signed();
+    wait_until("the waiter to stop", || process_state(pid) == Some('T'));
     let_go(holders);
     signal(waiter.id(), Signal::SIGCONT);
     runs_soon(

@@ -46,6 +46,11 @@ fn unsafe_code_is_confined_to_the_platform_module() {
                 1,
                 "src/main.rs allows it for its entry point alone"
             );
+            assert_eq!(
+                text.matches("unsafe {").count(),
+                1,
+                "src/main.rs makes one unsafe call: the arguments from the C runtime"
+            );
         } else {
             assert!(!allows, "{} allows unsafe code", file.display());
         }
@@ -62,6 +67,15 @@ fn the_binary_loads_no_library_but_libc() {
         .output()
         .expect("run ldd");
     let libraries = String::from_utf8_lossy(&output.stdout);
+    // A statically linked build (the opt-in) loads no library at all.
+    let said = format!("{libraries}{}", String::from_utf8_lossy(&output.stderr));
+    if said.contains("statically linked") || said.contains("not a dynamic executable") {
+        return;
+    }
+    assert!(
+        output.status.success() && libraries.contains("libc.so"),
+        "ldd listed no libc: {output:?}"
+    );
     for line in libraries.lines() {
         let library = line.split_whitespace().next().unwrap_or_default();
         assert!(

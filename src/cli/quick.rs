@@ -535,7 +535,7 @@ mod tests {
     fn variables_read_as_clap_reads_them() {
         // In one of the environments: this test run again by the loop below.
         if std::env::var_os(IN_ENVIRONMENT).is_some() {
-            assert_read_as_clap_does();
+            println!("read quickly: {}", assert_read_as_clap_does());
             return;
         }
         for vars in ENVIRONMENTS {
@@ -556,6 +556,12 @@ mod tests {
                 "{vars:?}: {stdout}{}",
                 String::from_utf8_lossy(&output.stderr)
             );
+            let read: usize = stdout
+                .split_once("read quickly: ")
+                .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
+                .expect("the count of lines read quickly");
+            // Each environment leaves some lines to the quick reading: else it compared nothing.
+            assert!(read > 0, "{vars:?}: no command line was read quickly");
         }
     }
 }
