@@ -122,15 +122,14 @@ impl Waiter<'_> {
         // Fixed once: the process checks below must not push back a look that
         // keeps our place in line alive.
         let look = self.next_look(line);
+        let ahead_gone = || line.local_ahead.iter().any(|owner| owner.process.is_gone());
         loop {
             let check = (!line.local_ahead.is_empty())
                 .then(|| Moment::now() + LIVENESS_POLL)
                 .filter(|check| *check < look);
             match self.store.wait(self.request, check.unwrap_or(look)) {
                 Ok(Waited::Taken(slot)) => return Ok(Some(slot)),
-                Ok(Waited::Quiet)
-                    if check.is_some() && !line.local_ahead.iter().any(|o| o.process.is_gone()) => {
-                }
+                Ok(Waited::Quiet) if check.is_some() && !ahead_gone() => {}
                 Ok(_) => return Ok(None),
                 Err(err) => {
                     self.ride_out(err)?;

@@ -2,9 +2,10 @@
 //!
 //! A waiter holds a shared lock on `NAME.line` for as long as it is in line, so
 //! that a newcomer can tell in one call that nobody waits (when the lock is
-//! taken, the waiters' files tell): a waiter must not be overtaken. Its place is a file `NAME.TICKET.wait` (the ticket is the moment
-//! it began waiting on the host's monotonic clock, then its pid), locked by it
-//! and holding its record for `status`. A waiter waits for the one ahead of it
+//! taken, the waiters' files tell): a waiter must not be overtaken. Its place
+//! is a file `NAME.TICKET.wait` (the ticket is the moment it began waiting on
+//! the host's monotonic clock, then its pid), locked by it and holding its
+//! record for `status`. A waiter waits for the one ahead of it
 //! to leave by blocking on that file's lock: the kernel wakes it the moment the
 //! one ahead takes a slot or dies, and no one else. Files of dead waiters are
 //! removed by the waiter behind them.
