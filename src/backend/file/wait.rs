@@ -30,28 +30,40 @@ pub fn brief_lock_deadline(deadline: Option<Moment>) -> Moment {
 
 /// Blocks on `file`'s exclusive lock until we get it or `until` passes; true when we got it.
 pub fn lock_until(file: &File, until: Moment, path: &Path) -> Result<bool> {
-    blocking_until(file, (File::try_lock, File::lock), until, path)
+    blocking_until(file, Sharing::Exclusive, until, path)
 }
 
 /// Blocks on `file`'s shared lock until we get it or `until` passes; true when we got it.
 pub fn lock_shared_until(file: &File, until: Moment, path: &Path) -> Result<bool> {
-    blocking_until(
-        file,
-        (File::try_lock_shared, File::lock_shared),
-        until,
-        path,
-    )
+    blocking_until(file, Sharing::Shared, until, path)
 }
 
-fn blocking_until(
-    file: &File,
-    (try_lock, lock): (TryLock, fn(&File) -> io::Result<()>),
-    until: Moment,
-    path: &Path,
-) -> Result<bool> {
+#[derive(Clone, Copy)]
+enum Sharing {
+    Exclusive,
+    Shared,
+}
+
+impl Sharing {
+    fn try_lock(self, file: &File) -> std::result::Result<(), TryLockError> {
+        match self {
+            Self::Exclusive => file.try_lock(),
+            Self::Shared => file.try_lock_shared(),
+        }
+    }
+
+    fn lock(self, file: &File) -> io::Result<()> {
+        match self {
+            Self::Exclusive => file.lock(),
+            Self::Shared => file.lock_shared(),
+        }
+    }
+}
+
+fn blocking_until(file: &File, sharing: Sharing, until: Moment, path: &Path) -> Result<bool> {
     let failed = |err| Error::unavailable(format!("cannot lock {}", path.display()), err);
     // A free lock is taken without arming the alarm (six system calls, for most locks).
-    match try_lock(file) {
+    match sharing.try_lock(file) {
         Ok(()) => return Ok(true),
         Err(TryLockError::WouldBlock) => {}
         Err(TryLockError::Error(err)) => return Err(failed(err)),
@@ -63,7 +75,7 @@ fn blocking_until(
     let _alarm = Alarm::after(until.remaining())
         .map_err(|err| Error::internal("arming the wait's alarm", err))?;
     loop {
-        match lock(file) {
+        match sharing.lock(file) {
             Ok(()) => return Ok(true),
             Err(err) if err.kind() == io::ErrorKind::Interrupted => {
                 if until.has_passed() {
@@ -74,5 +86,3 @@ fn blocking_until(
         }
     }
 }
-
-type TryLock = fn(&File) -> std::result::Result<(), TryLockError>;
