@@ -186,6 +186,31 @@ fn a_newcomer_checking_the_line_turns_no_other_away_from_a_free_slot() {
 }
 
 #[test]
+fn a_newcomer_does_not_pass_a_waiter_that_is_joining_the_line() {
+    let store = Store::file();
+    assert_status(&run(store.lockrun().args(["--name", "herd", "true"])), 0);
+    // Held as a waiter holds them between taking the line's lock and its place appearing.
+    let line = fs::File::open(store.dir().join("herd.line")).unwrap();
+    line.lock_shared().unwrap();
+    let joining_path = store.dir().join("herd.00000000000000000001-1.joining");
+    let joining = fs::File::create(&joining_path).unwrap();
+    joining.lock().unwrap();
+    let newcomer = || {
+        run(store
+            .lockrun()
+            .args(["--name", "herd", "--no-wait", "true"]))
+    };
+    assert_status(&newcomer(), 75);
+    // The file of a joiner that died is not locked: it turns nobody away.
+    drop(joining);
+    assert_status(&newcomer(), 0);
+    assert!(
+        joining_path.exists(),
+        "a newcomer leaves others' files alone"
+    );
+}
+
+#[test]
 fn leftover_metadata_without_a_live_lock_is_not_a_holder() {
     let store = Store::file();
     assert_status(&run(store.lockrun().args(["--name", "gone", "true"])), 0);

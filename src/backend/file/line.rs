@@ -5,7 +5,8 @@
 //! taken, the waiters' files tell): a waiter must not be overtaken. Its place
 //! is a file `NAME.TICKET.wait` (the ticket is the moment it began waiting on
 //! the host's monotonic clock, then its pid), locked by it and holding its
-//! record for `status`. A waiter waits for the one ahead of it
+//! record for `status`; it is made as `NAME.TICKET.joining`, locked, and
+//! renamed, so it is never seen unlocked. A waiter waits for the one ahead of it
 //! to leave by blocking on that file's lock: the kernel wakes it the moment the
 //! one ahead takes a slot or dies, and no one else. Files of dead waiters are
 //! removed by the waiter behind them.
@@ -19,8 +20,10 @@ use super::wait::{brief_lock_deadline, lock_shared_until};
 use crate::backend::record::WaiterRecord;
 use crate::error::{Error, Result, Trouble};
 use crate::platform::clock::Moment;
+use crate::platform::proc::live_flocks;
 
 pub const WAIT_SUFFIX: &str = ".wait";
+const JOINING_SUFFIX: &str = ".joining";
 const LINE_SUFFIX: &str = ".line";
 
 /// Our place in line, held until we take a slot or give up.
@@ -62,7 +65,8 @@ impl Place {
         let path = waiter_path(dir.path(), stem, &ticket);
         // Made under another name and locked before it is renamed into place:
         // a waiter behind us must never find it unlocked and take us for dead.
-        let joining = dir.path().join(format!("{stem}.{ticket}.joining"));
+        // Locked, it also tells a newcomer that we are in line (`is_occupied`).
+        let joining = ticket_path(dir.path(), stem, &ticket, JOINING_SUFFIX);
         let mut file = dir.create_new(&joining)?;
         let written = match file.try_lock() {
             // Encoded first and written at once: serde_json writes to a file piece by piece.
@@ -139,7 +143,7 @@ pub fn nearest_live(ahead: &[PathBuf]) -> Result<(Option<File>, usize)> {
 /// True when someone is in the line of `stem`: a newcomer must not overtake them.
 /// A free line lock says so in one call. A taken one may be held by another
 /// newcomer asking the same at this moment rather than by a waiter, so then
-/// the waiters' own files say whether a live one is there.
+/// the waiters' own files say whether a live one is there or joining.
 pub fn is_occupied(dir: &LockDir, stem: &str) -> Result<bool> {
     let path = dir.path().join(format!("{stem}{LINE_SUFFIX}"));
     let line = dir.open_lock_file(&path)?;
@@ -150,7 +154,7 @@ pub fn is_occupied(dir: &LockDir, stem: &str) -> Result<bool> {
                 .into_iter()
                 .map(|ticket| waiter_path(dir.path(), stem, &ticket))
                 .collect();
-            Ok(nearest_live(&waiters)?.0.is_some())
+            Ok(nearest_live(&waiters)?.0.is_some() || someone_joining(dir.path(), stem)?)
         }
         Err(fs::TryLockError::Error(err)) => Err(Error::unavailable(
             format!("cannot lock {}", path.display()),
@@ -159,8 +163,31 @@ pub fn is_occupied(dir: &LockDir, stem: &str) -> Result<bool> {
     }
 }
 
+/// True when a waiter of `stem` is between taking the line's lock and its
+/// place's file appearing: its `.joining` file is locked. /proc/locks says so
+/// without locking the file: even a moment's lock by a newcomer would make the
+/// joiner's own fail. One left by a joiner that died is not locked.
+fn someone_joining(dir: &Path, stem: &str) -> Result<bool> {
+    let joining: Vec<fs::Metadata> = tickets(dir, stem, JOINING_SUFFIX)?
+        .iter()
+        .filter_map(|ticket| fs::metadata(ticket_path(dir, stem, ticket, JOINING_SUFFIX)).ok())
+        .collect();
+    if joining.is_empty() {
+        return Ok(false);
+    }
+    let locked = live_flocks();
+    Ok(joining
+        .iter()
+        .any(|meta| locked.iter().any(|lock| lock.is_on(meta))))
+}
+
 /// The tickets of every waiter's file of `stem`, in no order.
 pub fn waiter_tickets(dir: &Path, stem: &str) -> Result<Vec<String>> {
+    tickets(dir, stem, WAIT_SUFFIX)
+}
+
+/// The tickets of `stem`'s files whose names end in `suffix`, in no order.
+fn tickets(dir: &Path, stem: &str, suffix: &str) -> Result<Vec<String>> {
     let entries = fs::read_dir(dir).map_err(|err| {
         Error::unavailable(format!("cannot read lock directory {}", dir.display()), err)
     })?;
@@ -168,19 +195,28 @@ pub fn waiter_tickets(dir: &Path, stem: &str) -> Result<Vec<String>> {
         .flatten()
         .filter_map(|entry| {
             let name = entry.file_name();
-            let (their_stem, ticket) = parse_waiter_file_name(name.to_str()?)?;
+            let (their_stem, ticket) = parse_ticket_file_name(name.to_str()?, suffix)?;
             (their_stem == stem).then(|| ticket.to_owned())
         })
         .collect())
 }
 
 fn waiter_path(dir: &Path, stem: &str, ticket: &str) -> PathBuf {
-    dir.join(format!("{stem}.{ticket}{WAIT_SUFFIX}"))
+    ticket_path(dir, stem, ticket, WAIT_SUFFIX)
+}
+
+fn ticket_path(dir: &Path, stem: &str, ticket: &str, suffix: &str) -> PathBuf {
+    dir.join(format!("{stem}.{ticket}{suffix}"))
 }
 
 /// `STEM.TICKET.wait` → (STEM, TICKET).
 pub fn parse_waiter_file_name(file_name: &str) -> Option<(&str, &str)> {
-    let (stem, ticket) = file_name.strip_suffix(WAIT_SUFFIX)?.rsplit_once('.')?;
+    parse_ticket_file_name(file_name, WAIT_SUFFIX)
+}
+
+/// `STEM.TICKET` + `suffix` → (STEM, TICKET).
+fn parse_ticket_file_name<'a>(file_name: &'a str, suffix: &str) -> Option<(&'a str, &'a str)> {
+    let (stem, ticket) = file_name.strip_suffix(suffix)?.rsplit_once('.')?;
     ticket
         .bytes()
         .all(|b| b.is_ascii_digit() || b == b'-')
