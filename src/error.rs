@@ -1,5 +1,7 @@
 //! Errors that know the exit status they end lockrun with (README: "Exit status").
 
+use std::io::Write;
+
 /// Exit statuses of lockrun's own.
 pub mod status {
     pub const USAGE: u8 = 64;
@@ -87,6 +89,24 @@ impl Error {
     }
 }
 
+/// Makes a panic end lockrun with [`status::INTERNAL`] and one line on stderr,
+/// rather than with SIGABRT (134), which a caller takes for a death by signal.
+/// A command that is running is stopped by the watchdog, which sees lockrun go.
+pub fn exit_internal_on_panic() {
+    std::panic::set_hook(Box::new(|info| {
+        let payload = info.payload();
+        let message = (payload.downcast_ref::<&str>().copied())
+            .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("a panic");
+        let place = info.location().map_or(String::new(), |at| {
+            format!(" ({}:{})", at.file(), at.line())
+        });
+        let line = crate::report::escape_controls(&format!("internal error: {message}{place}"));
+        let _ = writeln!(std::io::stderr(), "lockrun: {line}");
+        std::process::exit(i32::from(status::INTERNAL));
+    }));
+}
+
 /// What kind of passing trouble: the `reason` of a `retry` event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Trouble {
@@ -100,3 +120,40 @@ pub enum Trouble {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Set in the copy of this test binary that panics.
+    const PANICKING: &str = "PANIC_HOOK_TEST_CHILD";
+
+    #[test]
+    fn a_panic_ends_lockrun_with_the_internal_error_status_and_one_line() {
+        if std::env::var_os(PANICKING).is_some() {
+            exit_internal_on_panic();
+            panic!("a bug\nsaid on two lines");
+        }
+        let output = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "error::tests::a_panic_ends_lockrun_with_the_internal_error_status_and_one_line",
+                "--nocapture",
+            ])
+            .env(PANICKING, "1")
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(i32::from(status::INTERNAL)));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let ours: Vec<&str> = stderr
+            .lines()
+            .filter(|line| line.starts_with("lockrun:"))
+            .collect();
+        assert_eq!(ours.len(), 1, "{stderr}");
+        assert!(
+            ours[0]
+                .starts_with("lockrun: internal error: a bug\\nsaid on two lines (src/error.rs:"),
+            "{stderr}"
+        );
+    }
+}

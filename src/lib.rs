@@ -30,6 +30,7 @@ use report::{Level, Reporter};
 /// run, and stdout flushed, which std's exit would have done.
 pub fn main(args: Vec<OsString>) -> i32 {
     platform::startup::prepare();
+    error::exit_internal_on_panic();
     let code = run(args);
     let _ = std::io::Write::flush(&mut std::io::stdout());
     i32::from(code)
