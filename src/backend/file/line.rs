@@ -166,11 +166,14 @@ pub fn is_occupied(dir: &LockDir, stem: &str) -> Result<bool> {
 /// True when a waiter of `stem` is between taking the line's lock and its
 /// place's file appearing: its `.joining` file is locked. /proc/locks says so
 /// without locking the file: even a moment's lock by a newcomer would make the
-/// joiner's own fail. One left by a joiner that died is not locked.
+/// joiner's own fail. One left by a joiner that died is not locked, and a
+/// symlink planted under such a name is looked at, not followed.
 fn someone_joining(dir: &Path, stem: &str) -> Result<bool> {
     let joining: Vec<fs::Metadata> = tickets(dir, stem, JOINING_SUFFIX)?
         .iter()
-        .filter_map(|ticket| fs::metadata(ticket_path(dir, stem, ticket, JOINING_SUFFIX)).ok())
+        .filter_map(|ticket| {
+            fs::symlink_metadata(ticket_path(dir, stem, ticket, JOINING_SUFFIX)).ok()
+        })
         .collect();
     if joining.is_empty() {
         return Ok(false);
