@@ -175,39 +175,41 @@ fn a_single_slot_waiter_wakes_when_the_holder_exits() {
 /// waiter: a herd let go at one instant with `--no-wait -p 3` once ran 2.
 #[test]
 fn a_newcomer_checking_the_line_turns_no_other_away_from_a_free_slot() {
-    let store = Store::file();
-    assert_status(&run(store.lockrun().args(["--name", "herd", "true"])), 0);
-    let line = fs::File::open(store.dir().join("herd.line")).unwrap();
+    let (store, line) = herd_with_a_free_slot();
     line.lock().unwrap();
-    let output = run(store
-        .lockrun()
-        .args(["--name", "herd", "--no-wait", "true"]));
-    assert_status(&output, 0);
+    assert_status(&newcomer_to_the_herd(&store), 0);
 }
 
 #[test]
 fn a_newcomer_does_not_pass_a_waiter_that_is_joining_the_line() {
-    let store = Store::file();
-    assert_status(&run(store.lockrun().args(["--name", "herd", "true"])), 0);
+    let (store, line) = herd_with_a_free_slot();
     // Held as a waiter holds them between taking the line's lock and its place appearing.
-    let line = fs::File::open(store.dir().join("herd.line")).unwrap();
     line.lock_shared().unwrap();
     let joining_path = store.dir().join("herd.00000000000000000001-1.joining");
     let joining = fs::File::create(&joining_path).unwrap();
     joining.lock().unwrap();
-    let newcomer = || {
-        run(store
-            .lockrun()
-            .args(["--name", "herd", "--no-wait", "true"]))
-    };
-    assert_status(&newcomer(), 75);
+    assert_status(&newcomer_to_the_herd(&store), 75);
     // The file of a joiner that died is not locked: it turns nobody away.
     drop(joining);
-    assert_status(&newcomer(), 0);
+    assert_status(&newcomer_to_the_herd(&store), 0);
     assert!(
         joining_path.exists(),
         "a newcomer leaves others' files alone"
     );
+}
+
+/// A file store where the name `herd` has been held once and is free, and its line's file, open.
+fn herd_with_a_free_slot() -> (Store, fs::File) {
+    let store = Store::file();
+    assert_status(&run(store.lockrun().args(["--name", "herd", "true"])), 0);
+    let line = fs::File::open(store.dir().join("herd.line")).unwrap();
+    (store, line)
+}
+
+fn newcomer_to_the_herd(store: &Store) -> std::process::Output {
+    run(store
+        .lockrun()
+        .args(["--name", "herd", "--no-wait", "true"]))
 }
 
 #[test]
