@@ -2,6 +2,7 @@
 //! where the owner of a lease stands. With `-p N` the N oldest places hold
 //! slots; each takes the lowest free slot key when it gets there.
 
+use std::cell::OnceCell;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -34,36 +35,45 @@ pub struct Place {
     pub lease: i64,
     /// Its create revision: the line's order, and a holder's fence.
     pub revision: i64,
-    /// `None` when the value is not a record of ours.
-    pub record: Option<Record>,
+    /// The value as stored, read as a [`Record`] only when asked: a waiter's
+    /// look at a long line needs the records of the few places at its head.
+    value: Vec<u8>,
+    record: OnceCell<Option<Record>>,
 }
 
 impl Place {
     fn new(kv: KeyValue) -> Self {
         Self {
-            record: serde_json::from_slice(&kv.value).ok(),
             key: kv.key,
             lease: kv.lease,
             revision: kv.create_revision,
+            value: kv.value,
+            record: OnceCell::new(),
         }
+    }
+
+    /// Its record; `None` when the value is not a record of ours.
+    pub fn record(&self) -> Option<&Record> {
+        self.record
+            .get_or_init(|| serde_json::from_slice(&self.value).ok())
+            .as_ref()
     }
 
     /// Whether its record says it holds a slot.
     pub fn holds(&self) -> bool {
-        matches!(self.record, Some(Record::Holding(_)))
+        matches!(self.record(), Some(Record::Holding(_)))
     }
 
     pub fn owner(&self) -> Option<&Owner> {
-        match &self.record {
-            Some(Record::Holding(holding)) => Some(&holding.holder.owner),
-            Some(Record::Waiting(waiter)) => Some(&waiter.owner),
-            None => None,
+        match self.record()? {
+            Record::Holding(holding) => Some(&holding.holder.owner),
+            Record::Waiting(waiter) => Some(&waiter.owner),
         }
     }
 
     /// Kept taken by `--min-hold` after its holder left: no process to watch.
     pub fn kept(&self) -> bool {
-        matches!(&self.record, Some(Record::Holding(h)) if h.holder.kept_until.is_some())
+        matches!(self.record(), Some(Record::Holding(h)) if h.holder.kept_until.is_some())
     }
 }
 
@@ -140,7 +150,7 @@ impl Look {
     /// those whose processes are not known to be gone), each with its lease;
     /// a holder's fence is its place's create revision.
     pub fn holders(&self) -> impl Iterator<Item = (Entry, i64)> + '_ {
-        self.places.iter().filter_map(|place| match &place.record {
+        self.places.iter().filter_map(|place| match place.record() {
             Some(Record::Holding(holding))
                 if place.kept() || !holding.holder.owner.process.is_gone() =>
             {
@@ -153,7 +163,7 @@ impl Look {
 
     /// The waiters' records in line order, each with its lease.
     pub fn waiters(&self) -> impl Iterator<Item = (&WaiterRecord, i64)> {
-        self.places.iter().filter_map(|place| match &place.record {
+        self.places.iter().filter_map(|place| match place.record() {
             Some(Record::Waiting(waiter)) => Some((waiter, place.lease)),
             _ => None,
         })

@@ -202,7 +202,7 @@ impl Store for EtcdStore {
         let look = Look::new(&keys, client.range(&keys.all(), MAX_CALL_TIMEOUT)?);
         let mut broken = Vec::new();
         for place in &look.places {
-            let Some(Record::Holding(holding)) = &place.record else {
+            let Some(Record::Holding(holding)) = place.record() else {
                 continue;
             };
             if slot.is_none_or(|slot| slot == holding.slot)

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::client::{self, Client, Lease, Outcome};
 use super::keys::NameKeys;
-use super::look::{Holding, Look, Record, Stand};
+use super::look::{Holding, Look, Place, Record, Stand};
 use super::slot::EtcdSlot;
 use super::watching::{Target, Watcher, Woken};
 use super::{call_timeout, holding, now_millis, recipe};
@@ -118,7 +118,7 @@ impl Waiter {
             match look.stand(lease, parallelism) {
                 Stand::Holding(slot) => {
                     let place = look.places.iter().find(|place| place.lease == lease);
-                    let holding = match place.and_then(|place| place.record.clone()) {
+                    let holding = match place.and_then(Place::record).cloned() {
                         Some(Record::Holding(holding)) => holding,
                         // Only a place edited by hand reads otherwise.
                         _ => holding(request, slot),
