@@ -1844,7 +1844,8 @@ fn write_report(machine: &str, bench: &Bench, took: Duration) {
          (b) median of {CONTENTION_ROUNDS} rounds; (c) {QUEUE_ROUNDS} rounds of one holder and {QUEUE} queued waiters \
          holding {hold} ms each, after {settle} ms to line up, gaps from CLOCK_MONOTONIC stamps the commands write \
          themselves; (ii) the same with {SLOTS} holders let go at once and -p {SLOTS}, once `status` shows every \
-         waiter in line, a gap being from a slot's freeing to the next command's start; (i) {FAIR_ROUNDS} rounds of \
+         waiter in line (for flock(1), one file per slot, each command given file id % {SLOTS}), a gap being from a \
+         slot's freeing to the next command's start; (i) {FAIR_ROUNDS} rounds of \
          one holder and {FAIR_WAITERS} waiters, each started {spacing} ms after the one before and once that one was \
          in line (`status --json`; for flock(1) /proc/locks), served order from the stamps; (iii) one round each of \
          {short} and {long} waiters holding {hold} ms, each started once the one before was in line, the waiting \
