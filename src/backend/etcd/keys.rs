@@ -41,6 +41,11 @@ impl NameKeys {
         Keys::prefix(format!("{}line/", self.base).as_bytes())
     }
 
+    /// The slots taken.
+    pub fn slots(&self) -> Keys {
+        Keys::prefix(format!("{}slot/", self.base).as_bytes())
+    }
+
     /// The place of the owner of `lease`.
     pub fn place(&self, lease: i64) -> Vec<u8> {
         format!("{}line/{lease:016x}", self.base).into_bytes()

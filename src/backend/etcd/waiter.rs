@@ -6,7 +6,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
 
-use super::client::{self, Client, Lease, Outcome};
+use super::client::{self, Client, Lease, Op, Outcome, Txn};
 use super::keys::NameKeys;
 use super::look::{Holding, Look, Place, Record, Stand};
 use super::slot::EtcdSlot;
@@ -111,7 +111,7 @@ impl Waiter {
                 )));
             }
             Some(Woken::Freed(slot)) => self.take(keys, slot, request, within)?,
-            _ => Look::new(keys, self.client.borrow_mut().range(&keys.all(), within)?),
+            _ => self.look_ahead(keys, request, within)?,
         };
         // A take fails only when another new holder took that slot first: the next look decides.
         for _ in 0..=parallelism {
@@ -207,6 +207,35 @@ impl Waiter {
         let outcome = self.client.borrow_mut().txn(&claim, within)?;
         mine.in_line = join || outcome.succeeded;
         Ok(look(keys, outcome))
+    }
+
+    /// A look at the line from our place forward: once we know our place's
+    /// revision, the places behind it are left out, as they change nothing
+    /// of where we stand, and a look at a long line stays as short as the
+    /// part ahead of us. Slots are read whole: one may be newer than our place.
+    fn look_ahead(
+        &mut self,
+        keys: &NameKeys,
+        request: &Request,
+        within: Duration,
+    ) -> client::Result<Look> {
+        let ours = self.lease.as_ref().map_or(0, |mine| mine.revision);
+        let mut client = self.client.borrow_mut();
+        if ours == 0 || !request.queue {
+            return Ok(Look::new(keys, client.range(&keys.all(), within)?));
+        }
+        let ahead = Txn::new()
+            .then(Op::RangeUpTo(keys.line(), ours))
+            .then(Op::Range(keys.slots()));
+        let outcome = client.txn(&ahead, within)?;
+        let kvs = outcome.listings.into_iter().flat_map(|listing| listing.kvs);
+        Ok(Look::new(
+            keys,
+            client::Listing {
+                kvs: kvs.collect(),
+                revision: outcome.revision,
+            },
+        ))
     }
 
     fn take(

@@ -26,6 +26,8 @@ pub enum Op {
     },
     /// Reads every key of a range, oldest first; its listing is in the outcome.
     Range(Keys),
+    /// Reads the keys of a range created at this revision or before, oldest first.
+    RangeUpTo(Keys, i64),
     /// Runs a transaction inside this one.
     Txn(Txn),
 }
@@ -103,6 +105,10 @@ impl Op {
         match self {
             Self::Put { key, value, lease } => RequestOp::Put(PutRequest { key, value, lease }),
             Self::Range(keys) => RequestOp::Range(RangeRequest::oldest_first(keys)),
+            Self::RangeUpTo(keys, revision) => RequestOp::Range(RangeRequest {
+                max_create_revision: revision,
+                ..RangeRequest::oldest_first(keys)
+            }),
             Self::Txn(txn) => RequestOp::Txn(txn.0),
         }
     }

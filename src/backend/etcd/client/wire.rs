@@ -149,6 +149,9 @@ pub struct RangeRequest {
     pub keys: Keys,
     pub sort_order: &'static str,
     pub sort_target: &'static str,
+    /// Only the keys created at this revision or before (0: every key).
+    #[serde(with = "int64", skip_serializing_if = "is_zero")]
+    pub max_create_revision: i64,
 }
 
 impl RangeRequest {
@@ -157,6 +160,7 @@ impl RangeRequest {
             keys,
             sort_order: "ASCEND",
             sort_target: "CREATE",
+            max_create_revision: 0,
         }
     }
 }
@@ -354,6 +358,14 @@ mod tests {
         assert_eq!(
             serde_json::to_string(&request).unwrap(),
             r#"{"key":"L2s=","sort_order":"ASCEND","sort_target":"CREATE"}"#
+        );
+        let bounded = RangeRequest {
+            max_create_revision: 9,
+            ..RangeRequest::oldest_first(Keys::one(b"/k"))
+        };
+        assert_eq!(
+            serde_json::to_string(&bounded).unwrap(),
+            r#"{"key":"L2s=","sort_order":"ASCEND","sort_target":"CREATE","max_create_revision":"9"}"#
         );
         let compare = Compare {
             keys: Keys::prefix(b"/k/"),
