@@ -16,6 +16,10 @@ use crate::report::{Event, Reporter, Retry, held_by};
 
 /// How often a waiter looks whether an entry ahead of it on this host has died.
 const LIVENESS_POLL: Duration = Duration::from_millis(100);
+/// How long a `--no-wait` run rides out trouble with the store (a server's
+/// restart, an election, a failover) before it gives up with 69: seconds,
+/// not the minutes a waiting run may take (README: "When the server has trouble").
+pub const NO_WAIT_RIDE_OUT: Duration = Duration::from_secs(10);
 
 pub struct Policy {
     /// `None` waits forever.
@@ -71,7 +75,8 @@ struct Waiter<'a> {
     backoff: Backoff,
     /// When the current backoff step ends, on a backend that is told when the line moves.
     step_until: Option<Moment>,
-    /// Whether the store answered once: trouble after that is waited out, not fatal.
+    /// Whether the store answered once: trouble that outlasts the wait then
+    /// means the slot was not had in time, not that the store is unavailable.
     reached: bool,
     /// The place in line last reported.
     reported: Option<u32>,
@@ -165,7 +170,7 @@ impl Waiter<'_> {
         }
         if abilities.leases {
             // A waiter's place lapses with its TTL unless it asks again.
-            looks.push(Some(Moment::now() + self.request.ttl / 3));
+            looks.push(Some(Moment::now() + self.request.plan.keep_place_every()));
         }
         looks
             .into_iter()
@@ -199,18 +204,28 @@ impl Waiter<'_> {
         self.reported = Some(line.position);
     }
 
-    /// Waits out trouble with the backend once it has answered before (or a
-    /// server that is there but full), a backoff step at a time until
-    /// `--timeout`; anything else ends the wait.
+    /// Rides out trouble that may pass, from the first contact on, a backoff
+    /// step at a time: until `--timeout`, or for [`NO_WAIT_RIDE_OUT`] with
+    /// `--no-wait`. What waiting cannot fix ends the wait at once. Trouble
+    /// still there at the end is the store's unavailability (69), unless the
+    /// store answered before: then the slot was not had in time (75).
     fn ride_out(&mut self, err: Error) -> Result<()> {
-        let waited_out = self.reached || err.passes_at_first_contact();
-        let Some(retry) = Retry::for_error(&err).filter(|_| waited_out) else {
+        let Some(retry) = Retry::for_error(&err) else {
             return Err(err);
         };
-        if self.deadline.is_some_and(Moment::has_passed) || !self.request.queue {
-            return Err(self.busy(Some(&err)));
+        let until = if self.request.queue {
+            self.deadline
+        } else {
+            Some(self.started + NO_WAIT_RIDE_OUT)
+        };
+        if until.is_some_and(Moment::has_passed) {
+            return Err(if self.reached && self.request.queue {
+                self.busy(Some(&err))
+            } else {
+                err
+            });
         }
-        let delay = self.backoff.next_wait(self.remaining());
+        let delay = self.backoff.next_wait(until.map(Moment::remaining));
         self.progress.around(|| {
             self.reporter.event(&Event::Retry {
                 retry,

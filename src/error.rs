@@ -23,8 +23,9 @@ pub enum Error {
     /// The backend cannot be used: server unreachable, auth refused, file unusable.
     #[error("{0}")]
     Unavailable(String),
-    /// Trouble that may pass (a lost connection, a restarting server, a locked
-    /// database): waited out once the backend has answered, else like `Unavailable`.
+    /// Trouble that may pass (a refused or lost connection, a restarting server,
+    /// a locked database): ridden out until `--timeout`, and for a short while with
+    /// `--no-wait` (README: "When the server has trouble"); then like `Unavailable`.
     #[error("{message}")]
     Trouble { message: String, kind: Trouble },
     /// A bug or an operating-system failure lockrun cannot attribute to the user.
@@ -72,18 +73,6 @@ impl Error {
         Self::Output(format!("{stream}: {reason}"))
     }
 
-    /// Whether this is trouble worth waiting out before the store ever answered a look:
-    /// only a server that is there but full, never one that cannot be reached.
-    pub fn passes_at_first_contact(&self) -> bool {
-        matches!(
-            self,
-            Self::Trouble {
-                kind: Trouble::Crowded,
-                ..
-            }
-        )
-    }
-
     pub fn internal(context: impl std::fmt::Display, err: impl std::fmt::Display) -> Self {
         Self::Internal(format!("{context}: {err}"))
     }
@@ -112,11 +101,9 @@ pub fn exit_internal_on_panic() {
 pub enum Trouble {
     /// The server cannot be reached or is not serving (restarting, failing over).
     Unavailable,
-    /// The store answered but could not do it now (a database locked by another process).
-    Busy,
-    /// The server is up but has no room for another client now (PostgreSQL's "too many
-    /// clients"): waited out even at first contact, as when a whole fleet starts at once.
-    Crowded,
+    /// The store answered that it cannot do it now (a database locked by another
+    /// process, a server starting up, too many clients, no leader).
+    Transient,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,7 +1,7 @@
 //! A taken slot's life until it is released: on lease backends, the lease's
-//! timekeeping (renewed every TTL/3; ours until the last confirmed renewal +
-//! TTL; the command told to stop `--kill-grace` before that) and the renewals
-//! themselves, so that the supervisor sees nothing but deadlines.
+//! timekeeping (renewed as the timing plan says; ours until the last confirmed
+//! renewal + TTL; the command told to stop `--kill-grace` before that) and the
+//! renewals themselves, so that the supervisor sees nothing but deadlines.
 
 use std::time::{Duration, SystemTime};
 
@@ -9,6 +9,7 @@ use crate::backend::{Renewal, Slot};
 use crate::error::Result;
 use crate::platform::clock::Moment;
 use crate::report::{Event, Reporter};
+use crate::timing::Plan;
 
 /// A slot that is ours, with its lease if it has one.
 pub struct Held {
@@ -29,13 +30,13 @@ pub enum Verdict {
 }
 
 impl Held {
-    /// `slot` with a lease of `ttl` (when the backend has leases), or of what
-    /// the store granted instead, whose command gets `grace` between SIGTERM
-    /// and the end of the lease.
-    pub fn new(slot: Box<dyn Slot>, ttl: Option<Duration>, grace: Duration) -> Self {
-        let lease = ttl.map(|ttl| {
-            let ttl = slot.granted_ttl().unwrap_or(ttl);
-            Lease::new(slot.taken_at(), ttl, grace)
+    /// `slot` with a lease timed by `plan` (when the backend has leases), of
+    /// the TTL the store granted if it differs, whose command gets `grace`
+    /// between SIGTERM and the end of the lease.
+    pub fn new(slot: Box<dyn Slot>, plan: Option<Plan>, grace: Duration) -> Self {
+        let lease = plan.map(|plan| {
+            let plan = slot.granted_ttl().map_or(plan, Plan::new);
+            Lease::new(slot.taken_at(), plan, grace)
         });
         Self { slot, lease }
     }
@@ -124,10 +125,11 @@ impl Held {
         let Some(lease) = &mut self.lease else {
             return Verdict::Keep;
         };
-        if lease.stop_at().remaining() >= lease.ttl() / 6 {
+        if lease.stop_at().remaining() >= lease.plan.confirm_margin() {
             return Verdict::Keep;
         }
-        let reason = match renew(self.slot.as_mut(), lease, lease.ttl() / 3, reporter) {
+        let within = lease.plan.renew_every();
+        let reason = match renew(self.slot.as_mut(), lease, within, reporter) {
             Ok(Renewal::Renewed) => return Verdict::Keep,
             Ok(Renewal::Lost) => "it was broken or expired",
             Err(_) => "no renewal was confirmed in time",
@@ -155,7 +157,9 @@ fn renew(
     let renewal = slot.renew(within)?;
     if renewal == Renewal::Renewed {
         lease.renewed(sent);
-        reporter.event(&Event::Renewed { ttl: lease.ttl() });
+        reporter.event(&Event::Renewed {
+            ttl: lease.plan.ttl(),
+        });
     }
     Ok(renewal)
 }
@@ -163,7 +167,7 @@ fn renew(
 /// The lease's clock, on the monotonic clock of this host.
 #[derive(Debug)]
 struct Lease {
-    ttl: Duration,
+    plan: Plan,
     grace: Duration,
     confirmed_until: Moment,
     next_renewal: Moment,
@@ -171,17 +175,13 @@ struct Lease {
 
 impl Lease {
     /// A lease whose acquisition was sent at `sent` (it cannot run longer than from then).
-    fn new(sent: Moment, ttl: Duration, grace: Duration) -> Self {
+    fn new(sent: Moment, plan: Plan, grace: Duration) -> Self {
         Self {
-            ttl,
+            plan,
             grace,
-            confirmed_until: sent + ttl,
-            next_renewal: sent + ttl / 3,
+            confirmed_until: sent + plan.ttl(),
+            next_renewal: sent + plan.renew_every(),
         }
-    }
-
-    fn ttl(&self) -> Duration {
-        self.ttl
     }
 
     fn renewal_due(&self) -> Moment {
@@ -200,14 +200,13 @@ impl Lease {
 
     /// A renewal sent at `sent` was confirmed.
     fn renewed(&mut self, sent: Moment) {
-        self.confirmed_until = self.confirmed_until.max(sent + self.ttl);
-        self.next_renewal = sent + self.ttl / 3;
+        self.confirmed_until = self.confirmed_until.max(sent + self.plan.ttl());
+        self.next_renewal = sent + self.plan.renew_every();
     }
 
     /// A renewal could not be confirmed: try again soon, well before the stop.
     fn renewal_failed(&mut self, now: Moment) {
-        let retry = (self.ttl / 10).clamp(Duration::from_millis(50), Duration::from_secs(1));
-        self.next_renewal = now + retry;
+        self.next_renewal = now + self.plan.renewal_retry();
     }
 }
 
@@ -215,7 +214,7 @@ impl Lease {
 mod tests {
     use super::*;
 
-    const TTL: Duration = Duration::from_secs(30);
+    const TTL: Plan = Plan::new(Duration::from_secs(30));
     const GRACE: Duration = Duration::from_secs(10);
 
     #[test]
@@ -223,7 +222,7 @@ mod tests {
         let start = Moment::now();
         let lease = Lease::new(start, TTL, GRACE);
         assert_eq!(lease.renewal_due() - start, Duration::from_secs(10));
-        assert_eq!(lease.deadline() - start, TTL);
+        assert_eq!(lease.deadline() - start, TTL.ttl());
         assert_eq!(lease.stop_at() - start, Duration::from_secs(20));
     }
 
@@ -242,6 +241,6 @@ mod tests {
         let mut lease = Lease::new(start, TTL, GRACE);
         lease.renewal_failed(start + Duration::from_secs(10));
         assert_eq!(lease.renewal_due() - start, Duration::from_secs(11));
-        assert_eq!(lease.deadline() - start, TTL);
+        assert_eq!(lease.deadline() - start, TTL.ttl());
     }
 }

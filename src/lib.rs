@@ -18,6 +18,7 @@ pub mod report;
 pub mod run;
 pub mod supervisor;
 pub mod timestamp;
+pub mod timing;
 
 use std::ffi::OsString;
 

@@ -207,7 +207,7 @@ pub enum Retry {
     Contended,
     /// The backend cannot be reached or is not serving now; the message says why.
     Unavailable(String),
-    /// The backend could not do it now (a locked database); the message says why.
+    /// The backend answered that it cannot do it now; the message says why.
     TransientError(String),
 }
 
@@ -221,7 +221,7 @@ impl Retry {
             } => Some(Self::Unavailable(message.clone())),
             Error::Trouble {
                 message,
-                kind: Trouble::Busy | Trouble::Crowded,
+                kind: Trouble::Transient,
             } => Some(Self::TransientError(message.clone())),
             _ => None,
         }

@@ -14,8 +14,7 @@ use crate::lease::Held;
 use crate::platform::clock::Moment;
 use crate::report::{Event, Reporter};
 use crate::supervisor::{self, Ending, Limits, Program, Signals};
-
-const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(10);
+use crate::timing::Plan;
 
 pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
     let policy = wait_policy(&args);
@@ -27,15 +26,12 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
     supervisor::reset_inherited()?;
     let mut store = open_store(&args.store, reporter)?;
     let leases = store.abilities().leases;
-    let mut kill_grace = args.kill_grace.unwrap_or(DEFAULT_KILL_GRACE);
-    if leases {
-        // The command must be gone before the lease could pass to another holder.
-        kill_grace = kill_grace.min(args.ttl / 3);
-    }
+    let plan = Plan::new(args.ttl);
+    let kill_grace = plan.kill_grace(args.kill_grace, leases);
     let request = Request {
         name,
         parallelism: args.parallelism,
-        ttl: args.ttl,
+        plan,
         owner: Owner {
             token: new_token()?,
             // Only a lease's holder can be reclaimed early by its process's death;
@@ -53,7 +49,7 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
     let slot = acquire(store.as_mut(), &request, &policy, reporter)?;
     drop(store);
     let acquired_at = SystemTime::now();
-    let mut held = Held::new(slot, leases.then_some(request.ttl), kill_grace);
+    let mut held = Held::new(slot, leases.then_some(plan), kill_grace);
     let number = held.number();
     let env = [
         ("LOCKRUN_NAME", request.name.to_string()),

@@ -5,9 +5,8 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use lockrun::backend::etcd::client::{
-    Client, Endpoints, ErrorKind, EventKind, Keys, Lease, Op, Txn,
-};
+use lockrun::backend::etcd::client::{Client, Endpoints, EventKind, Keys, Lease, Op, Txn};
+use lockrun::backend::net::{Deadline, Kind};
 
 use crate::support::etcd::{EtcdCluster, EtcdServer, Tls};
 use crate::support::{Scratch, free_port, write_certificates};
@@ -156,7 +155,7 @@ fn a_watch_waits_until_its_deadline_and_sees_the_key_ahead_deleted_at_once() {
     let started = Instant::now();
     assert!(
         watch
-            .next(started + Duration::from_millis(200))
+            .next(Deadline::after(Duration::from_millis(200)))
             .unwrap()
             .is_empty()
     );
@@ -170,7 +169,7 @@ fn a_watch_waits_until_its_deadline_and_sees_the_key_ahead_deleted_at_once() {
     assert!(put_if_absent(&mut client, b"/w/behind", b"", other.id));
     let deleted_at = Instant::now();
     assert!(client.lease_revoke(ahead.id, TIMEOUT).unwrap());
-    let events = watch.next(deleted_at + TIMEOUT).unwrap();
+    let events = watch.next(Deadline::after(TIMEOUT)).unwrap();
     let seen = deleted_at.elapsed();
     assert_eq!(events.len(), 1);
     assert_eq!(
@@ -183,7 +182,7 @@ fn a_watch_waits_until_its_deadline_and_sees_the_key_ahead_deleted_at_once() {
     let mut replay = client
         .watch(&Keys::prefix(b"/w/"), revision, false, TIMEOUT)
         .unwrap();
-    let replayed = replay.next(Instant::now() + TIMEOUT).unwrap();
+    let replayed = replay.next(Deadline::after(TIMEOUT)).unwrap();
     assert_eq!(replayed[0].kind, EventKind::Put);
 }
 
@@ -202,10 +201,10 @@ fn a_killed_server_is_unreachable_and_its_restart_is_reconnected_with_the_data()
     server.kill();
     let started = Instant::now();
     let err = client.lease_keep_alive(lease.id, TIMEOUT).unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Unreachable, "{err}");
+    assert_eq!(err.kind(), Kind::Unreachable, "{err}");
     assert!(started.elapsed() < TIMEOUT, "refused at once");
-    let err = watch.next(Instant::now() + TIMEOUT).unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Transient, "{err}");
+    let err = watch.next(Deadline::after(TIMEOUT)).unwrap_err();
+    assert_eq!(err.kind(), Kind::Transient, "{err}");
 
     server.restart();
     assert!(
@@ -230,7 +229,7 @@ fn nothing_listening_is_unreachable_and_every_endpoint_is_named() {
     );
     let started = Instant::now();
     let err = etcd(&endpoints).lease_grant(TIMEOUT, TIMEOUT).unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Unreachable);
+    assert_eq!(err.kind(), Kind::Unreachable);
     assert!(started.elapsed() < Duration::from_secs(1), "no waiting");
     for endpoint in endpoints.split(',') {
         assert!(err.to_string().contains(endpoint), "{err}");
@@ -270,18 +269,18 @@ fn calls_move_to_the_next_member_when_the_first_is_killed_and_the_lease_lives_on
         client.txn(&mine, TIMEOUT).unwrap().succeeded,
         "the key is still ours"
     );
-    assert!(watch_on_first.next(Instant::now() + TIMEOUT).is_err());
+    assert!(watch_on_first.next(Deadline::after(TIMEOUT)).is_err());
     let mut watch = client
         .watch(&Keys::one(b"/f/holder"), revision + 1, false, TIMEOUT)
         .unwrap();
-    let events = watch.next(Instant::now() + TIMEOUT).unwrap();
+    let events = watch.next(Deadline::after(TIMEOUT)).unwrap();
     assert_eq!(
         events[0].kind,
         EventKind::Put,
         "what the first watch missed"
     );
     assert!(client.lease_revoke(lease.id, TIMEOUT).unwrap());
-    let events = watch.next(Instant::now() + TIMEOUT).unwrap();
+    let events = watch.next(Deadline::after(TIMEOUT)).unwrap();
     assert_eq!(events[0].kind, EventKind::Delete);
 
     cluster.restart(leader);
@@ -303,17 +302,17 @@ fn auth_takes_a_token_renews_it_and_never_shows_the_password() {
 
     let mut wrong = etcd(&format!("http://locker:wr0ng-pw@{authority}"));
     let err = wrong.lease_grant(TIMEOUT, TIMEOUT).unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Refused, "{err}");
+    assert_eq!(err.kind(), Kind::Permanent, "{err}");
     assert!(err.to_string().contains("authentication failed"), "{err}");
     assert!(!err.to_string().contains("wr0ng-pw"), "{err}");
     assert!(!format!("{err:?}").contains("wr0ng-pw"), "{err:?}");
     let mut anonymous = etcd(server.url());
     let err = anonymous.range(&Keys::prefix(b"/a/"), TIMEOUT).unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Refused, "{err}");
+    assert_eq!(err.kind(), Kind::Permanent, "{err}");
     let Err(err) = anonymous.watch(&Keys::prefix(b"/a/"), 0, false, TIMEOUT) else {
         panic!("a watch without a user");
     };
-    assert_eq!(err.kind(), ErrorKind::Refused, "{err}");
+    assert_eq!(err.kind(), Kind::Permanent, "{err}");
 
     let mut right = etcd(&format!("http://locker:s3cret-pw@{authority}"));
     let lease = grant(&mut right);
@@ -390,10 +389,12 @@ fn a_member_that_lost_its_quorum_refuses_and_ends_its_watches() {
     cluster.kill(0);
     cluster.kill(1);
     let started = Instant::now();
-    let err = watch.next(started + Duration::from_secs(5)).unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Transient, "{err}");
+    let err = watch
+        .next(Deadline::after(Duration::from_secs(5)))
+        .unwrap_err();
+    assert_eq!(err.kind(), Kind::Transient, "{err}");
     assert!(started.elapsed() < Duration::from_secs(3), "{err}");
     let err = client.range(&Keys::prefix(b"/q/"), TIMEOUT).unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Transient, "{err}");
+    assert_eq!(err.kind(), Kind::Transient, "{err}");
     assert!(err.to_string().contains("no leader"), "{err}");
 }

@@ -7,8 +7,8 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
+use lockrun::backend::net::{Failure, Kind};
 use lockrun::backend::postgres::connect::{Connector, Session};
-use lockrun::backend::postgres::failure::{Failure, Kind};
 use lockrun::backend::postgres::schema::{Schema, create_or_check};
 use lockrun::backend::postgres::target::Target;
 use nix::sys::signal::Signal;
@@ -69,7 +69,7 @@ fn connects_with_the_password_and_refuses_others_without_showing_them() {
     let wrong = "wr0ng-s3cret";
     let failure = refusal(&server.url_with(USER, wrong));
     let message = failure.to_string();
-    assert_eq!(failure.kind, Kind::Refused, "{message}");
+    assert_eq!(failure.kind(), Kind::Permanent, "{message}");
     assert!(
         message.contains("password authentication failed"),
         "{message}"
@@ -83,14 +83,14 @@ fn connects_with_the_password_and_refuses_others_without_showing_them() {
         "{message}"
     );
     assert!(!message.contains('\n'), "one line: {message}");
-    assert_eq!(failure.into_error().exit_code(), 69);
+    assert_eq!(lockrun::error::Error::from(failure).exit_code(), 69);
 
     if std::env::var_os("PGPASSWORD").is_none() {
         let failure = refusal(&format!(
             "postgres://{USER}@127.0.0.1:{}/postgres",
             server.port()
         ));
-        assert_eq!(failure.kind, Kind::Refused, "{failure}");
+        assert_eq!(failure.kind(), Kind::Permanent, "{failure}");
         assert!(
             failure.to_string().contains("asks for a password"),
             "{failure}"
@@ -99,7 +99,7 @@ fn connects_with_the_password_and_refuses_others_without_showing_them() {
 
     let url = server.url().replace("/postgres", "/nosuchdb");
     let failure = refusal(&url);
-    assert_eq!(failure.kind, Kind::Refused, "{failure}");
+    assert_eq!(failure.kind(), Kind::Permanent, "{failure}");
     assert!(failure.to_string().contains("does not exist"), "{failure}");
 }
 
@@ -118,22 +118,19 @@ fn a_call_to_a_silent_server_gives_up_on_time() {
     signal(pid.cast_unsigned(), Signal::SIGCONT);
     let failure = result.expect_err("no answer from a stopped backend");
     assert!(took < Duration::from_secs(1), "gave up after {took:?}");
-    assert_eq!(failure.kind, Kind::Unreachable, "{failure}");
+    assert_eq!(failure.kind(), Kind::Unreachable, "{failure}");
     assert!(
         failure
             .to_string()
             .ends_with("ping failed: no answer within 300ms"),
         "{failure}"
     );
-    assert!(failure.passes());
+    assert!(failure.is_transient());
     assert!(
         !session.is_usable(),
         "a late reply could be taken for the next call's"
     );
-    assert_eq!(
-        ping(&mut session, CALL).expect_err("broken").kind,
-        Kind::Transient
-    );
+    assert!(ping(&mut session, CALL).expect_err("broken").is_transient());
     // The server itself is fine: a new session works.
     ping(&mut connect(&server.url()).expect("reconnect"), CALL).expect("ping");
 }
@@ -152,7 +149,7 @@ fn a_session_ended_by_an_administrator_is_trouble_that_passes() {
         .get(0);
     assert!(ended);
     let failure = ping(&mut session, CALL).expect_err("the session was ended");
-    assert_eq!(failure.kind, Kind::Transient, "{failure}");
+    assert!(failure.is_transient(), "{failure}");
     assert!(!session.is_usable());
 }
 
@@ -283,7 +280,7 @@ fn the_schema_is_made_once_and_foreign_or_newer_ones_are_left_alone() {
         .unwrap();
     let failure = create_or_check(&mut session, &Schema::new("other").unwrap(), true, CALL)
         .expect_err("someone else's schema");
-    assert_eq!(failure.kind, Kind::Refused, "{failure}");
+    assert_eq!(failure.kind(), Kind::Permanent, "{failure}");
     assert!(
         failure.to_string().contains("is not lockrun's"),
         "{failure}"
@@ -306,7 +303,7 @@ fn the_schema_is_made_once_and_foreign_or_newer_ones_are_left_alone() {
         .unwrap();
     let failure =
         create_or_check(&mut session, &lockrun, true, CALL).expect_err("a newer lockrun's schema");
-    assert_eq!(failure.kind, Kind::Refused, "{failure}");
+    assert_eq!(failure.kind(), Kind::Permanent, "{failure}");
     assert!(
         failure.to_string().contains("schema version 2"),
         "{failure}"
@@ -384,9 +381,9 @@ fn a_server_restart_loses_nothing() {
 
     server.kill();
     let failure = ping(&mut session, CALL).expect_err("the server is gone");
-    assert!(failure.passes(), "{failure}");
+    assert!(failure.is_transient(), "{failure}");
     let failure = refusal(&url);
-    assert_eq!(failure.kind, Kind::Unreachable, "{failure}");
+    assert_eq!(failure.kind(), Kind::Unreachable, "{failure}");
 
     assert!(server.restart(), "restart:\n{}", server.log());
     let mut session = connect(&url).expect("reconnect");
@@ -415,7 +412,7 @@ fn sslmode_is_obeyed_with_rustls() {
         )
     };
     let failure = refusal(&url("127.0.0.1", "sslmode=require"));
-    assert_eq!(failure.kind, Kind::Refused, "{failure}");
+    assert_eq!(failure.kind(), Kind::Permanent, "{failure}");
     assert!(
         failure.to_string().contains("does not support TLS"),
         "{failure}"
@@ -450,7 +447,7 @@ fn sslmode_is_obeyed_with_rustls() {
         ("localhost", verify("require", &other_ca)),
     ] {
         let failure = refusal(&url(host, &query));
-        assert_eq!(failure.kind, Kind::Refused, "{failure}");
+        assert_eq!(failure.kind(), Kind::Permanent, "{failure}");
         assert!(failure.to_string().contains("certificate"), "{failure}");
     }
 }

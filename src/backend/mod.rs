@@ -15,6 +15,8 @@
 #[cfg(feature = "etcd")]
 pub mod etcd;
 mod file;
+#[cfg(any(feature = "redis", feature = "postgres", feature = "etcd"))]
+pub mod net;
 /// Public for the integration tests of its groundwork (sessions, schema, failures).
 #[cfg(feature = "postgres")]
 pub mod postgres;
@@ -28,6 +30,7 @@ use std::time::{Duration, SystemTime};
 use crate::error::Result;
 use crate::name::Name;
 use crate::platform::clock::Moment;
+use crate::timing::Plan;
 
 pub use record::{Entry, Owner};
 
@@ -133,9 +136,10 @@ pub enum Wakeup {
 pub struct Request {
     pub name: Name,
     pub parallelism: u32,
-    /// Lease length on lease backends; also how long a waiter's place outlives it
-    /// when it stops asking (a crash on another host).
-    pub ttl: Duration,
+    /// The lease's timing: its length on lease backends (also how long a
+    /// waiter's place outlives it when it stops asking: a crash on another
+    /// host) and how long a call made for it may take.
+    pub plan: Plan,
     pub owner: Owner,
     /// Joins the waiting line when no slot is free; `--no-wait` only looks.
     pub queue: bool,

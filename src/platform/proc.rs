@@ -44,6 +44,25 @@ pub fn look_up(pid: u32) -> Seen {
     }
 }
 
+/// Whether a process of `group` is still running (not a zombie): every
+/// process's `/proc/PID/stat` read, so only for the rare moment it matters.
+/// When `/proc` cannot be listed, the group counts as running.
+pub fn group_has_live_process(group: nix::unistd::Pid) -> bool {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return true;
+    };
+    let group = group.as_raw().to_string();
+    entries
+        .flatten()
+        .filter(|entry| entry.file_name().to_str().is_some_and(|name| name.bytes().all(|b| b.is_ascii_digit())))
+        .filter_map(|entry| fs::read_to_string(entry.path().join("stat")).ok())
+        .any(|stat| {
+            // State (field 3) and process group (field 5), past the command name's last ')'.
+            let fields = stat.rfind(')').map(|close| stat[close + 1..].split_whitespace().collect::<Vec<_>>());
+            fields.is_some_and(|fields| fields.get(2) == Some(&group.as_str()) && !matches!(fields.first(), Some(&("Z" | "X"))))
+        })
+}
+
 /// This boot and pid namespace, `BOOT-ID/pid:[INODE]`: pids can only be compared
 /// between processes that share both. Empty when either cannot be read.
 pub fn boot_id() -> String {

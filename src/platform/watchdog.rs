@@ -10,7 +10,11 @@
 //! lockrun's open files, so a file lock stays held until the group has been
 //! killed. lockrun also tells it the lease's deadlines: should lockrun be
 //! stopped (SIGSTOP, a debugger) or starved past them, the watchdog stops the
-//! group itself, so the command never outlives its lease.
+//! group itself, so the command never outlives its lease. When its moment to
+//! stop the group comes and nothing in the group is left running, the command
+//! ended in time on its own; lockrun asks which it was once it runs again, so
+//! that a command that finished before its lease's end keeps its exit status
+//! (README: "Exit status").
 //!
 //! It is a fork, not a clone sharing lockrun's memory: the kernel's OOM killer
 //! kills every process that shares its victim's memory, and a watchdog must
@@ -32,6 +36,7 @@ use nix::unistd::{
 };
 
 use super::clock::Moment;
+use super::proc;
 use crate::error::{Error, Result};
 
 /// The watchdog's name, which contains nothing a search for "lockrun" matches.
@@ -47,10 +52,46 @@ const GROUP_LEN: usize = 1 + 4;
 /// `u64`s follow, nanoseconds since boot (`u64::MAX`: never): SIGTERM, SIGKILL.
 const HOLD: u8 = b'h';
 const HOLD_LEN: usize = 1 + 2 * 8;
+/// ... or: say, on the answer pipe, whether you had to stop the group.
+const ASK: u8 = b'q';
+
+/// How long lockrun waits for the watchdog's answer: it is not paused with
+/// lockrun, so it answers at once unless it is gone.
+const ANSWER_WITHIN: Duration = Duration::from_secs(1);
+
+/// What the watchdog did about the group at the moments lockrun gave it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Its moment to stop the group has not come.
+    NotYet,
+    /// When its moment came, before the lease's end, nothing in the group was
+    /// running any more: the command ended on its own, in time.
+    EndedInTime,
+    /// It stopped the group (or could not tell in time that it had ended).
+    Stopped,
+}
+
+impl Outcome {
+    fn byte(self) -> u8 {
+        match self {
+            Self::NotYet => b'n',
+            Self::EndedInTime => b'e',
+            Self::Stopped => b's',
+        }
+    }
+
+    fn from_byte(byte: u8) -> Option<Self> {
+        [Self::NotYet, Self::EndedInTime, Self::Stopped]
+            .into_iter()
+            .find(|outcome| outcome.byte() == byte)
+    }
+}
 
 pub struct Watchdog {
     /// Closing it without a word is what tells the watchdog lockrun is gone.
     tell: OwnedFd,
+    /// Where the watchdog answers [`Watchdog::outcome`].
+    answers: OwnedFd,
 }
 
 impl Watchdog {
@@ -60,18 +101,19 @@ impl Watchdog {
     pub fn start() -> Result<Self> {
         let failed = |err| Error::internal("starting the watchdog", err);
         let (listen, tell) = pipe2(OFlag::O_CLOEXEC).map_err(failed)?;
+        let (answers, answer) = pipe2(OFlag::O_CLOEXEC).map_err(failed)?;
         // SAFETY: lockrun has one thread at this point, so the child may run any code.
         match unsafe { fork() }.map_err(failed)? {
             ForkResult::Child => {
-                drop(tell);
-                guard(&listen)
+                drop((tell, answers));
+                guard(&listen, &answer)
             }
             ForkResult::Parent { child } => {
                 // Out of lockrun's process group before lockrun goes on: a signal to that
                 // group (a SIGSTOP, a SIGKILL) must not reach the guard, even before it ran.
                 // The guard leaves the session too, when it gets to run first.
                 let _ = setpgid(child, child);
-                Ok(Self { tell })
+                Ok(Self { tell, answers })
             }
         }
     }
@@ -95,6 +137,22 @@ impl Watchdog {
         message[9..].copy_from_slice(&nanos(kill_at));
         // A pipe write this short is atomic. If the watchdog was killed, there is nobody left to tell.
         let _ = write(&self.tell, &message);
+    }
+
+    /// What the watchdog did about the group; `None` when it does not answer
+    /// (it was killed). Asked only after lockrun was late to act itself.
+    pub fn outcome(&self) -> Option<Outcome> {
+        write(&self.tell, &[ASK]).ok()?;
+        let mut fds = [PollFd::new(self.answers.as_fd(), PollFlags::POLLIN)];
+        let within = PollTimeout::try_from(ANSWER_WITHIN).unwrap_or(PollTimeout::MAX);
+        if poll(&mut fds, within).ok()? == 0 {
+            return None;
+        }
+        let mut byte = [0u8; 1];
+        match read(&self.answers, &mut byte) {
+            Ok(1) => Outcome::from_byte(byte[0]),
+            _ => None,
+        }
     }
 
     /// The command's group is gone: the watchdog exits without killing anything.
@@ -122,7 +180,7 @@ impl Announcer<'_> {
     }
 }
 
-fn guard(listen: &OwnedFd) -> ! {
+fn guard(listen: &OwnedFd, answer: &OwnedFd) -> ! {
     // Out of lockrun's session too (unless lockrun made this a group leader first, which is enough).
     let _ = setsid();
     rename();
@@ -133,15 +191,27 @@ fn guard(listen: &OwnedFd) -> ! {
     let mut group = None;
     let mut terminate_at = None;
     let mut kill_at = None;
+    let mut outcome = Outcome::NotYet;
     let mut pending = Vec::new();
     loop {
+        let now = Moment::now().since_boot();
         let next = [terminate_at, kill_at].into_iter().flatten().min();
-        if next.is_some_and(|at: Duration| at <= Moment::now().since_boot()) {
+        if next.is_some_and(|at: Duration| at <= now) {
             // A deadline lockrun did not act on: it is stopped or starved.
             if terminate_at.take().is_some() {
+                // Seen before the kill moment, itself before the lease's end,
+                // a group with nothing running ended in time on its own.
+                let in_time = kill_at.is_some_and(|kill_at| now <= kill_at);
+                if in_time && group.is_some_and(|group| !proc::group_has_live_process(group)) {
+                    outcome = Outcome::EndedInTime;
+                    kill_at = None;
+                    continue;
+                }
+                outcome = Outcome::Stopped;
                 signal(group, Signal::SIGTERM);
                 signal(group, Signal::SIGCONT);
             } else if kill_at.take().is_some() {
+                outcome = Outcome::Stopped;
                 signal(group, Signal::SIGKILL);
             }
             continue;
@@ -168,6 +238,11 @@ fn guard(listen: &OwnedFd) -> ! {
         while let Some(&tag) = pending.first() {
             match tag {
                 DISMISS => exit(),
+                ASK => {
+                    // If lockrun is gone, its pipe's reader is too: nobody is left to tell.
+                    let _ = write(answer, &[outcome.byte()]);
+                    pending.drain(..1);
+                }
                 GROUP if pending.len() >= GROUP_LEN => {
                     let id = i32::from_le_bytes(pending[1..GROUP_LEN].try_into().expect("4 bytes"));
                     group = Some(Pid::from_raw(id));

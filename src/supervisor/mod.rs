@@ -21,7 +21,7 @@ use crate::report::{Event, Reporter};
 pub use crate::platform::signals::{Signals, reset_inherited};
 use crate::platform::spawn;
 use crate::platform::terminal::Terminal;
-use crate::platform::watchdog::Watchdog;
+use crate::platform::watchdog::{Outcome, Watchdog};
 
 mod shebang;
 
@@ -236,8 +236,7 @@ impl Run<'_> {
     fn until_exit(&mut self, signals: &Signals) -> Result<Ending> {
         loop {
             if let Some(code) = self.check_child()? {
-                // lockrun may have been stopped past the lease while its watchdog ended the command.
-                self.lose_lapsed_lease("its deadline passed while lockrun was paused");
+                self.judge_late_exit();
                 self.stop_leftovers(signals)?;
                 if let Some(terminal) = &self.terminal {
                     terminal.take_back_from(self.child);
@@ -346,6 +345,28 @@ impl Run<'_> {
         // Renewals go on while the command is being stopped: it holds the slot until it is gone.
         if !self.lease_lost() {
             self.keep_lease();
+        }
+    }
+
+    /// A command that ended after its stop moment passed without lockrun
+    /// acting (lockrun was paused or starved): its watchdog, which was not,
+    /// says whether it had to stop the command for the lease, or found it
+    /// ended on its own in time. Only the first keeps the command's status
+    /// from standing; without an answer, a passed deadline stands for the worst.
+    fn judge_late_exit(&mut self) {
+        if self.ending.is_some() || !self.held.stop_at().is_some_and(Moment::has_passed) {
+            return;
+        }
+        let deadline_passed = self.held.deadline().is_some_and(Moment::has_passed);
+        let stopped = match self.watchdog.outcome() {
+            Some(Outcome::Stopped) => true,
+            Some(Outcome::EndedInTime) => false,
+            Some(Outcome::NotYet) | None => deadline_passed,
+        };
+        if stopped {
+            let reason = "lockrun was paused past its renewal, and its watchdog stopped the command";
+            self.reporter.event(&Event::Lost { reason });
+            self.ending = Some(Ending::LeaseLost(reason.to_owned()));
         }
     }
 

@@ -15,15 +15,16 @@ mod watching;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use super::record::{HolderRecord, sort, waiting};
 use super::{Abilities, Attempt, Common, Entry, Owner, Request, Store, Waited, Wakeup};
-use crate::error::{Error, Result, Trouble};
+use crate::error::Result;
 use crate::identity::epoch_millis;
 use crate::name::Name;
 use crate::platform::clock::Moment;
-use client::{Client, Endpoints, ErrorKind};
+use crate::timing::FREE_CALL;
+use client::{Client, Endpoints};
 use keys::NameKeys;
 use look::{Holding, Look, Record};
 use waiter::Waiter;
@@ -55,35 +56,8 @@ impl Options {
     }
 }
 
-/// Longest wait for any one call, over all the members it tries: an
-/// unreachable cluster must fail within a few seconds, yet a call must
-/// outlast an election (with etcd's defaults, a leader's death is noticed
-/// after one to two seconds).
-const MAX_CALL_TIMEOUT: Duration = Duration::from_secs(5);
-/// What any call may take at least: authenticating checks a bcrypt hash.
-const MIN_CALL_TIMEOUT: Duration = Duration::from_millis(500);
-
-/// The time limit of one call made for a lease of `ttl`: well inside a
-/// renewal interval (a renewal is also bounded by when the command must stop).
-fn call_timeout(ttl: Duration) -> Duration {
-    (ttl / 5).clamp(MIN_CALL_TIMEOUT, MAX_CALL_TIMEOUT)
-}
-
 fn json<T: serde::Serialize>(value: &T) -> Vec<u8> {
     serde_json::to_vec(value).expect("records are plain data that always serialize")
-}
-
-impl From<client::Error> for Error {
-    fn from(err: client::Error) -> Self {
-        let message = err.to_string();
-        match err.kind() {
-            ErrorKind::Usage => Error::Usage(message),
-            ErrorKind::Unreachable | ErrorKind::Transient => {
-                Error::trouble(Trouble::Unavailable, message)
-            }
-            ErrorKind::Refused | ErrorKind::Rejected => Error::Unavailable(message),
-        }
-    }
 }
 
 struct EtcdStore {
@@ -101,7 +75,7 @@ impl EtcdStore {
             Some(name) => NameKeys::new(&self.prefix, name).all(),
             None => keys::every_name(&self.prefix),
         };
-        let listing = client.range(&range, MAX_CALL_TIMEOUT)?;
+        let listing = client.range(&range, FREE_CALL)?;
         // Each name's keys, in create order.
         let mut names: BTreeMap<NameKeys, client::Listing> = BTreeMap::new();
         for kv in listing.kvs {
@@ -123,7 +97,7 @@ impl EtcdStore {
             // When each place's lease ends; one gone since the range took the place with it.
             let mut ends = HashMap::new();
             for place in look.places.iter().filter(|place| waiters || place.holds()) {
-                if let Some(left) = client.lease_time_to_live(place.lease, MAX_CALL_TIMEOUT)? {
+                if let Some(left) = client.lease_time_to_live(place.lease, FREE_CALL)? {
                     ends.insert(place.lease, now + left.as_millis() as u64);
                 }
             }
@@ -163,7 +137,7 @@ impl Store for EtcdStore {
     }
 
     fn evict(&mut self, request: &Request, owners: &[Owner]) -> Result<()> {
-        let within = call_timeout(request.ttl);
+        let within = FREE_CALL;
         let keys = NameKeys::new(&self.prefix, &request.name);
         let mut client = self.client.borrow_mut();
         let look = Look::new(&keys, client.range(&keys.all(), within)?);
@@ -180,12 +154,12 @@ impl Store for EtcdStore {
         Ok(())
     }
 
-    fn wait(&mut self, request: &Request, until: Moment) -> Result<Waited> {
-        Ok(Waited::told(self.waiter.wait(request, until)?))
+    fn wait(&mut self, _request: &Request, until: Moment) -> Result<Waited> {
+        Ok(Waited::told(self.waiter.wait(until)?))
     }
 
-    fn leave(&mut self, request: &Request) -> Result<()> {
-        Ok(self.waiter.leave(call_timeout(request.ttl))?)
+    fn leave(&mut self, _request: &Request) -> Result<()> {
+        Ok(self.waiter.leave(FREE_CALL)?)
     }
 
     fn list(&mut self, name: Option<&Name>) -> Result<Vec<Entry>> {
@@ -199,14 +173,14 @@ impl Store for EtcdStore {
     fn break_slots(&mut self, name: &Name, slot: Option<u32>) -> Result<Vec<Entry>> {
         let keys = NameKeys::new(&self.prefix, name);
         let mut client = self.client.borrow_mut();
-        let look = Look::new(&keys, client.range(&keys.all(), MAX_CALL_TIMEOUT)?);
+        let look = Look::new(&keys, client.range(&keys.all(), FREE_CALL)?);
         let mut broken = Vec::new();
         for place in &look.places {
             let Some(Record::Holding(holding)) = place.record() else {
                 continue;
             };
             if slot.is_none_or(|slot| slot == holding.slot)
-                && client.lease_revoke(place.lease, MAX_CALL_TIMEOUT)?
+                && client.lease_revoke(place.lease, FREE_CALL)?
             {
                 broken.push(
                     holding

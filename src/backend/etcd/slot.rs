@@ -8,11 +8,12 @@ use std::time::{Duration, SystemTime};
 use super::client::{Client, Lease};
 use super::keys::NameKeys;
 use super::look::Holding;
-use super::{call_timeout, recipe};
+use super::recipe;
 use crate::backend::{Renewal, Slot};
 use crate::error::Result;
 use crate::identity::epoch_millis;
 use crate::platform::clock::Moment;
+use crate::timing::Plan;
 
 pub struct EtcdSlot {
     pub(super) client: Rc<RefCell<Client>>,
@@ -45,7 +46,7 @@ impl Slot for EtcdSlot {
     }
 
     fn renew(&mut self, within: Duration) -> Result<Renewal> {
-        let deadline = Moment::now() + call_timeout(self.lease.ttl).min(within);
+        let deadline = Moment::now() + Plan::new(self.lease.ttl).holder_call().min(within);
         let mut client = self.client.borrow_mut();
         if !self.recorded {
             let record = recipe::record(&self.keys, self.lease.id, &self.holding);
@@ -60,7 +61,7 @@ impl Slot for EtcdSlot {
     }
 
     fn release(self: Box<Self>, keep_until: Option<SystemTime>) -> Result<()> {
-        let within = call_timeout(self.lease.ttl);
+        let within = Plan::new(self.lease.ttl).holder_call();
         let mut client = self.client.borrow_mut();
         let keep = keep_until
             .and_then(|until| until.duration_since(SystemTime::now()).ok())

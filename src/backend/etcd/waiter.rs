@@ -11,10 +11,11 @@ use super::keys::NameKeys;
 use super::look::{Holding, Look, Place, Record, Stand};
 use super::slot::EtcdSlot;
 use super::watching::{Target, Watcher, Woken};
-use super::{call_timeout, holding, now_millis, recipe};
+use super::{holding, now_millis, recipe};
 use crate::backend::record::WaiterRecord;
 use crate::backend::{Attempt, Line, Request, Slot};
 use crate::platform::clock::Moment;
+use crate::timing::{FREE_CALL, Plan};
 
 pub struct Waiter {
     client: Rc<RefCell<Client>>,
@@ -62,11 +63,10 @@ impl Waiter {
 
     /// Waits until what our last look said to watch changes, `until` at the
     /// latest; true when the wait ended early (the next look has to see why).
-    pub fn wait(&mut self, request: &Request, until: Moment) -> client::Result<bool> {
-        let within = call_timeout(request.ttl);
+    pub fn wait(&mut self, until: Moment) -> client::Result<bool> {
         self.woken = self
             .watcher
-            .wait(&mut self.client.borrow_mut(), until, within)?;
+            .wait(&mut self.client.borrow_mut(), until, FREE_CALL)?;
         Ok(self.woken.is_some())
     }
 
@@ -82,15 +82,12 @@ impl Waiter {
     }
 
     fn look(&mut self, keys: &NameKeys, request: &Request) -> client::Result<Attempt> {
-        let within = call_timeout(request.ttl);
+        let within = FREE_CALL;
         let parallelism = request.parallelism;
         let woken = self.woken.take();
         // Told that a slot is ours, take it at once: a keep-alive can wait for the supervisor.
-        let refresh_after = if matches!(woken, Some(Woken::Freed(_))) {
-            request.ttl / 2
-        } else {
-            request.ttl / 6
-        };
+        let taking = matches!(woken, Some(Woken::Freed(_)));
+        let refresh_after = request.plan.refresh_place_after(taking);
         let lease = self.keep_lease(request, refresh_after, within)?.id;
         let mut look = match woken {
             _ if !self.lease.as_ref().is_some_and(|mine| mine.in_line) => {
@@ -174,7 +171,7 @@ impl Waiter {
                 return Ok(mine.lease);
             }
         }
-        let lease = client.lease_grant(request.ttl, within)?;
+        let lease = client.lease_grant(request.plan.ttl(), within)?;
         self.lease = Some(Mine {
             lease,
             refreshed_at: sent,
@@ -268,7 +265,8 @@ impl Waiter {
             mine.refreshed_at
         } else {
             // Earlier is always safe: the lease runs from no earlier than this.
-            mine.refreshed_at.min(Moment::now() - mine.lease.ttl / 3)
+            mine.refreshed_at
+                .min(Moment::now() - Plan::new(mine.lease.ttl).renew_every())
         };
         Box::new(EtcdSlot {
             client: Rc::clone(&self.client),

@@ -5,11 +5,12 @@
 //! new holder the next head, however long the line. A watch is kept from look
 //! to look while its keys stay the same.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::client::{self, Client, Event, EventKind, Keys, Watch};
 use super::keys::NameKeys;
 use super::look::Look;
+use crate::backend::net::Deadline;
 use crate::platform::clock::Moment;
 
 /// What a look says to watch until the next one.
@@ -134,7 +135,7 @@ impl Watcher {
             self.watch = Some((target.keys.clone(), target.deletes_only, watch));
         }
         let (_, _, watch) = self.watch.as_mut().expect("set above");
-        let deadline = Instant::now() + until.remaining();
+        let deadline = Deadline::at(until);
         loop {
             match watch.next(deadline) {
                 Ok(events) if events.is_empty() => return Ok(None),
@@ -146,7 +147,7 @@ impl Watcher {
                 Err(err) => {
                     self.watch = None;
                     // Compacted past our look, or a member that broke off: look again.
-                    if err.kind() != client::ErrorKind::Rejected {
+                    if !err.watch_cancelled() {
                         if broke {
                             return Err(err);
                         }

@@ -32,7 +32,7 @@ pub fn next(dir: &LockDir, stem: &str, last_of_slot: u64, deadline: Option<Momen
         .map_err(|why| Error::Unavailable(format!("refusing the fence counter {shown}: {why}")))?;
     if !lock_until(&file, brief_lock_deadline(deadline), &path)? {
         return Err(Error::trouble(
-            Trouble::Busy,
+            Trouble::Transient,
             format!("cannot number the acquisition: another process keeps {shown} locked"),
         ));
     }

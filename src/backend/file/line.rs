@@ -50,7 +50,7 @@ impl Place {
         // Newcomers hold it exclusively for a moment (`is_occupied`); a neighbour who holds it longer is stuck.
         if !lock_shared_until(&line, brief_lock_deadline(deadline), &line_path)? {
             return Err(Error::trouble(
-                Trouble::Busy,
+                Trouble::Transient,
                 format!(
                     "cannot join the line: another process keeps {} locked",
                     line_path.display()

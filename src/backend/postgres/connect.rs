@@ -22,7 +22,7 @@ use std::collections::VecDeque;
 use std::future::{Future, poll_fn};
 use std::pin::{Pin, pin};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::runtime::Runtime;
 use tokio_postgres::config::{SslMode as WireSslMode, TargetSessionAttrs};
@@ -31,10 +31,11 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{AsyncMessage, Client, Config, Connection, Notification, Row, Socket};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use super::failure::{Failure, Kind, Trouble, describe};
+use super::failure::{CallError, describe};
 use super::resolve::{self, Endpoint};
 use super::target::{SslMode, Target};
 use super::tls;
+use crate::backend::net::{Deadline, Failure, Kind};
 
 /// Idle time before the first keepalive probe, the time between probes, and
 /// how many go unanswered before the kernel drops the connection: a dead
@@ -76,14 +77,12 @@ impl Connector {
     /// within `within` in all and the target's `connect_timeout` for each place.
     /// When none answers, the last failure says why.
     pub fn connect(&self, within: Duration) -> Result<Session, Failure> {
-        let deadline = Instant::now() + within;
+        let deadline = Deadline::after(within);
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_io()
             .enable_time()
             .build()
-            .map_err(|err| {
-                Failure::new(Kind::Internal, format!("cannot start a runtime: {err}"))
-            })?;
+            .map_err(|err| Failure::new(Kind::Bug, format!("cannot start a runtime: {err}")))?;
         let target = &self.target;
         let mut failure = None;
         for endpoint in resolve::endpoints(target) {
@@ -94,7 +93,7 @@ impl Connector {
                     continue;
                 }
             };
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = deadline.remaining();
             let mut config = config(target, &endpoint);
             // The socket gets half the time, so that a connection that was not made fails
             // as unreachable before the deadline: one still starting at the deadline was
@@ -103,8 +102,8 @@ impl Connector {
             let connect = runtime.block_on(async {
                 tokio::time::timeout(left, config.connect(self.tls.clone()))
                     .await
-                    .map_err(|_| Trouble::Unanswered(within))?
-                    .map_err(Trouble::from)
+                    .map_err(|_| CallError::Unanswered(within))?
+                    .map_err(CallError::from)
             });
             match connect {
                 Ok((client, connection)) => {
@@ -118,7 +117,7 @@ impl Connector {
                     });
                 }
                 Err(trouble) => {
-                    let out_of_time = matches!(trouble, Trouble::Unanswered(_));
+                    let out_of_time = matches!(trouble, CallError::Unanswered(_));
                     failure = Some(describe(target, "connect", &trouble));
                     if out_of_time {
                         break;
@@ -183,7 +182,7 @@ impl Session {
         within: Duration,
         work: impl AsyncFnOnce(&Client) -> Result<T, tokio_postgres::Error>,
     ) -> Result<T, Failure> {
-        let deadline = Instant::now() + within;
+        let deadline = Deadline::after(within);
         let begin_with_limits = begin_with_limits(within);
         let result = self.drive(within, async |client: &Client| {
             // BEGIN goes out in the same write as the work's first statement,
@@ -199,7 +198,7 @@ impl Session {
             // A server error leaves the transaction aborted: end it, in the
             // time left, so that the session stays usable. Failing that, the
             // session is broken.
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = deadline.remaining();
             let _ = self.drive(left, async |client: &Client| {
                 client.batch_execute("ROLLBACK").await
             });
@@ -252,7 +251,7 @@ impl Session {
         }
         match self.drive_until_notified(within) {
             Ok(notification) => Ok(Some(notification)),
-            Err(Trouble::TimedOut(_)) if !self.broken => Ok(None),
+            Err(CallError::TimedOut(_)) if !self.broken => Ok(None),
             Err(trouble) => Err(describe(&self.target, "wait for a notification", &trouble)),
         }
     }
@@ -265,7 +264,7 @@ impl Session {
         &mut self,
         within: Duration,
         work: impl AsyncFnOnce(&Client) -> Result<T, tokio_postgres::Error>,
-    ) -> Result<T, Trouble> {
+    ) -> Result<T, CallError> {
         let Self {
             runtime,
             client,
@@ -290,7 +289,7 @@ impl Session {
                 if err.as_db_error().is_none() {
                     self.broken = true;
                 }
-                Err(Trouble::Postgres(err))
+                Err(CallError::Postgres(err))
             }
             (Err(trouble), None) => {
                 self.broken = true;
@@ -301,7 +300,7 @@ impl Session {
     }
 
     /// Waits up to `within` for a notification, reading what the server sends.
-    fn drive_until_notified(&mut self, within: Duration) -> Result<Notification, Trouble> {
+    fn drive_until_notified(&mut self, within: Duration) -> Result<Notification, CallError> {
         let Self {
             runtime,
             connection,
@@ -339,9 +338,9 @@ fn pump(
     broken: &mut bool,
     within: Duration,
     step: &mut dyn FnMut(&mut Context<'_>, &mut VecDeque<Notification>) -> Poll<()>,
-) -> Result<(), Trouble> {
+) -> Result<(), CallError> {
     if *broken {
-        return Err(Trouble::Lost);
+        return Err(CallError::Lost);
     }
     runtime.block_on(async {
         let mut timer = pin!(tokio::time::sleep(within));
@@ -354,11 +353,11 @@ fn pump(
                     Poll::Ready(Some(Ok(_))) => {} // a notice
                     Poll::Ready(Some(Err(err))) => {
                         *broken = true;
-                        return Poll::Ready(Err(Trouble::Postgres(err)));
+                        return Poll::Ready(Err(CallError::Postgres(err)));
                     }
                     Poll::Ready(None) => {
                         *broken = true;
-                        return Poll::Ready(Err(Trouble::Lost));
+                        return Poll::Ready(Err(CallError::Lost));
                     }
                     Poll::Pending => break,
                 }
@@ -369,7 +368,7 @@ fn pump(
             timer
                 .as_mut()
                 .poll(cx)
-                .map(|()| Err(Trouble::TimedOut(within)))
+                .map(|()| Err(CallError::TimedOut(within)))
         })
         .await
     })
@@ -491,6 +490,7 @@ fn wire_ssl_mode(mode: SslMode) -> WireSslMode {
 #[cfg(test)]
 mod tests {
     use std::net::TcpListener;
+    use std::time::Instant;
 
     use super::*;
 
@@ -507,7 +507,7 @@ mod tests {
     }
 
     #[test]
-    fn a_server_too_busy_to_answer_is_crowded_and_one_not_there_unreachable() {
+    fn a_server_too_busy_to_answer_is_transient_and_one_not_there_unreachable() {
         // Connections queue in the listener's backlog, as a busy server's do; nothing answers them.
         let silent = TcpListener::bind("127.0.0.1:0").unwrap();
         let target = target(silent.local_addr().unwrap().port());
@@ -518,7 +518,7 @@ mod tests {
             "{:?}",
             started.elapsed()
         );
-        assert_eq!(failure.kind, Kind::Crowded);
+        assert_eq!(failure.kind(), Kind::Transient);
         assert_eq!(
             failure.to_string(),
             format!(
@@ -527,7 +527,7 @@ mod tests {
         );
         drop(silent);
         let failure = connect_failure(&target, Duration::from_secs(5));
-        assert_eq!(failure.kind, Kind::Unreachable);
+        assert_eq!(failure.kind(), Kind::Unreachable);
         assert!(failure.to_string().contains("refused"), "{failure}");
         assert!(!failure.to_string().contains("s3cret"), "{failure}");
     }

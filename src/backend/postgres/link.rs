@@ -4,17 +4,15 @@
 //! failover, `pg_terminate_backend`), and given up between looks by a waiter
 //! far back in line. What fails comes out as lockrun's errors.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio_postgres::Row;
 
 use super::connect::{Connector, Session, Statement};
-use super::failure::{Failure, Kind};
 use super::schema::{Schema, create_or_check};
+use crate::backend::net::{Deadline, Failure};
 use crate::error::Result;
-
-/// The longest a call for a lease waits for its answer (less with a short TTL).
-pub const MAX_CALL: Duration = Duration::from_secs(2);
+use crate::timing::FREE_CALL;
 
 pub struct Link {
     connector: Connector,
@@ -41,9 +39,9 @@ impl Link {
     }
 
     /// How long a look at the line (or `status`) may take, connecting
-    /// included: the target's `connect_timeout`, and at least [`MAX_CALL`].
+    /// included: the target's `connect_timeout`, and at least [`FREE_CALL`].
     pub fn patience(&self) -> Duration {
-        self.connector.target().connect_timeout.max(MAX_CALL)
+        self.connector.target().connect_timeout.max(FREE_CALL)
     }
 
     /// Whether lockrun's tables are there (made first, when running):
@@ -79,12 +77,12 @@ impl Link {
         within: Duration,
         statements: &[Statement],
     ) -> Result<Vec<Vec<Row>>> {
-        let deadline = Instant::now() + within;
+        let deadline = Deadline::after(within);
         let reused = self.session.as_ref().is_some_and(Session::is_usable);
         let result = self.session(within)?.transact(what, within, statements);
         match result {
-            Err(failure) if reused && failure.kind == Kind::Transient && self.is_broken() => {
-                let left = deadline.saturating_duration_since(Instant::now());
+            Err(failure) if reused && failure.is_transient() && self.is_broken() => {
+                let left = deadline.remaining();
                 self.session(left)?
                     .transact(what, left, statements)
                     .map_err(|failure| self.failed(failure))
@@ -115,15 +113,11 @@ impl Link {
             self.disconnect();
         }
         if self.session.is_none() {
-            let started = Instant::now();
-            let mut session = self
-                .connector
-                .connect(within)
-                .map_err(Failure::into_error)?;
+            let deadline = Deadline::after(within);
+            let mut session = self.connector.connect(within)?;
             if self.present.is_none() {
-                let left = within.saturating_sub(started.elapsed());
-                let present = create_or_check(&mut session, &self.schema, self.create, left)
-                    .map_err(Failure::into_error)?;
+                let left = deadline.remaining();
+                let present = create_or_check(&mut session, &self.schema, self.create, left)?;
                 self.present = Some(present);
             }
             self.session = Some(session);
@@ -142,6 +136,6 @@ impl Link {
         if self.is_broken() {
             self.disconnect();
         }
-        failure.into_error()
+        failure.into()
     }
 }

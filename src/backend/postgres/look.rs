@@ -76,7 +76,7 @@ impl<'a> Params<'a> {
         Self {
             name: request.name.as_str(),
             parallelism: request.parallelism.cast_signed(),
-            ttl: millis(request.ttl),
+            ttl: millis(request.plan.ttl()),
             pid: process.pid.cast_signed(),
             start_time: process.start_time.cast_signed(),
             request,

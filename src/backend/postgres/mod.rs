@@ -33,9 +33,9 @@ use crate::error::Result;
 use crate::identity::Process;
 use crate::name::Name;
 use crate::platform::clock::Moment;
+use crate::timing::FREE_CALL;
 use connect::{Connector, Statement};
-use failure::Failure;
-use link::{Link, MAX_CALL};
+use link::Link;
 use look::{Look, wake_params};
 use schema::Schema;
 use slot::PostgresSlot;
@@ -58,9 +58,9 @@ pub struct Options {
 
 impl Options {
     pub fn open(&self, common: &Common) -> Result<Box<dyn Store>> {
-        let target = Target::parse(self.postgres_url.as_deref()).map_err(Failure::into_error)?;
-        let schema = Schema::new(common.prefix).map_err(Failure::into_error)?;
-        let connector = Connector::new(target).map_err(Failure::into_error)?;
+        let target = Target::parse(self.postgres_url.as_deref())?;
+        let schema = Schema::new(common.prefix)?;
+        let connector = Connector::new(target)?;
         Ok(Box::new(PostgresStore {
             sql: Rc::new(Sql::new(&schema)),
             link: Rc::new(RefCell::new(Link::new(connector, schema, common.create))),
@@ -98,11 +98,6 @@ struct PostgresStore {
     refresh_due: Option<Moment>,
 }
 
-/// The timeout of one call for a lease of `ttl`: well inside a renewal interval.
-fn call_timeout(ttl: Duration) -> Duration {
-    (ttl / 5).min(MAX_CALL)
-}
-
 fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
@@ -115,7 +110,7 @@ impl PostgresStore {
         let mut link = self.link.borrow_mut();
         let mut look = Look::take(&mut link, &self.sql, request, join, refresh)?;
         if refresh {
-            self.refresh_due = Some(Moment::now() + request.ttl / 3);
+            self.refresh_due = Some(Moment::now() + request.plan.keep_place_every());
         }
         let listener_places = (request.parallelism + SPARE_LISTENERS).min(MAX_LISTENERS);
         if look.position > listener_places {
@@ -139,7 +134,7 @@ impl PostgresStore {
             slot,
             fence,
             token: request.owner.token.clone(),
-            ttl: request.ttl,
+            plan: request.plan,
             parallelism: request.parallelism,
             taken_at: sent,
         }))
@@ -220,7 +215,7 @@ impl Store for PostgresStore {
             &self.link,
             &self.sql,
             "drop dead entries",
-            MAX_CALL,
+            FREE_CALL,
             name,
             (parallelism, true),
             &[evict],
@@ -273,7 +268,7 @@ impl Store for PostgresStore {
             &self.link,
             &self.sql,
             "break the leases",
-            MAX_CALL,
+            FREE_CALL,
             name,
             (i32::MAX, false),
             &[broken],

@@ -11,8 +11,8 @@
 use std::net::{IpAddr, ToSocketAddrs};
 use std::path::PathBuf;
 
-use super::failure::{Failure, Kind};
 use super::target::{Host, Target};
+use crate::backend::net::{Failure, Kind};
 
 /// One place to try to connect to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -104,7 +104,7 @@ mod tests {
             "host=no-such-host.invalid,127.0.0.1 password=s3cret",
         ));
         let failure = endpoints[0].clone().unwrap_err();
-        assert_eq!(failure.kind, Kind::Unreachable);
+        assert_eq!(failure.kind(), Kind::Unreachable);
         assert!(
             failure
                 .to_string()

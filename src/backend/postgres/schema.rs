@@ -14,7 +14,8 @@ use tokio_postgres::Client;
 use tokio_postgres::types::Type;
 
 use super::connect::Session;
-use super::failure::{Failure, Kind};
+use crate::backend::net::{Failure, Kind};
+use crate::error::Error;
 
 /// Bumped when the tables change, so that a later lockrun can migrate them.
 pub const SCHEMA_VERSION: i64 = 1;
@@ -39,9 +40,9 @@ pub struct Schema {
 
 impl Schema {
     /// The schema `--prefix` names: any 1 to 63 bytes but NUL.
-    pub fn new(prefix: &str) -> Result<Self, Failure> {
+    pub fn new(prefix: &str) -> Result<Self, Error> {
         if prefix.is_empty() || prefix.len() > MAX_IDENTIFIER || prefix.contains('\0') {
-            return Err(Failure::usage(format!(
+            return Err(Error::Usage(format!(
                 "--prefix {prefix:?} cannot name a PostgreSQL schema: it must be 1 to {MAX_IDENTIFIER} bytes, without NUL"
             )));
         }
@@ -111,7 +112,7 @@ pub fn create_or_check(
     }
     let refuse = |why: String| {
         Failure::new(
-            Kind::Refused,
+            Kind::Permanent,
             format!(
                 "PostgreSQL at {}: schema {:?} {why}; refusing to touch it (choose another --prefix)",
                 session.target(),
@@ -184,7 +185,7 @@ mod tests {
         assert_eq!(schema.table("holders"), "\"my \"\"locks\"\"\".holders");
         assert_eq!(schema.name(), "my \"locks\"");
         for bad in ["", "a\0b", &"x".repeat(64)] {
-            assert_eq!(Schema::new(bad).unwrap_err().kind, Kind::Usage);
+            assert!(matches!(Schema::new(bad), Err(Error::Usage(_))));
         }
         assert!(Schema::new(&"é".repeat(31)).is_ok());
     }

@@ -10,10 +10,11 @@ use tokio_postgres::types::{ToSql, Type};
 
 use super::link::Link;
 use super::sql::Sql;
-use super::{call_timeout, change, millis};
+use super::{change, millis};
 use crate::backend::{Renewal, Slot};
 use crate::error::Result;
 use crate::platform::clock::Moment;
+use crate::timing::Plan;
 
 pub struct PostgresSlot {
     pub link: Rc<RefCell<Link>>,
@@ -22,7 +23,7 @@ pub struct PostgresSlot {
     pub slot: u32,
     pub fence: u64,
     pub token: String,
-    pub ttl: Duration,
+    pub plan: Plan,
     pub parallelism: u32,
     pub taken_at: Moment,
 }
@@ -41,14 +42,14 @@ impl Slot for PostgresSlot {
     }
 
     fn renew(&mut self, within: Duration) -> Result<Renewal> {
-        let (slot, ttl) = (self.slot.cast_signed(), millis(self.ttl));
+        let (slot, ttl) = (self.slot.cast_signed(), millis(self.plan.ttl()));
         let params: [(&(dyn ToSql + Sync), Type); 4] = [
             (&self.name, Type::TEXT),
             (&slot, Type::INT4),
             (&self.token, Type::TEXT),
             (&ttl, Type::INT8),
         ];
-        let within = call_timeout(self.ttl).min(within);
+        let within = self.plan.holder_call().min(within);
         let renewed = self.link.borrow_mut().transact(
             "renew the lease",
             within,
@@ -69,7 +70,7 @@ impl Slot for PostgresSlot {
             (&self.token, Type::TEXT),
             (&keep, Type::INT8),
         ];
-        let within = call_timeout(self.ttl);
+        let within = self.plan.holder_call();
         if keep > 0 {
             // Kept taken, and nobody to wake: the slot is not free.
             let kept = [(self.sql.keep.as_str(), &params[..])];

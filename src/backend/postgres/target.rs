@@ -10,7 +10,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::failure::Failure;
+use crate::backend::net::{Failure, Kind, Secret};
 
 /// The port when none is given, as libpq's.
 const DEFAULT_PORT: u16 = 5432;
@@ -114,7 +114,7 @@ pub struct Target {
     /// One port for every host, or one per host.
     pub ports: Vec<u16>,
     pub user: String,
-    password: Option<String>,
+    password: Option<Secret>,
     pub dbname: String,
     pub tls: Tls,
     /// The limit on connecting to one host: TCP, TLS and authentication.
@@ -138,9 +138,12 @@ impl Target {
         os_user: &dyn Fn() -> Option<String>,
     ) -> Result<Self, Failure> {
         let usage = |why: String| {
-            Failure::usage(format!(
-                "--postgres-url: {why}; expected postgres://[user[:password]@]host[:port]/db[?sslmode=...] or a key=value conninfo string"
-            ))
+            Failure::new(
+                Kind::Permanent,
+                format!(
+                    "--postgres-url: {why}; expected postgres://[user[:password]@]host[:port]/db[?sslmode=...] or a key=value conninfo string"
+                ),
+            )
         };
         let options = Options::parse(spec).map_err(usage)?;
         let value = |key: &str, var: &str| {
@@ -202,7 +205,7 @@ impl Target {
         };
         Ok(Self {
             dbname: value("dbname", "PGDATABASE").unwrap_or_else(|| user.clone()),
-            password: value("password", "PGPASSWORD"),
+            password: value("password", "PGPASSWORD").map(Secret::new),
             user,
             hosts,
             ports,
@@ -217,17 +220,12 @@ impl Target {
     }
 
     pub fn password(&self) -> Option<&str> {
-        self.password.as_deref()
+        self.password.as_ref().map(Secret::expose)
     }
 
     /// `text` with the password, as given and as it would appear in a URL, replaced by `***`.
     pub fn scrub(&self, text: &str) -> String {
-        match self.password.as_deref().filter(|secret| !secret.is_empty()) {
-            Some(secret) => text
-                .replace(secret, "***")
-                .replace(&percent_encode(secret), "***"),
-            None => text.to_owned(),
-        }
+        Secret::scrub_with(self.password.as_ref(), text)
     }
 
     /// The port of the `index`-th host.
@@ -667,7 +665,7 @@ mod tests {
             let Err(failure) = parse(spec, &[]) else {
                 panic!("accepted {spec}");
             };
-            assert_eq!(failure.kind, super::super::failure::Kind::Usage, "{spec}");
+            assert_eq!(failure.kind(), Kind::Permanent, "{spec}");
             assert!(!failure.to_string().contains("s3cret"), "{spec}: {failure}");
             assert!(
                 failure.to_string().starts_with("--postgres-url: "),

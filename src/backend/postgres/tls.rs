@@ -30,15 +30,15 @@ use rustls::{
 };
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use super::failure::{Failure, Kind};
 use super::target::{Roots, SslMode, Target};
+use crate::backend::net::{Failure, Kind};
 
 /// The TLS connector for `target`'s sslmode and roots.
 pub(super) fn connector(target: &Target) -> Result<MakeRustlsConnect, Failure> {
     let tls = &target.tls;
     let provider = Arc::new(ring::default_provider());
     let refused =
-        |why: String| Failure::new(Kind::Refused, format!("PostgreSQL at {target}: {why}"));
+        |why: String| Failure::new(Kind::Permanent, format!("PostgreSQL at {target}: {why}"));
     let builder = ClientConfig::builder_with_provider(Arc::clone(&provider))
         .with_safe_default_protocol_versions()
         .map_err(|err| refused(format!("TLS: {err}")))?;

@@ -1,35 +1,35 @@
 //! The connection to Redis: the URL (and its redacted form for messages),
 //! connecting with a timeout, a timeout on every call, and reconnecting after
-//! a failure. Nothing here ever prints the password.
+//! a failure; Redis's errors sorted into the network layer's kinds. Nothing
+//! here ever prints the password.
 
 use std::sync::Once;
 use std::time::Duration;
 
 use redis::{Connection, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError};
 
-use crate::error::{Error, Result, Trouble};
-
-/// Longest wait for a connection or a reply: an unreachable server, or
-/// something that is not Redis, must fail within a few seconds.
-pub const MAX_CALL_TIMEOUT: Duration = Duration::from_secs(2);
+use crate::backend::net::{Failure, Kind, Secret};
 
 pub struct Link {
     info: ConnectionInfo,
     /// The URL with its password replaced, for messages.
     shown: String,
     /// The password, so that no message built from a server or library error can repeat it.
-    secret: Option<String>,
+    secret: Option<Secret>,
     connection: Option<Connection>,
 }
 
 impl Link {
     /// Parses `url`; connects lazily, on the first call.
-    pub fn new(url: &str) -> Result<Self> {
+    pub fn new(url: &str) -> Result<Self, Failure> {
         let shown = redact(url);
         let invalid = |why: String| {
-            Error::Usage(format!(
-                "--redis-url {shown} is not a usable Redis URL ({why}); expected redis://[user:pass@]host:port[/db], rediss://... or redis+unix:///path"
-            ))
+            Failure::new(
+                Kind::Permanent,
+                format!(
+                    "--redis-url {shown} is not a usable Redis URL ({why}); expected redis://[user:pass@]host:port[/db], rediss://... or redis+unix:///path"
+                ),
+            )
         };
         let parsed =
             redis::parse_redis_url(url).ok_or_else(|| invalid("cannot parse it".into()))?;
@@ -42,10 +42,11 @@ impl Link {
                     .find(|(key, _)| key == "pass")
                     .map(|(_, value)| value.into_owned())
             })
-            .filter(|secret| !secret.is_empty());
+            .filter(|secret| !secret.is_empty())
+            .map(Secret::new);
         let info = parsed
             .into_connection_info()
-            .map_err(|err| invalid(scrub(&err.to_string(), secret.as_deref())))?;
+            .map_err(|err| invalid(Secret::scrub_with(secret.as_ref(), &err.to_string())))?;
         // CLIENT SETINFO would cost a round trip on every connect.
         let settings = info.redis_settings().clone().set_skip_set_lib_name();
         let info = info.set_redis_settings(settings);
@@ -71,7 +72,7 @@ impl Link {
         what: &str,
         timeout: Duration,
         call: impl FnOnce(&mut Connection) -> redis::RedisResult<T>,
-    ) -> Result<T> {
+    ) -> Result<T, Failure> {
         self.try_call(timeout, call)
             .map_err(|err| self.error(what, &err))
     }
@@ -84,7 +85,7 @@ impl Link {
         what: &str,
         timeout: Duration,
         mut call: impl FnMut(&mut Connection) -> redis::RedisResult<T>,
-    ) -> Result<T> {
+    ) -> Result<T, Failure> {
         let reused = self.connection.is_some();
         match self.try_call(timeout, &mut call) {
             Err(err) if (reused && err.is_connection_dropped()) || interrupted(&err) => {
@@ -103,7 +104,7 @@ impl Link {
         what: &str,
         timeout: Duration,
         mut call: impl FnMut(&mut Connection) -> redis::RedisResult<T>,
-    ) -> Result<Option<T>> {
+    ) -> Result<Option<T>, Failure> {
         let reused = self.connection.is_some();
         match self.try_call(timeout, &mut call) {
             Err(err) if interrupted(&err) => Ok(None),
@@ -136,45 +137,45 @@ impl Link {
         result
     }
 
-    /// The error as the user should read it: trouble that may pass (the server
-    /// unreachable, restarting, failing over) or a refusal that will not.
-    fn error(&self, what: &str, err: &RedisError) -> Error {
-        let (why, passing) = match err.kind() {
-            _ if err.is_timeout() => ("no answer in time".to_owned(), true),
-            _ if err.is_connection_refusal() => ("connection refused".to_owned(), true),
-            ErrorKind::AuthenticationFailed => ("authentication failed".to_owned(), false),
-            ErrorKind::Parse => (
-                "the server does not speak the Redis protocol".to_owned(),
-                false,
-            ),
-            // Redis refuses a long command from a client that has not authenticated as a protocol error.
-            _ if err.code() == Some("NOAUTH") || err.to_string().contains("unauthenticated") => {
-                ("the server requires a password".to_owned(), false)
-            }
-            _ if err.code() == Some("WRONGPASS") => ("authentication failed".to_owned(), false),
-            // Loading its data, a replica, no primary yet, a cluster moving slots, a busy script.
-            _ if matches!(
-                err.code(),
-                Some("LOADING" | "READONLY" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN" | "BUSY")
-            ) =>
-            {
-                (err.to_string(), true)
-            }
-            _ => (
-                err.to_string(),
-                err.is_connection_dropped() || err.is_io_error(),
-            ),
-        };
-        let message = format!(
-            "Redis at {}: {what} failed: {}",
-            self.shown,
-            scrub(&why, self.secret.as_deref())
-        );
-        if passing {
-            Error::trouble(Trouble::Unavailable, message)
-        } else {
-            Error::Unavailable(message)
+    /// The error as the user should read it, sorted: trouble that may pass (the
+    /// server unreachable, restarting, failing over) or a refusal that will not.
+    fn error(&self, what: &str, err: &RedisError) -> Failure {
+        let (kind, why) = sort(err);
+        let message = format!("Redis at {}: {what} failed: {why}", self.shown);
+        Failure::new(kind, Secret::scrub_with(self.secret.as_ref(), &message))
+    }
+}
+
+/// What a Redis error calls for, and its words.
+fn sort(err: &RedisError) -> (Kind, String) {
+    match err.kind() {
+        _ if err.is_timeout() => (Kind::Unreachable, "no answer in time".to_owned()),
+        _ if err.is_connection_refusal() => (Kind::Unreachable, "connection refused".to_owned()),
+        ErrorKind::AuthenticationFailed => (Kind::Permanent, "authentication failed".to_owned()),
+        ErrorKind::Parse => (
+            Kind::Permanent,
+            "the server does not speak the Redis protocol".to_owned(),
+        ),
+        // Redis refuses a long command from a client that has not authenticated as a protocol error.
+        _ if err.code() == Some("NOAUTH") || err.to_string().contains("unauthenticated") => {
+            (Kind::Permanent, "the server requires a password".to_owned())
         }
+        _ if err.code() == Some("WRONGPASS") => {
+            (Kind::Permanent, "authentication failed".to_owned())
+        }
+        // Loading its data, a replica, no primary yet, a cluster moving slots, a busy script.
+        _ if matches!(
+            err.code(),
+            Some("LOADING" | "READONLY" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN" | "BUSY")
+        ) =>
+        {
+            (Kind::Transient, err.to_string())
+        }
+        // An unknown host and a certificate that does not verify say so only in their text.
+        _ if err.is_connection_dropped() || err.is_io_error() => {
+            Failure::sort_text(&err.to_string())
+        }
+        _ => (Kind::Permanent, err.to_string()),
     }
 }
 
@@ -224,14 +225,6 @@ pub fn redact(url: &str) -> String {
     parsed.to_string().replace("%2A%2A%2A", "***")
 }
 
-/// `text` with every occurrence of `secret` replaced by `***`.
-fn scrub(text: &str, secret: Option<&str>) -> String {
-    match secret {
-        Some(secret) => text.replace(secret, "***"),
-        None => text.to_owned(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -253,11 +246,11 @@ mod tests {
     }
 
     #[test]
-    fn a_bad_url_is_a_usage_error_without_the_secret() {
+    fn a_bad_url_is_unavailable_at_once_without_the_secret() {
         let Err(err) = Link::new("redis://:s3cret@host:notaport") else {
             panic!("accepted a bad port");
         };
-        assert_eq!(err.exit_code(), 64);
+        assert_eq!(err.kind(), Kind::Permanent);
         assert!(!err.to_string().contains("s3cret"), "{err}");
     }
 }

@@ -18,7 +18,8 @@ use crate::error::{Error, Result};
 use crate::identity::epoch_millis;
 use crate::name::Name;
 use crate::platform::clock::Moment;
-use link::{Link, MAX_CALL_TIMEOUT};
+use crate::timing::{FREE_CALL, Plan};
+use link::Link;
 use scripts::{Keys, Scripts};
 
 /// Its command-line options (a group of their own is not needed: clap flattens them).
@@ -65,11 +66,6 @@ struct RedisStore {
     since: Option<u64>,
 }
 
-/// The timeout of one call made for a lease of `ttl`: well inside a renewal interval.
-fn call_timeout(ttl: Duration) -> Duration {
-    (ttl / 5).min(MAX_CALL_TIMEOUT)
-}
-
 fn json<T: serde::Serialize>(value: &T) -> Result<String> {
     serde_json::to_string(value).map_err(|err| Error::internal("encoding a record", err))
 }
@@ -91,7 +87,7 @@ impl RedisStore {
         let replies: Vec<(Option<String>, i64)> =
             self.link
                 .borrow_mut()
-                .call_idempotent("reading holders", MAX_CALL_TIMEOUT, |c| pipe.query(c))?;
+                .call_idempotent("reading holders", FREE_CALL, |c| pipe.query(c))?;
         let now = now_millis();
         Ok(keys
             .iter()
@@ -110,7 +106,7 @@ impl RedisStore {
         let tokens: Vec<String> =
             self.link
                 .borrow_mut()
-                .call_idempotent("reading the line", MAX_CALL_TIMEOUT, |c| {
+                .call_idempotent("reading the line", FREE_CALL, |c| {
                     redis::cmd("ZRANGE")
                         .arg(keys.line())
                         .arg(0)
@@ -128,7 +124,7 @@ impl RedisStore {
         let replies: Vec<(Option<String>, i64)> =
             self.link
                 .borrow_mut()
-                .call_idempotent("reading waiters", MAX_CALL_TIMEOUT, |c| pipe.query(c))?;
+                .call_idempotent("reading waiters", FREE_CALL, |c| pipe.query(c))?;
         let now = now_millis();
         let records: Vec<(WaiterRecord, i64)> = replies
             .into_iter()
@@ -149,19 +145,18 @@ impl RedisStore {
         let mut keys = Vec::new();
         let mut cursor = 0u64;
         loop {
-            let (next, batch): (u64, Vec<String>) = self.link.borrow_mut().call_idempotent(
-                "listing lock keys",
-                MAX_CALL_TIMEOUT,
-                |c| {
-                    redis::cmd("SCAN")
-                        .arg(cursor)
-                        .arg("MATCH")
-                        .arg(pattern)
-                        .arg("COUNT")
-                        .arg(SCAN_COUNT)
-                        .query(c)
-                },
-            )?;
+            let (next, batch): (u64, Vec<String>) =
+                self.link
+                    .borrow_mut()
+                    .call_idempotent("listing lock keys", FREE_CALL, |c| {
+                        redis::cmd("SCAN")
+                            .arg(cursor)
+                            .arg("MATCH")
+                            .arg(pattern)
+                            .arg("COUNT")
+                            .arg(SCAN_COUNT)
+                            .query(c)
+                    })?;
             keys.extend(batch);
             if next == 0 {
                 break;
@@ -176,7 +171,7 @@ impl RedisStore {
     /// Warnings about the server's setup that can break locks (shown with `-v`).
     fn eviction_warning(&self) -> Result<Option<String>> {
         let mut link = self.link.borrow_mut();
-        let info: String = link.call("reading the server's settings", MAX_CALL_TIMEOUT, |c| {
+        let info: String = link.call("reading the server's settings", FREE_CALL, |c| {
             redis::cmd("INFO").arg("memory").query(c)
         })?;
         let policy = info
@@ -224,7 +219,7 @@ impl Store for RedisStore {
             .arg(&owner.token)
             .arg(holder)
             .arg(waiter)
-            .arg(request.ttl.as_millis() as u64)
+            .arg(request.plan.ttl().as_millis() as u64)
             .arg(u8::from(request.queue))
             .arg(keys.base())
             .arg(&owner.process.boot_id)
@@ -234,9 +229,7 @@ impl Store for RedisStore {
         let (taken, first, second, holders, before): Reply = self
             .link
             .borrow_mut()
-            .call_idempotent("acquiring a slot", call_timeout(request.ttl), |c| {
-                invocation.invoke(c)
-            })?;
+            .call_idempotent("acquiring a slot", FREE_CALL, |c| invocation.invoke(c))?;
         if taken == 1 {
             return Ok(Attempt::Taken(Box::new(RedisSlot {
                 link: Rc::clone(&self.link),
@@ -245,7 +238,7 @@ impl Store for RedisStore {
                 slot: first as u32,
                 fence: second as u64,
                 token: owner.token.clone(),
-                ttl: request.ttl,
+                plan: request.plan,
                 taken_at: sent,
             })));
         }
@@ -277,11 +270,10 @@ impl Store for RedisStore {
         for owner in owners {
             invocation.arg(&owner.token);
         }
-        let _: i64 = self.link.borrow_mut().call_idempotent(
-            "dropping dead entries",
-            call_timeout(request.ttl),
-            |c| invocation.invoke(c),
-        )?;
+        let _: i64 =
+            self.link
+                .borrow_mut()
+                .call_idempotent("dropping dead entries", FREE_CALL, |c| invocation.invoke(c))?;
         Ok(())
     }
 
@@ -292,7 +284,7 @@ impl Store for RedisStore {
         }
         let wake = self.keys(&request.name).wake(&request.owner.token);
         // BLPOP's own timeout ends the wait; the socket's only catches a server that went silent.
-        let socket_timeout = block + MAX_CALL_TIMEOUT;
+        let socket_timeout = block + FREE_CALL;
         let woken: Option<Option<(String, String)>> =
             self.link
                 .borrow_mut()
@@ -341,11 +333,12 @@ impl Store for RedisStore {
         };
         let mut broken = Vec::new();
         for key in wanted {
-            let value: Option<String> = self.link.borrow_mut().call_idempotent(
-                "reading a holder",
-                MAX_CALL_TIMEOUT,
-                |c| redis::cmd("GET").arg(&key).query(c),
-            )?;
+            let value: Option<String> =
+                self.link
+                    .borrow_mut()
+                    .call_idempotent("reading a holder", FREE_CALL, |c| {
+                        redis::cmd("GET").arg(&key).query(c)
+                    })?;
             let Some(record) = value.and_then(|v| serde_json::from_str::<HolderRecord>(&v).ok())
             else {
                 continue;
@@ -360,7 +353,7 @@ impl Store for RedisStore {
                 &key,
                 &record.owner.token,
                 Duration::ZERO,
-                MAX_CALL_TIMEOUT,
+                FREE_CALL,
             )? {
                 broken.push(record.entry(slot));
             }
@@ -383,7 +376,7 @@ struct RedisSlot {
     slot: u32,
     fence: u64,
     token: String,
-    ttl: Duration,
+    plan: Plan,
     taken_at: Moment,
 }
 
@@ -402,8 +395,10 @@ impl Slot for RedisSlot {
 
     fn renew(&mut self, within: Duration) -> Result<Renewal> {
         let mut invocation = self.scripts.renew.key(self.keys.slot(self.slot));
-        invocation.arg(&self.token).arg(self.ttl.as_millis() as u64);
-        let timeout = call_timeout(self.ttl).min(within);
+        invocation
+            .arg(&self.token)
+            .arg(self.plan.ttl().as_millis() as u64);
+        let timeout = self.plan.holder_call().min(within);
         let renewed: i64 =
             self.link
                 .borrow_mut()
@@ -424,7 +419,7 @@ impl Slot for RedisSlot {
             &self.keys.slot(self.slot),
             &self.token,
             keep,
-            call_timeout(self.ttl),
+            self.plan.holder_call(),
         )?;
         Ok(())
     }

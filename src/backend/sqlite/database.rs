@@ -343,7 +343,7 @@ pub fn failure(path: &Path, what: &str, err: &rusqlite::Error) -> Error {
     let path = path.display();
     match err.sqlite_error_code() {
         _ if is_busy(err) => Error::trouble(
-            Trouble::Busy,
+            Trouble::Transient,
             format!("cannot {what}: the SQLite database {path} stayed locked by another process"),
         ),
         Some(ErrorCode::ReadOnly) => Error::Unavailable(format!(

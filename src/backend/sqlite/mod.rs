@@ -152,7 +152,7 @@ impl SqliteStore {
     fn act(&mut self, request: &Request) -> Result<Attempt> {
         let name = request.name.as_str();
         let owner = &request.owner;
-        let ttl = millis(request.ttl);
+        let ttl = millis(request.plan.ttl());
         let sent = Moment::now();
         let (look, taken, front) = self.db.write("acquire a slot", BUSY_TIMEOUT, |tx| {
             let now = now_millis();
@@ -203,13 +203,13 @@ impl SqliteStore {
                 slot,
                 fence,
                 token: owner.token.clone(),
-                ttl: request.ttl,
+                ttl: request.plan.ttl(),
                 taken_at: sent,
             })));
         }
         let in_line = look.ticket.is_some() || request.queue;
         self.in_line = in_line;
-        self.refresh_due = Some(Moment::now() + request.ttl / 3);
+        self.refresh_due = Some(Moment::now() + request.plan.keep_place_every());
         // Our own commit changed the data version: what we saw is what we wrote.
         self.seen = self.db.data_version()?;
         Ok(Attempt::Waiting(look.line(request, in_line)))

@@ -8,7 +8,8 @@ use percent_encoding::percent_decode_str;
 use rustls::pki_types::ServerName;
 use url::{Host, Url};
 
-use super::error::{Error, ErrorKind, Result};
+use super::error::{Error, Result};
+use crate::backend::net::{Kind, Secret};
 
 /// etcd's client port, when an endpoint names none.
 const DEFAULT_PORT: u16 = 2379;
@@ -30,26 +31,6 @@ pub struct Endpoint {
 impl fmt::Display for Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.shown)
-    }
-}
-
-/// A value that must never be printed: a password or an auth token.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    pub(super) fn new(value: String) -> Self {
-        Self(value)
-    }
-
-    pub(super) fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("***")
     }
 }
 
@@ -177,7 +158,7 @@ fn redact(text: &str) -> String {
 
 fn usage(shown: &str, why: &str) -> Error {
     Error::new(
-        ErrorKind::Usage,
+        Kind::Permanent,
         format!(
             "--etcd-endpoints: {shown} is not a usable etcd endpoint ({why}); expected http://[user:pass@]host:port or https://..., separated by commas"
         ),
@@ -216,7 +197,7 @@ mod tests {
             "lock:s3cret@a",
         ] {
             let err = Endpoints::parse(bad).unwrap_err();
-            assert_eq!(err.kind(), ErrorKind::Usage, "{bad}");
+            assert_eq!(err.kind(), Kind::Permanent, "{bad}");
             assert!(!err.to_string().contains("s3cret"), "{err}");
         }
     }
@@ -225,7 +206,7 @@ mod tests {
     fn endpoints_must_agree_on_the_user() {
         assert!(Endpoints::parse("http://a:x@h1,http://h2,http://a:x@h3").is_ok());
         let err = Endpoints::parse("http://a:x@h1,http://b:y@h2").unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::Usage);
+        assert_eq!(err.kind(), Kind::Permanent);
         assert!(Endpoints::parse("http://h1,").is_err(), "an empty entry");
     }
 }

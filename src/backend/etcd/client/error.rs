@@ -1,42 +1,25 @@
-//! What can go wrong talking to etcd, sorted the way the backend has to act on it.
+//! What can go wrong talking to etcd, sorted into the network layer's kinds
+//! (README: "When the server has trouble"), with etcd's own code kept for the
+//! answers the backend acts on (a lease that is gone).
 
 use std::{fmt, io};
 
 use super::wire::ErrorBody;
-
-/// How the backend should treat a failure (README: exit status).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ErrorKind {
-    /// The endpoint list is malformed: a usage error (64).
-    Usage,
-    /// No endpoint could be reached or spoke etcd's v3 gateway: unavailable (69)
-    /// at first contact, a reason to retry once lockrun has reached etcd.
-    Unreachable,
-    /// The cluster refuses us: wrong user or password, no permission (69 at once).
-    Refused,
-    /// An endpoint answered but could not serve the call now (no leader, request
-    /// timed out, a member stopping, a watch cut off): retry.
-    Transient,
-    /// The cluster answered that this request is wrong (a lease or key that does
-    /// not exist, a compacted revision): no retry will change that.
-    Rejected,
-}
+use crate::backend::net::{Failure, Kind};
 
 /// A failed call. Its text names endpoints only in their redacted form and
 /// never holds a password or an auth token.
 #[derive(Clone, Debug)]
 pub struct Error {
-    kind: ErrorKind,
-    message: String,
+    failure: Failure,
     /// etcd's gRPC status code, when the cluster answered with an error.
     code: Option<i32>,
 }
 
 impl Error {
-    pub(super) fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+    pub(super) fn new(kind: Kind, message: impl Into<String>) -> Self {
         Self {
-            kind,
-            message: message.into(),
+            failure: Failure::new(kind, message),
             code: None,
         }
     }
@@ -46,8 +29,14 @@ impl Error {
         self
     }
 
-    pub fn kind(&self) -> ErrorKind {
-        self.kind
+    pub fn kind(&self) -> Kind {
+        self.failure.kind()
+    }
+
+    /// etcd ended a watch itself (its revisions were compacted): a new look
+    /// and a new watch are what it calls for.
+    pub fn watch_cancelled(&self) -> bool {
+        self.code == Some(code::CANCELLED)
     }
 
     /// The cluster answered that a lease is gone: expired or revoked (and so
@@ -59,11 +48,17 @@ impl Error {
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
+        self.failure.fmt(f)
     }
 }
 
 impl std::error::Error for Error {}
+
+impl From<Error> for crate::error::Error {
+    fn from(err: Error) -> Self {
+        err.failure.into()
+    }
+}
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -119,20 +114,20 @@ pub(super) fn judge(code: i32, message: &str) -> Verdict {
 
 /// Why one attempt on one member failed.
 #[derive(Debug)]
-pub(super) enum Failure {
+pub(super) enum AttemptError {
     /// The member could not be reached, or did not answer as etcd's gateway does.
     Io(io::Error),
     /// The member answered with an error.
     Answer { code: i32, message: String },
 }
 
-impl From<io::Error> for Failure {
+impl From<io::Error> for AttemptError {
     fn from(err: io::Error) -> Self {
         Self::Io(err)
     }
 }
 
-impl Failure {
+impl AttemptError {
     /// The failure behind an answer that is not 200 OK.
     pub(super) fn from_reply(status: u16, body: &[u8]) -> Self {
         match serde_json::from_slice::<ErrorBody>(body) {
@@ -155,7 +150,7 @@ impl Failure {
     }
 
     /// The failure as an error of `kind`, its text prefixed with `context`.
-    pub(super) fn into_error(self, kind: ErrorKind, context: &str) -> Error {
+    pub(super) fn into_error(self, kind: Kind, context: &str) -> Error {
         let error = Error::new(kind, format!("{context}: {self}"));
         match self {
             Self::Answer { code, .. } => error.with_code(code),
@@ -164,36 +159,23 @@ impl Failure {
     }
 }
 
-impl fmt::Display for Failure {
+impl fmt::Display for AttemptError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Io(err) => f.write_str(&describe(err)),
+            Self::Io(err) => Failure::from_io(err).fmt(f),
             Self::Answer { message, .. } => f.write_str(message),
         }
     }
 }
 
 impl Verdict {
-    /// The kind of error this verdict leaves the caller with.
-    pub(super) fn kind(self) -> ErrorKind {
+    /// The kind of error this verdict leaves the caller with: a refusal or
+    /// a rejected request is no trouble that waiting could fix.
+    pub(super) fn kind(self) -> Kind {
         match self {
-            Self::Transient => ErrorKind::Transient,
-            Self::StaleToken | Self::Refused => ErrorKind::Refused,
-            Self::Rejected => ErrorKind::Rejected,
+            Self::Transient => Kind::Transient,
+            Self::StaleToken | Self::Refused | Self::Rejected => Kind::Permanent,
         }
-    }
-}
-
-/// An I/O failure in words a user can act on.
-fn describe(err: &io::Error) -> String {
-    match err.kind() {
-        io::ErrorKind::ConnectionRefused => "connection refused".to_owned(),
-        io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => "no answer in time".to_owned(),
-        io::ErrorKind::UnexpectedEof
-        | io::ErrorKind::ConnectionReset
-        | io::ErrorKind::ConnectionAborted
-        | io::ErrorKind::BrokenPipe => "connection closed".to_owned(),
-        _ => err.to_string(),
     }
 }
 
@@ -215,6 +197,9 @@ pub(super) struct Tally {
     answer: Option<String>,
     /// A member did not answer in time this round.
     silent: bool,
+    /// This round's failures that no retry can fix (an unknown host, a
+    /// certificate that does not verify).
+    hopeless: usize,
     /// The latest answer of an earlier round: a member that answered was
     /// reached, so a last round cut short by the deadline does not make the
     /// cluster unreachable, and its answer says more than a timeout.
@@ -222,11 +207,14 @@ pub(super) struct Tally {
 }
 
 impl Tally {
-    pub(super) fn add(&mut self, member: &str, failure: &Failure) {
+    pub(super) fn add(&mut self, member: &str, failure: &AttemptError) {
         let said = format!("{member}: {failure}");
         match failure {
-            Failure::Answer { .. } => self.answer = Some(said.clone()),
-            Failure::Io(err) => self.silent |= err.kind() == io::ErrorKind::TimedOut,
+            AttemptError::Answer { .. } => self.answer = Some(said.clone()),
+            AttemptError::Io(err) => {
+                self.silent |= err.kind() == io::ErrorKind::TimedOut;
+                self.hopeless += usize::from(Failure::from_io(err).kind() == Kind::Permanent);
+            }
         }
         self.round.push(said);
     }
@@ -241,18 +229,22 @@ impl Tally {
         self.earlier_answer = self.answer.take().or(self.earlier_answer.take());
         self.round.clear();
         self.silent = false;
+        self.hopeless = 0;
     }
 
-    /// The call's error: transient once any member has answered, else unreachable.
+    /// The call's error: transient once any member has answered, permanent
+    /// when no member could ever be reached, else unreachable.
     pub(super) fn into_error(self, what: &str) -> Error {
         let before = match (&self.answer, &self.earlier_answer) {
             (None, Some(answer)) => format!(" (before that, {answer})"),
             _ => String::new(),
         };
         let kind = if self.answer.is_some() || self.earlier_answer.is_some() {
-            ErrorKind::Transient
+            Kind::Transient
+        } else if self.hopeless == self.round.len() {
+            Kind::Permanent
         } else {
-            ErrorKind::Unreachable
+            Kind::Unreachable
         };
         Error::new(
             kind,
@@ -267,15 +259,15 @@ mod tests {
 
     const MEMBER: &str = "http://127.0.0.1:2379";
 
-    fn no_leader() -> Failure {
-        Failure::Answer {
+    fn no_leader() -> AttemptError {
+        AttemptError::Answer {
             code: code::UNAVAILABLE,
             message: "etcdserver: no leader".into(),
         }
     }
 
-    fn silence() -> Failure {
-        Failure::Io(io::ErrorKind::TimedOut.into())
+    fn silence() -> AttemptError {
+        AttemptError::Io(io::ErrorKind::TimedOut.into())
     }
 
     #[test]
@@ -287,7 +279,7 @@ mod tests {
         tally.next_round();
         tally.add(MEMBER, &silence());
         let err = tally.into_error("range");
-        assert_eq!(err.kind(), ErrorKind::Transient, "{err}");
+        assert_eq!(err.kind(), Kind::Transient, "{err}");
         assert_eq!(
             err.to_string(),
             "etcd: range failed: http://127.0.0.1:2379: no answer in time \
@@ -302,11 +294,11 @@ mod tests {
         tally.next_round();
         tally.add(
             MEMBER,
-            &Failure::Io(io::ErrorKind::ConnectionRefused.into()),
+            &AttemptError::Io(io::ErrorKind::ConnectionRefused.into()),
         );
         assert!(!tally.worth_another_round());
         let err = tally.into_error("range");
-        assert_eq!(err.kind(), ErrorKind::Unreachable, "{err}");
+        assert_eq!(err.kind(), Kind::Unreachable, "{err}");
         assert_eq!(
             err.to_string(),
             "etcd: range failed: http://127.0.0.1:2379: connection refused"

@@ -7,13 +7,14 @@
 use std::io::{self, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
 use socket2::{SockRef, TcpKeepalive};
 
 use super::endpoint::Endpoint;
 use super::error::not_etcd;
+use crate::backend::net::Deadline;
 
 /// Longest response head or chunk-size line we accept from a server.
 const MAX_LINE: usize = 16 * 1024;
@@ -125,7 +126,7 @@ impl Connection {
     pub fn open(
         endpoint: &Endpoint,
         tls: Option<&Arc<ClientConfig>>,
-        deadline: Instant,
+        deadline: Deadline,
     ) -> io::Result<Self> {
         let socket = connect(&endpoint.host, endpoint.port, deadline)?;
         socket.set_nodelay(true)?;
@@ -170,7 +171,7 @@ impl Connection {
         path: &str,
         headers: &[(&str, &str)],
         body: &[u8],
-        deadline: Instant,
+        deadline: Deadline,
     ) -> io::Result<u16> {
         let mut request = Vec::with_capacity(512 + body.len());
         write!(
@@ -191,7 +192,7 @@ impl Connection {
     }
 
     /// The whole body of the current response.
-    pub fn read_to_end(&mut self, deadline: Instant) -> io::Result<Vec<u8>> {
+    pub fn read_to_end(&mut self, deadline: Deadline) -> io::Result<Vec<u8>> {
         let mut body = Vec::new();
         while self.read_body(&mut body, deadline)? {
             if body.len() > MAX_BODY {
@@ -204,7 +205,7 @@ impl Connection {
     /// Appends the body bytes that are there, waiting until some arrive or
     /// `deadline` passes (an error of kind `TimedOut`, after which reading can
     /// go on). Returns false once the body has ended.
-    pub fn read_body(&mut self, out: &mut Vec<u8>, deadline: Instant) -> io::Result<bool> {
+    pub fn read_body(&mut self, out: &mut Vec<u8>, deadline: Deadline) -> io::Result<bool> {
         loop {
             match self.body {
                 Body::Done => return Ok(false),
@@ -261,7 +262,7 @@ impl Connection {
         }
     }
 
-    fn read_head(&mut self, deadline: Instant) -> io::Result<u16> {
+    fn read_head(&mut self, deadline: Deadline) -> io::Result<u16> {
         let status_line = self.take_line(deadline)?;
         let mut words = status_line.split(' ');
         let version = words.next().unwrap_or_default();
@@ -308,7 +309,7 @@ impl Connection {
     /// Takes one CRLF-terminated line (without the CRLF), reading as needed.
     /// Nothing is taken until the whole line is there, so a read that times
     /// out can be repeated.
-    fn take_line(&mut self, deadline: Instant) -> io::Result<String> {
+    fn take_line(&mut self, deadline: Deadline) -> io::Result<String> {
         loop {
             if let Some(end) = self.received.windows(2).position(|pair| pair == b"\r\n") {
                 let line: Vec<u8> = self.received.drain(..end + 2).take(end).collect();
@@ -322,7 +323,7 @@ impl Connection {
     }
 
     /// Reads what the server sent next, by `deadline`.
-    fn fill(&mut self, deadline: Instant) -> io::Result<()> {
+    fn fill(&mut self, deadline: Deadline) -> io::Result<()> {
         let mut buffer = [0; 16 * 1024];
         loop {
             set_timeouts(self.stream.socket(), deadline)?;
@@ -342,7 +343,7 @@ impl Connection {
     }
 }
 
-fn connect(host: &str, port: u16, deadline: Instant) -> io::Result<TcpStream> {
+fn connect(host: &str, port: u16, deadline: Deadline) -> io::Result<TcpStream> {
     let mut last = io::Error::new(io::ErrorKind::NotFound, "the host name has no address");
     for address in (host, port).to_socket_addrs()? {
         match TcpStream::connect_timeout(&address, left(deadline)?) {
@@ -354,15 +355,15 @@ fn connect(host: &str, port: u16, deadline: Instant) -> io::Result<TcpStream> {
 }
 
 /// Bounds the next blocking read or write by `deadline`.
-fn set_timeouts(socket: &TcpStream, deadline: Instant) -> io::Result<()> {
+fn set_timeouts(socket: &TcpStream, deadline: Deadline) -> io::Result<()> {
     let left = left(deadline)?;
     socket.set_read_timeout(Some(left))?;
     socket.set_write_timeout(Some(left))
 }
 
 /// Time left until `deadline`; `TimedOut` when none is.
-fn left(deadline: Instant) -> io::Result<Duration> {
-    let left = deadline.saturating_duration_since(Instant::now());
+fn left(deadline: Deadline) -> io::Result<Duration> {
+    let left = deadline.remaining();
     if left.is_zero() {
         Err(io::ErrorKind::TimedOut.into())
     } else {

@@ -27,13 +27,13 @@ mod wire;
 use std::io;
 use std::sync::Arc;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rustls::ClientConfig;
 use serde::Serialize;
 
-use endpoint::Secret;
-use error::{Failure, Tally, Verdict, code};
+use crate::backend::net::{Deadline, Kind, Secret};
+use error::{AttemptError, Tally, Verdict, code};
 use http::Connection;
 use wire::{
     AuthenticateRequest, AuthenticateResponse, LeaseRequest, LeaseResponse, RangeRequest,
@@ -41,7 +41,7 @@ use wire::{
 };
 
 pub use endpoint::Endpoints;
-pub use error::{Error, ErrorKind, Result};
+pub use error::{Error, Result};
 pub use kv::{Listing, Op, Outcome, Txn};
 pub use watch::Watch;
 pub use wire::{Event, EventKind, KeyValue, Keys};
@@ -110,7 +110,7 @@ impl Client {
             self.call("lease grant", "/v3/lease/grant", &request, within, decode)?;
         if !granted.error.is_empty() {
             return Err(Error::new(
-                ErrorKind::Rejected,
+                Kind::Permanent,
                 format!("etcd: lease grant failed: {}", granted.error),
             ));
         }
@@ -215,7 +215,7 @@ impl Client {
         path: &str,
         request: &impl Serialize,
         budget: Duration,
-        decode: fn(&[u8]) -> Result<T, Failure>,
+        decode: fn(&[u8]) -> Result<T, AttemptError>,
     ) -> Result<T> {
         let body = json(request);
         self.on_a_member(what, budget, |client, deadline| {
@@ -233,9 +233,9 @@ impl Client {
         &mut self,
         what: &str,
         budget: Duration,
-        mut attempt: impl FnMut(&mut Self, Instant) -> Result<T, Failure>,
+        mut attempt: impl FnMut(&mut Self, Deadline) -> Result<T, AttemptError>,
     ) -> Result<T> {
-        let deadline = Instant::now() + budget;
+        let deadline = Deadline::after(budget);
         let members = self.endpoints.members.len();
         let mut token_renewed = false;
         let mut tally = Tally::default();
@@ -247,8 +247,7 @@ impl Client {
                 // a request until it times out, and the next member may have
                 // the new leader by then.
                 let shares = untried + members - 1;
-                let share = deadline.saturating_duration_since(Instant::now()) / shares as u32;
-                let attempt_deadline = Instant::now() + share;
+                let attempt_deadline = deadline.share(shares as u32);
                 let failure = match self
                     .authenticate(attempt_deadline)
                     .and_then(|()| attempt(self, attempt_deadline))
@@ -274,7 +273,7 @@ impl Client {
                 self.current = (self.current + 1) % members;
                 untried -= 1;
             }
-            if !tally.worth_another_round() || Instant::now() + ROUND_PAUSE >= deadline {
+            if !tally.worth_another_round() || deadline.remaining() <= ROUND_PAUSE {
                 return Err(tally.into_error(what));
             }
             tally.next_round();
@@ -283,7 +282,7 @@ impl Client {
     }
 
     /// Gets an auth token when one is needed.
-    fn authenticate(&mut self, deadline: Instant) -> Result<(), Failure> {
+    fn authenticate(&mut self, deadline: Deadline) -> Result<(), AttemptError> {
         let (Auth::Needed, Some(credentials)) = (&self.auth, &self.endpoints.credentials) else {
             return Ok(());
         };
@@ -296,7 +295,7 @@ impl Client {
             .and_then(|reply| decode::<AuthenticateResponse>(&reply));
         self.auth = match answer {
             Ok(answer) => Auth::Token(Secret::new(answer.token)),
-            Err(Failure::Answer { code, message })
+            Err(AttemptError::Answer { code, message })
                 if code == code::FAILED_PRECONDITION
                     && message.contains("authentication is not enabled") =>
             {
@@ -310,10 +309,15 @@ impl Client {
     /// POSTs `body` to `path` on the current member and returns the body of a
     /// 200 OK answer. The open connection is reused; if it fails (the member
     /// may have closed it since, or restarted), a new one is tried once.
-    fn exchange(&mut self, path: &str, body: &[u8], deadline: Instant) -> Result<Vec<u8>, Failure> {
+    fn exchange(
+        &mut self,
+        path: &str,
+        body: &[u8],
+        deadline: Deadline,
+    ) -> Result<Vec<u8>, AttemptError> {
         if let Some(connection) = self.connection.take() {
             match self.exchange_on(connection, path, body, deadline) {
-                Err(Failure::Io(_)) => {}
+                Err(AttemptError::Io(_)) => {}
                 answered => return answered,
             }
         }
@@ -326,8 +330,8 @@ impl Client {
         mut connection: Connection,
         path: &str,
         body: &[u8],
-        deadline: Instant,
-    ) -> Result<Vec<u8>, Failure> {
+        deadline: Deadline,
+    ) -> Result<Vec<u8>, AttemptError> {
         let status = connection.post(path, &self.headers(), body, deadline)?;
         let reply = connection.read_to_end(deadline)?;
         if connection.reusable() {
@@ -336,11 +340,11 @@ impl Client {
         if status == 200 {
             Ok(reply)
         } else {
-            Err(Failure::from_reply(status, &reply))
+            Err(AttemptError::from_reply(status, &reply))
         }
     }
 
-    fn open(&mut self, deadline: Instant) -> Result<Connection, Failure> {
+    fn open(&mut self, deadline: Deadline) -> Result<Connection, AttemptError> {
         let tls = match self.endpoints.members[self.current].tls {
             Some(_) => Some(self.tls_config()?),
             None => None,

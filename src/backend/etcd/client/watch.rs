@@ -8,11 +8,10 @@
 //! TCP keepalive probes end it when the member vanishes from the network.
 //! Either way the caller gets an error and watches again on another member.
 
-use std::time::Instant;
-
-use super::error::{Error, ErrorKind, Failure, Result, code, not_etcd};
+use super::error::{AttemptError, Error, Result, code, not_etcd};
 use super::http::Connection;
 use super::wire::{Event, WatchResponse, decode_streamed};
+use crate::backend::net::{Deadline, Kind};
 
 pub struct Watch {
     connection: Connection,
@@ -30,12 +29,12 @@ impl Watch {
         endpoint: String,
         headers: &[(&str, &str)],
         body: &[u8],
-        deadline: Instant,
-    ) -> Result<Self, Failure> {
+        deadline: Deadline,
+    ) -> Result<Self, AttemptError> {
         let status = connection.post("/v3/watch", headers, body, deadline)?;
         if status != 200 {
             let reply = connection.read_to_end(deadline)?;
-            return Err(Failure::from_reply(status, &reply));
+            return Err(AttemptError::from_reply(status, &reply));
         }
         let mut watch = Self {
             connection,
@@ -44,7 +43,7 @@ impl Watch {
         };
         let created = watch.message(deadline)?;
         if !created.created {
-            return Err(Failure::Io(not_etcd("the watch was not confirmed")));
+            return Err(AttemptError::Io(not_etcd("the watch was not confirmed")));
         }
         // etcd refuses a watch by cancelling it in the same answer, with the
         // gRPC error in words: "rpc error: code = Unauthenticated desc = ...".
@@ -58,7 +57,7 @@ impl Watch {
             .into_iter()
             .find(|(name, _)| reason.contains(&format!("code = {name} ")))
             .map_or(code::OUT_OF_RANGE, |(_, code)| code);
-            return Err(Failure::Answer {
+            return Err(AttemptError::Answer {
                 code,
                 message: reason,
             });
@@ -69,12 +68,12 @@ impl Watch {
     /// The next batch of events, waiting for one until `until`; empty when
     /// none came by then (progress notes are skipped). After an error the
     /// watch is over: read the keys anew and watch again (on any member).
-    pub fn next(&mut self, until: Instant) -> Result<Vec<Event>> {
+    pub fn next(&mut self, until: Deadline) -> Result<Vec<Event>> {
         loop {
             let response = match self.message(until) {
                 Ok(response) => response,
-                Err(Failure::Io(err))
-                    if err.kind() == std::io::ErrorKind::TimedOut && Instant::now() >= until =>
+                Err(AttemptError::Io(err))
+                    if err.kind() == std::io::ErrorKind::TimedOut && until.has_passed() =>
                 {
                     return Ok(Vec::new());
                 }
@@ -89,9 +88,10 @@ impl Watch {
                     compacted => format!("revisions up to {compacted} were compacted"),
                 };
                 return Err(Error::new(
-                    ErrorKind::Rejected,
+                    Kind::Permanent,
                     format!("{}: cancelled by etcd: {why}", self.context()),
-                ));
+                )
+                .with_code(code::CANCELLED));
             }
             if !response.events.is_empty() {
                 return Ok(response.events);
@@ -100,7 +100,7 @@ impl Watch {
     }
 
     /// Reads the next message by `until`.
-    fn message(&mut self, until: Instant) -> Result<WatchResponse, Failure> {
+    fn message(&mut self, until: Deadline) -> Result<WatchResponse, AttemptError> {
         loop {
             if let Some(end) = self.pending.iter().position(|&byte| byte == b'\n') {
                 let line: Vec<u8> = self.pending.drain(..=end).collect();
@@ -110,7 +110,7 @@ impl Watch {
                 return decode_streamed(&line);
             }
             if !self.connection.read_body(&mut self.pending, until)? {
-                return Err(Failure::Io(std::io::ErrorKind::UnexpectedEof.into()));
+                return Err(AttemptError::Io(std::io::ErrorKind::UnexpectedEof.into()));
             }
         }
     }

@@ -6,7 +6,7 @@ use base64::engine::general_purpose::STANDARD;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use super::error::{Failure, not_etcd};
+use super::error::{AttemptError, not_etcd};
 
 /// A key or value: base64 in JSON.
 mod bytes {
@@ -322,22 +322,22 @@ impl ErrorBody {
 }
 
 /// The body of a 200 OK answer.
-pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, Failure> {
+pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, AttemptError> {
     serde_json::from_slice(body)
-        .map_err(|err| Failure::Io(not_etcd(format!("an unexpected answer ({err})"))))
+        .map_err(|err| AttemptError::Io(not_etcd(format!("an unexpected answer ({err})"))))
 }
 
 /// The first message of a streamed answer; an error in it is the member's answer.
-pub fn decode_streamed<T: DeserializeOwned>(body: &[u8]) -> Result<T, Failure> {
+pub fn decode_streamed<T: DeserializeOwned>(body: &[u8]) -> Result<T, AttemptError> {
     let first = body.split(|&byte| byte == b'\n').next().unwrap_or_default();
     let message: StreamMessage<T> = decode(first)?;
     match (message.result, message.error) {
-        (_, Some(status)) => Err(Failure::Answer {
+        (_, Some(status)) => Err(AttemptError::Answer {
             code: status.code,
             message: status.message,
         }),
         (Some(result), None) => Ok(result),
-        (None, None) => Err(Failure::Io(not_etcd("an empty stream message"))),
+        (None, None) => Err(AttemptError::Io(not_etcd("an empty stream message"))),
     }
 }
 
