@@ -49,8 +49,9 @@ pub fn acquire(
         reported: None,
     };
     let outcome = waiter.wait_for_slot();
-    if outcome.is_err() {
+    if outcome.is_err() && waiter.reached {
         // Best effort: a place left behind is dropped by its TTL (or the kernel) anyway.
+        // A store that never answered has no place of ours to leave.
         let _ = waiter.store.leave(request);
     }
     // The live line goes before anything else is said about the outcome.

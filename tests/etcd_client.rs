@@ -369,7 +369,7 @@ fn https_checks_the_server_certificate_against_the_trusted_roots() {
     assert!(trusted.contains("granted over https"), "{trusted}");
     let untrusted = child_with_roots("server.pem");
     assert!(
-        untrusted.contains("Unreachable") && untrusted.contains("certificate"),
+        untrusted.contains("Permanent") && untrusted.contains("certificate"),
         "{untrusted}"
     );
 }

@@ -25,3 +25,4 @@ mod sqlite;
 mod stress;
 mod supervision;
 mod terminal;
+mod trouble;

@@ -360,7 +360,7 @@ fn a_wrong_or_missing_password_exits_69_without_showing_the_secret() {
 }
 
 #[test]
-fn an_unreachable_server_or_one_that_is_not_redis_exits_69_quickly() {
+fn an_unreachable_server_is_ridden_out_and_one_that_is_not_redis_exits_69_at_once() {
     let silent = TcpListener::bind("127.0.0.1:0").unwrap();
     let chatty = TcpListener::bind("127.0.0.1:0").unwrap();
     let silent_url = format!("redis://{}", silent.local_addr().unwrap());
@@ -376,23 +376,29 @@ fn an_unreachable_server_or_one_that_is_not_redis_exits_69_quickly() {
             let _ = stream.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n");
         }
     });
-    for url in [
-        format!("redis://127.0.0.1:{}", free_port()),
-        silent_url,
-        chatty_url,
-    ] {
+    let attempt = |url: &str| {
         let started = Instant::now();
         let output = run(lockrun()
-            .args(["--backend", "redis", "--redis-url", &url])
-            .args(["--name", "x", "true"]));
+            .args(["--backend", "redis", "--redis-url", url])
+            .args(["--name", "x", "-w", "1", "--initial-delay", "0.2", "true"]));
         assert_status(&output, 69);
         assert_eq!(stderr(&output).lines().count(), 1, "{}", stderr(&output));
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "{url}: took {:?}",
-            started.elapsed()
-        );
-    }
+        (started.elapsed(), stderr(&output))
+    };
+    // Trouble that may pass: retried until --timeout, then 69 saying what the server did.
+    let (took, said) = attempt(&format!("redis://127.0.0.1:{}", free_port()));
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_secs(4),
+        "{took:?}"
+    );
+    assert!(said.contains("connection refused"), "{said}");
+    // A silent server: one call's 5 s, whatever the TTL, then the timeout has passed.
+    let (took, said) = attempt(&silent_url);
+    assert!(took < Duration::from_secs(8), "{took:?}");
+    assert!(said.contains("no answer in time"), "{said}");
+    // Not Redis: waiting cannot fix that.
+    let (took, said) = attempt(&chatty_url);
+    assert!(took < Duration::from_secs(1), "{took:?}: {said}");
 }
 
 #[test]

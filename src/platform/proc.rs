@@ -54,12 +54,22 @@ pub fn group_has_live_process(group: nix::unistd::Pid) -> bool {
     let group = group.as_raw().to_string();
     entries
         .flatten()
-        .filter(|entry| entry.file_name().to_str().is_some_and(|name| name.bytes().all(|b| b.is_ascii_digit())))
+        .filter(|entry| {
+            entry
+                .file_name()
+                .to_str()
+                .is_some_and(|name| name.bytes().all(|b| b.is_ascii_digit()))
+        })
         .filter_map(|entry| fs::read_to_string(entry.path().join("stat")).ok())
         .any(|stat| {
             // State (field 3) and process group (field 5), past the command name's last ')'.
-            let fields = stat.rfind(')').map(|close| stat[close + 1..].split_whitespace().collect::<Vec<_>>());
-            fields.is_some_and(|fields| fields.get(2) == Some(&group.as_str()) && !matches!(fields.first(), Some(&("Z" | "X"))))
+            let fields = stat
+                .rfind(')')
+                .map(|close| stat[close + 1..].split_whitespace().collect::<Vec<_>>());
+            fields.is_some_and(|fields| {
+                fields.get(2) == Some(&group.as_str())
+                    && !matches!(fields.first(), Some(&("Z" | "X")))
+            })
         })
 }
 

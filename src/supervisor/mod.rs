@@ -364,7 +364,8 @@ impl Run<'_> {
             Some(Outcome::NotYet) | None => deadline_passed,
         };
         if stopped {
-            let reason = "lockrun was paused past its renewal, and its watchdog stopped the command";
+            let reason =
+                "lockrun was paused past its renewal, and its watchdog stopped the command";
             self.reporter.event(&Event::Lost { reason });
             self.ending = Some(Ending::LeaseLost(reason.to_owned()));
         }

@@ -12,7 +12,7 @@ use std::net::{IpAddr, ToSocketAddrs};
 use std::path::PathBuf;
 
 use super::target::{Host, Target};
-use crate::backend::net::{Failure, Kind};
+use crate::backend::net::Failure;
 
 /// One place to try to connect to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,7 +48,8 @@ pub fn endpoints(target: &Target) -> Vec<Result<Endpoint, Failure>> {
                     })
                 })),
                 Err(err) => endpoints.push(Err(Failure::new(
-                    Kind::Unreachable,
+                    // A name that does not exist is permanent, a resolver's hiccup not.
+                    Failure::from_io(&err).kind(),
                     target.scrub(&format!(
                         "PostgreSQL at {target}: connect failed: cannot resolve {name}: {err}"
                     )),
@@ -62,6 +63,7 @@ pub fn endpoints(target: &Target) -> Vec<Result<Endpoint, Failure>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::net::Kind;
 
     fn target(spec: &str) -> Target {
         Target::parse_with(spec, &|_| None, &|| Some("u".into())).unwrap()
@@ -99,12 +101,12 @@ mod tests {
     }
 
     #[test]
-    fn a_name_that_does_not_resolve_is_an_unreachable_server() {
+    fn a_name_that_does_not_exist_is_permanent() {
         let endpoints = endpoints(&target(
             "host=no-such-host.invalid,127.0.0.1 password=s3cret",
         ));
         let failure = endpoints[0].clone().unwrap_err();
-        assert_eq!(failure.kind(), Kind::Unreachable);
+        assert_eq!(failure.kind(), Kind::Permanent);
         assert!(
             failure
                 .to_string()
