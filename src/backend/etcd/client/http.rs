@@ -370,3 +370,152 @@ fn left(deadline: Deadline) -> io::Result<Duration> {
         Ok(left)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The framing against a real socket: a server thread writes each answer
+    //! in the pieces given, each sent on its own, so that the client's reads
+    //! end wherever a piece ends (mid-line, mid-chunk, mid-body).
+
+    use std::io::BufRead;
+    use std::net::TcpListener;
+    use std::thread;
+
+    use super::*;
+    use crate::backend::etcd::client::Endpoints;
+    use crate::platform::clock::Moment;
+
+    const PATIENCE: Duration = Duration::from_secs(5);
+
+    /// A connection to a one-shot server that reads one request, then sends
+    /// `pieces` one at a time and closes, or with `hold` keeps the connection
+    /// open and silent until the client lets it go.
+    fn serving(pieces: &[&[u8]], hold: bool) -> Connection {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let pieces: Vec<Vec<u8>> = pieces.iter().map(|piece| piece.to_vec()).collect();
+        thread::spawn(move || {
+            let (socket, _) = listener.accept().unwrap();
+            socket.set_nodelay(true).unwrap();
+            let mut reader = io::BufReader::new(socket.try_clone().unwrap());
+            let mut length = 0;
+            loop {
+                let mut line = String::new();
+                reader.read_line(&mut line).unwrap();
+                if let Some(value) = line.strip_prefix("Content-Length: ") {
+                    length = value.trim().parse().unwrap();
+                }
+                if line == "\r\n" {
+                    break;
+                }
+            }
+            reader.read_exact(&mut vec![0; length]).unwrap();
+            let mut socket = socket;
+            for piece in pieces {
+                socket.write_all(&piece).unwrap();
+                // Each piece leaves in its own segment, for a read of its own.
+                thread::sleep(Duration::from_millis(5));
+            }
+            if hold {
+                let _ = reader.read_to_end(&mut Vec::new());
+            }
+        });
+        let endpoints = Endpoints::parse(&format!("http://127.0.0.1:{port}")).unwrap();
+        Connection::open(&endpoints.members[0], None, Deadline::after(PATIENCE)).unwrap()
+    }
+
+    /// The status and whole body of the answer `pieces` make up.
+    fn answer(pieces: &[&[u8]]) -> (io::Result<(u16, Vec<u8>)>, Connection) {
+        let mut connection = serving(pieces, false);
+        let deadline = Deadline::after(PATIENCE);
+        let result = connection
+            .post("/v3/kv/range", &[], b"{}", deadline)
+            .and_then(|status| Ok((status, connection.read_to_end(deadline)?)));
+        (result, connection)
+    }
+
+    fn refused(pieces: &[&[u8]], why: &str) {
+        let err = answer(pieces).0.expect_err("a malformed answer");
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+        assert!(err.to_string().contains(why), "{err}");
+    }
+
+    #[test]
+    fn a_body_of_a_given_length_split_anywhere() {
+        let (result, connection) = answer(&[
+            b"HTTP/1.1 200 OK\r\nContent-Le",
+            b"ngth: 11\r\n",
+            b"\r\nhello",
+            b" world",
+        ]);
+        assert_eq!(result.unwrap(), (200, b"hello world".to_vec()));
+        assert!(connection.reusable());
+    }
+
+    #[test]
+    fn chunks_split_mid_size_and_mid_data_with_extensions_and_trailers() {
+        let (result, connection) = answer(&[
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"5;name=va",
+            b"lue\r\nhel",
+            b"lo\r\n6\r\n wor",
+            b"ld\r\n0\r\nTrailer: x\r",
+            b"\n\r\n",
+        ]);
+        assert_eq!(result.unwrap(), (200, b"hello world".to_vec()));
+        assert!(connection.reusable());
+    }
+
+    #[test]
+    fn a_body_without_length_is_read_until_close_and_ends_the_connection() {
+        let (result, connection) = answer(&[b"HTTP/1.1 200 OK\r\n\r\n{\"a\":", b"1}"]);
+        assert_eq!(result.unwrap(), (200, b"{\"a\":1}".to_vec()));
+        assert!(!connection.reusable());
+    }
+
+    #[test]
+    fn connection_close_and_http_1_0_are_not_reused() {
+        let (result, connection) =
+            answer(&[b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}"]);
+        assert_eq!(result.unwrap().0, 200);
+        assert!(!connection.reusable());
+        let (result, connection) = answer(&[b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\n{}"]);
+        assert_eq!(result.unwrap().0, 200);
+        assert!(!connection.reusable());
+    }
+
+    #[test]
+    fn malformed_heads_and_chunks_are_refused() {
+        refused(&[b"SSH-2.0-OpenSSH_9.2\r\n"], "not an HTTP response");
+        refused(&[b"HTTP/1.1 OK\r\n\r\n"], "not an HTTP response");
+        refused(
+            &[b"HTTP/1.1 200 OK\r\nno colon\r\n\r\n"],
+            "a malformed header",
+        );
+        refused(
+            &[b"HTTP/1.1 200 OK\r\nContent-Length: many\r\n\r\n"],
+            "a bad Content-Length",
+        );
+        let chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n";
+        refused(&[chunked, b"zz\r\n"], "a bad chunk size");
+        refused(&[chunked, b"2\r\nabc\r\n"], "a chunk longer than its size");
+        refused(&[&[b'x'; MAX_LINE + 2]], "a line too long");
+    }
+
+    #[test]
+    fn an_answer_cut_short_is_an_unexpected_end_and_silence_a_timeout() {
+        let err = answer(&[b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort"])
+            .0
+            .expect_err("cut short");
+        assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof, "{err}");
+        let mut connection = serving(&[b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n"], true);
+        let status = connection.post("/", &[], b"{}", Deadline::after(PATIENCE));
+        assert_eq!(status.unwrap(), 200);
+        let started = Moment::now();
+        let err = connection
+            .read_to_end(Deadline::after(Duration::from_millis(100)))
+            .expect_err("no body comes");
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
+        assert!(Moment::now() - started < Duration::from_secs(2));
+    }
+}
