@@ -29,6 +29,7 @@ macro_rules! backend_tests {
             core::min_hold_keeps_the_slot,
             core::status_shows_the_holder,
             core::names_never_reach_each_other,
+            core::one_thread_while_waiting_and_running,
             line::first_come_first_served_with_one_slot,
             line::first_come_first_served_with_two_slots,
             line::a_freed_slot_goes_to_the_head_of_the_line_at_once,
@@ -297,6 +298,32 @@ pub fn environment_and_fence(store: &Store) {
         "--name", "argv", "--", "printf", "[%s]", "a b", "*", "$HOME", "",
     ]));
     assert_eq!(stdout(&output), "[a b][*][$HOME][]");
+}
+
+/// lockrun is one thread, waiting in line and running its command with its
+/// lease renewed: the signal mask, the watchdog's fork and the spawn depend on
+/// it (ARCHITECTURE.md), so a dependency that starts a thread fails here.
+pub fn one_thread_while_waiting_and_running(store: &Store) {
+    let threads = |pid: u32| fs::read_dir(format!("/proc/{pid}/task")).unwrap().count();
+    let scratch = Scratch::new();
+    let holder = hold(store, &scratch, "threads", &[]);
+    let script = format!(
+        "sleep 1; ls /proc/$PPID/task | wc -l > '{}'",
+        scratch.path("threads").display()
+    );
+    let mut waiter = store
+        .lockrun()
+        .args(["--name", "threads", "--ttl", "0.3", "-v", "-c", &script])
+        .stderr(Stdio::piped())
+        .start();
+    wait_for_stderr(&mut waiter, "waiting for threads");
+    assert_eq!(threads(waiter.id()), 1, "while waiting");
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_status(&finish(holder), 0);
+    let output = finish(waiter);
+    assert_status(&output, 0);
+    // Counted after a few renewals (every third of the lease) have gone out, on lease backends.
+    assert_eq!(scratch.lines("threads"), ["1"], "while running");
 }
 
 pub fn busy_with_no_wait_and_timeout(store: &Store) {

@@ -474,26 +474,3 @@ fn an_unreachable_cluster_is_ridden_out_until_the_timeout_then_exits_69_naming_e
         "{took:?}"
     );
 }
-
-#[test]
-fn lockrun_is_one_thread_while_its_command_runs() {
-    let Some((store, _server)) = etcd() else {
-        return;
-    };
-    let scratch = Scratch::new();
-    // Counted after a few renewals (every third of the granted second) have gone out.
-    let script = format!(
-        "sleep 1; ls /proc/$PPID/task | wc -l > {}",
-        scratch.path("threads").display()
-    );
-    let output = run(store
-        .lockrun()
-        .args(["--name", "threads", "--ttl", "0.3", "-v", "-c", &script]));
-    assert_status(&output, 0);
-    assert!(
-        stderr(&output).contains("renewed the lease"),
-        "{}",
-        stderr(&output)
-    );
-    assert_eq!(scratch.lines("threads"), ["1"]);
-}

@@ -499,7 +499,7 @@ mod tests {
         let chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n";
         refused(&[chunked, b"zz\r\n"], "a bad chunk size");
         refused(&[chunked, b"2\r\nabc\r\n"], "a chunk longer than its size");
-        refused(&[&[b'x'; MAX_LINE + 2]], "a line too long");
+        refused(&[&vec![b'x'; MAX_LINE + 2]], "a line too long");
     }
 
     #[test]
