@@ -259,19 +259,14 @@ fn contend(
 }
 
 /// What lockrun said when a run did not exit 0: each different last line of
-/// stderr once (digits masked: ports, times), with how often and the status.
+/// stderr once (numbers of three digits or more masked: ports, times), with
+/// how often and the status.
 fn what_lockrun_said(runs: &[Run], scratch: &Scratch) -> Vec<String> {
     let mut said: BTreeMap<String, (usize, Ending)> = BTreeMap::new();
     for run in runs.iter().filter(|run| run.ending != Ending::Code(0)) {
         let stderr =
             fs::read_to_string(scratch.path(&format!("stderr.{}", run.id))).unwrap_or_default();
-        let line: String = stderr
-            .lines()
-            .last()
-            .unwrap_or("(nothing on stderr)")
-            .chars()
-            .map(|c| if c.is_ascii_digit() { '#' } else { c })
-            .collect();
+        let line = mask_numbers(stderr.lines().last().unwrap_or("(nothing on stderr)"));
         said.entry(line).or_insert((0, run.ending)).0 += 1;
     }
     said.iter()
@@ -311,6 +306,27 @@ fn one_run(mut command: Command, scratch: &Scratch, id: usize) -> Run {
         ended_at: now_nanos(),
         ending,
     }
+}
+
+/// `line` with every run of three digits or more as `N`.
+fn mask_numbers(line: &str) -> String {
+    let mut masked = String::new();
+    let mut digits = String::new();
+    for c in line.chars().chain(std::iter::once('\n')) {
+        if c.is_ascii_digit() {
+            digits.push(c);
+            continue;
+        }
+        if digits.len() >= 3 {
+            masked.push('N');
+        } else {
+            masked.push_str(&digits);
+        }
+        digits.clear();
+        masked.push(c);
+    }
+    masked.pop();
+    masked
 }
 
 /// Polls `condition` until it holds (true) or `limit` passes (false).

@@ -438,10 +438,18 @@ pub fn herd(backend: &str, store: &Store, gauge: &Gauge, slots: usize) {
         ms(last),
         work_text(gauge, (before, after), herd, "attempt"),
     );
+    let mut statuses = std::collections::BTreeMap::new();
+    for code in &codes {
+        *statuses.entry(*code).or_insert(0) += 1;
+    }
     let other = codes
         .iter()
         .position(|code| !matches!(code, Some(0 | 75)))
-        .map(|at| fs::read_to_string(scratch.path(&format!("stderr.{at}"))).unwrap_or_default());
+        .map(|at| {
+            let said =
+                fs::read_to_string(scratch.path(&format!("stderr.{at}"))).unwrap_or_default();
+            format!("{said} (statuses: {statuses:?})")
+        });
     assert_eq!(
         count(0),
         slots,
