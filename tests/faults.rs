@@ -712,3 +712,34 @@ pub fn paused_while_the_command_runs(store: &Store) {
         "the command ran on to its end"
     );
 }
+
+/// The suite's own checks find what they look for (they run with `cargo test`).
+#[test]
+fn the_checks_find_an_overlap_and_a_fence_going_back() {
+    let log: Vec<String> = [
+        "enter 1 100 7",
+        "exit 1 200",
+        "enter 2 250 9",
+        "enter 3 300 8",
+        "exit 3 320",
+        "exit 2 350",
+        "enter 4 400 10",
+        "exi",
+    ]
+    .iter()
+    .map(|line| (*line).to_owned())
+    .collect();
+    let runs = [Run {
+        id: 4,
+        ended_at: 500,
+        ending: Ending::Code(76),
+    }];
+    let spans = spans(&log, &runs);
+    assert_eq!(overlaps(&spans), [(2, 3)]);
+    assert_eq!(fences_back(&spans), [(9, 8)]);
+    assert_eq!(spans.last().map(|span| span.end), Some(500));
+    assert_eq!(
+        mask_numbers("127.0.0.1:43053: no answer within 906.05ms"),
+        "N.0.0.1:N: no answer within N.05ms"
+    );
+}
