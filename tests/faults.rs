@@ -45,8 +45,10 @@ const RUN_LIMIT: Duration = Duration::from_secs(60);
 const RECOVERY_LIMIT: Duration = Duration::from_secs(30);
 
 /// The contenders' command: `enter ID NS FENCE`, 0.2 s, `exit ID NS` (wall
-/// clock, `date +%s%N`), appended to one log.
+/// clock, `date +%s%N`), appended to one log; `exit ID NS stopped` when
+/// lockrun stops it with SIGTERM.
 const SCRIPT: &str = r#"d=$1 id=$2
+trap 'echo "exit $id $(date +%s%N) stopped" >> "$d/log"; exit 143' TERM
 echo "enter $id $(date +%s%N) $LOCKRUN_FENCE" >> "$d/log"
 sleep 0.2
 echo "exit $id $(date +%s%N)" >> "$d/log""#;
@@ -182,7 +184,16 @@ pub fn under_faults(
             )
         })
         .collect();
-    assert!(overlaps.is_empty(), "commands overlapped: {overlaps:?}");
+    let describe = |id: usize| describe(id, &spans, &runs, &scratch);
+    assert!(
+        overlaps.is_empty(),
+        "commands overlapped:\n{}",
+        overlaps
+            .iter()
+            .map(|&(a, b)| format!("{}\n  and {}", describe(a), describe(b)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     assert!(
         fences_back.is_empty(),
         "fences went back in the order the commands began: {fences_back:?}"
@@ -195,6 +206,32 @@ pub fn under_faults(
         unexpected.join("\n")
     );
     assert_eq!(faults.len(), FAULTS, "every fault was injected");
+}
+
+/// Run `id`'s span (seconds since the first command began), fence, status and last words.
+fn describe(id: usize, spans: &[Span], runs: &[Run], scratch: &Scratch) -> String {
+    let origin = spans.first().map_or(0, |span| span.enter);
+    let at = |nanos: i128| format!("{:.3}", seconds(nanos - origin));
+    let span = spans.iter().find(|span| span.id == id);
+    let run = runs.iter().find(|run| run.id == id);
+    let said = fs::read_to_string(scratch.path(&format!("stderr.{id}"))).unwrap_or_default();
+    format!(
+        "run {id}: began {}, {} {}, fence {}, {}{}",
+        span.map_or("?".to_owned(), |span| at(span.enter)),
+        if span.is_some_and(|span| span.exit.is_some()) {
+            "ended"
+        } else {
+            "gone by (lockrun exited)"
+        },
+        span.map_or("?".to_owned(), |span| at(span.end)),
+        span.map_or(0, |span| span.fence),
+        run.map_or("?".to_owned(), |run| run.ending.to_string()),
+        if said.trim().is_empty() {
+            String::new()
+        } else {
+            format!(": {}", said.trim())
+        },
+    )
 }
 
 /// The contenders' loops, and the faults injected meanwhile: each once a
@@ -368,7 +405,7 @@ fn spans(lines: &[String], runs: &[Run]) -> Vec<Span> {
                     },
                 );
             }
-            ["exit", id, at] => {
+            ["exit", id, at, ..] => {
                 let id: usize = id.parse().expect("an id");
                 let at: i128 = at.parse().expect("a time");
                 if let Some(span) = spans.get_mut(&id) {
@@ -721,7 +758,7 @@ fn the_checks_find_an_overlap_and_a_fence_going_back() {
         "exit 1 200",
         "enter 2 250 9",
         "enter 3 300 8",
-        "exit 3 320",
+        "exit 3 320 stopped",
         "exit 2 350",
         "enter 4 400 10",
         "exi",
