@@ -8,6 +8,7 @@ mod core;
 mod etcd;
 #[cfg(feature = "etcd")]
 mod etcd_client;
+mod faults;
 mod file;
 mod fleet;
 mod generated;
@@ -15,6 +16,8 @@ mod line;
 mod neighbours;
 mod operator;
 mod partition;
+#[cfg(feature = "postgres")]
+mod pgbouncer;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "postgres")]

@@ -101,6 +101,14 @@ impl Member {
         }
     }
 
+    /// Sends `signal` to the member's process (SIGSTOP: it freezes, as in a
+    /// VM pause or a long GC; SIGCONT: it goes on).
+    fn signal(&self, signal: nix::sys::signal::Signal) {
+        if let Some(child) = self.child.lock().unwrap().as_ref() {
+            super::signal(child.id(), signal);
+        }
+    }
+
     fn exited(&self) -> bool {
         self.child
             .lock()
@@ -328,7 +336,13 @@ pub struct EtcdCluster {
 impl EtcdCluster {
     /// `None` (after a loud notice) when etcd is not installed, unless `CI=true`.
     pub fn start() -> Option<Self> {
-        let (dir, members) = start_members(&["m0", "m1", "m2"], None, &[])?;
+        Self::start_with(&[])
+    }
+
+    /// A cluster whose members get more `flags`, which win over the harness's
+    /// own (`--election-timeout 1000`: etcd's default, for elections as long as in production).
+    pub fn start_with(flags: &[&str]) -> Option<Self> {
+        let (dir, members) = start_members(&["m0", "m1", "m2"], None, flags)?;
         Some(Self { members, _dir: dir })
     }
 
@@ -365,6 +379,23 @@ impl EtcdCluster {
 
     pub fn kill(&self, member: usize) {
         self.members[member].kill();
+    }
+
+    /// Freezes a member (SIGSTOP): it neither answers nor leads, nor knows it.
+    pub fn pause(&self, member: usize) {
+        self.members[member].signal(nix::sys::signal::Signal::SIGSTOP);
+    }
+
+    /// Lets a paused member go on (SIGCONT); waits until it has a leader again.
+    pub fn resume(&self, member: usize) {
+        let member = &self.members[member];
+        member.signal(nix::sys::signal::Signal::SIGCONT);
+        assert!(
+            wait_healthy(std::slice::from_ref(member)),
+            "etcd member {} did not come back: {}",
+            member.name,
+            member.log_tail()
+        );
     }
 
     /// Starts a killed member again with its data; waits until it has a leader.

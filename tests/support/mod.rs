@@ -4,6 +4,8 @@
 pub mod etcd;
 pub mod netns;
 #[cfg(feature = "postgres")]
+pub mod pgbouncer;
+#[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod pty;
 pub mod users;
@@ -98,6 +100,21 @@ impl Store {
                 server.url().into(),
             ],
             _keep: Box::new(Arc::clone(server)),
+        }
+    }
+
+    /// The PostgreSQL backend at `url` (a pgbouncer's), keeping `servers` alive.
+    #[cfg(feature = "postgres")]
+    pub fn on_postgres_at(url: &str, servers: Box<dyn std::any::Any>) -> Self {
+        Self {
+            kind: "postgres",
+            args: vec![
+                "--backend".into(),
+                "postgres".into(),
+                "--postgres-url".into(),
+                url.into(),
+            ],
+            _keep: servers,
         }
     }
 

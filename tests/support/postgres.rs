@@ -193,6 +193,53 @@ impl PostgresServer {
         }
     }
 
+    /// Shuts the server down as `pg_ctl stop -m MODE` does (the same signal to
+    /// the postmaster), waiting until it has exited; [`PostgresServer::restart`]
+    /// then starts it again on its data (after `Immediate`: crash recovery).
+    pub fn stop(&self, mode: Shutdown) {
+        let Some(mut child) = self.child.lock().unwrap().take() else {
+            return;
+        };
+        let signal = match mode {
+            Shutdown::Fast => Signal::SIGINT,
+            Shutdown::Immediate => Signal::SIGQUIT,
+        };
+        let _ = signal::kill(Pid::from_raw(child.id().cast_signed()), signal);
+        let started = Instant::now();
+        while child.try_wait().ok().flatten().is_none() {
+            if started.elapsed() > PATIENCE {
+                *self.child.lock().unwrap() = Some(child);
+                self.kill();
+                panic!("postgres did not shut down ({mode:?}):\n{}", self.log());
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Ends every session of `application_name` with `pg_terminate_backend`,
+    /// as an administrator would; how many there were.
+    pub fn terminate_sessions(&self, application_name: &str) -> i64 {
+        self.client()
+            .query_one(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                 WHERE application_name = $1",
+                &[&application_name],
+            )
+            .expect("pg_terminate_backend")
+            .get(0)
+    }
+
+    /// The address it listens on.
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// The unprivileged user the server runs as when the tests run as root
+    /// (PostgreSQL refuses root); `None` when the tests' own user runs it.
+    pub fn run_as(&self) -> Option<(Uid, Gid)> {
+        self.installation.user
+    }
+
     /// (Re)starts the server on its data and port (after a kill: crash
     /// recovery); true once it accepts connections.
     pub fn restart(&self) -> bool {
@@ -292,6 +339,15 @@ impl Drop for PostgresServer {
         }
         self.kill();
     }
+}
+
+/// How [`PostgresServer::stop`] shuts the server down, after `pg_ctl stop -m`.
+#[derive(Clone, Copy, Debug)]
+pub enum Shutdown {
+    /// SIGINT: sessions are ended, a checkpoint is written.
+    Fast,
+    /// SIGQUIT: every process quits at once; the next start recovers.
+    Immediate,
 }
 
 /// The processes whose parent is `parent`.
