@@ -498,21 +498,20 @@ mod etcd {
 
     #[test]
     #[ignore = "fault suite: cargo test --test integration -- --ignored faults --test-threads 1"]
-    fn a_member_paused_and_resumed() {
+    fn a_follower_paused_and_resumed() {
         let Some(cluster) = cluster() else {
             return;
         };
-        // The leader one time, a follower the next.
+        // A follower, not the leader: etcd before 3.4.28 and 3.5.10 revokes every
+        // lease when a leader stalled past the election timeout comes back (etcd
+        // issues 12528 and 15247), so holders lose their leases early whatever the
+        // client does (README: "etcd backend").
         let mut round = 0;
         let fault = Fault {
-            what: "a member (leader, follower in turn) SIGSTOPped for 3 s, then SIGCONTed",
+            what: "a follower (another each time) SIGSTOPped for 3 s, then SIGCONTed",
             inject: Box::new(|| {
                 let leader = cluster.leader();
-                let member = if round % 2 == 0 {
-                    leader
-                } else {
-                    (leader + 1) % 3
-                };
+                let member = (leader + 1 + round % 2) % 3;
                 round += 1;
                 cluster.pause(member);
                 thread::sleep(Duration::from_secs(3));
