@@ -64,7 +64,8 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
         ("LOCKRUN_FENCE", held.fence().to_string()),
     ];
     let limits = Limits {
-        max_runtime: args.max_runtime,
+        // 0 means no limit, as for timeout(1).
+        max_runtime: args.max_runtime.filter(|max| !max.is_zero()),
         kill_grace,
     };
 
@@ -136,10 +137,12 @@ fn report_ending(ending: &Ending, request: &Request, reporter: &Reporter) {
     }
 }
 
-/// Opens the store; with `-v`, warns about its setup.
+/// Opens the store; with `-v`, says where it is and warns about its setup.
 fn open_store(args: &crate::backend::StoreArgs, reporter: &Reporter) -> Result<Box<dyn Store>> {
     let mut store = args.open(true)?;
     if reporter.wants_details() {
+        let message = format!("the lock is in {}", store.location());
+        reporter.event(&Event::Notice { message: &message });
         for warning in store.warnings() {
             reporter.event(&Event::Notice { message: &warning });
         }

@@ -38,9 +38,11 @@ macro_rules! backends {
         /// Where locks live; shared by running, `status` and `release`.
         #[derive(Debug, clap::Args)]
         pub struct StoreArgs {
-            /// Where the lock lives
-            #[arg(short = 'b', long, env = "LOCKRUN_BACKEND", default_value = "file",
-                  value_parser = clap::builder::PossibleValuesParser::new(NAMES))]
+            /// Where the lock lives (in any case: sqlite, SQLite)
+            #[arg(short = 'b', long, env = "LOCKRUN_BACKEND", default_value = "file", ignore_case = true,
+                  value_parser = clap::builder::TypedValueParser::map(
+                      clap::builder::PossibleValuesParser::new(NAMES),
+                      |name| name.to_ascii_lowercase()))]
             pub backend: String,
 
             /// Key prefix on redis (keys start with PREFIX:) and etcd (/PREFIX/); schema on postgres
@@ -227,6 +229,10 @@ impl Renewal {
 /// A backend's handle on its store.
 pub trait Store {
     fn abilities(&self) -> Abilities;
+
+    /// Where the locks live, for people (`-v`, `status`): a directory, a
+    /// database's path or a server, never with its password.
+    fn location(&self) -> String;
 
     /// Looks at the line of `request.name`: takes a slot when the line lets us
     /// (a free slot, and no live waiter ahead of us), else joins the line (once,

@@ -2,11 +2,11 @@
 //! `-q` or `--log-format json`, since the options that would say otherwise may be
 //! the very ones that are wrong.
 
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::io::Write;
 
-use clap::Command;
-use clap::error::{ContextKind, ContextValue};
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::{Arg, Command};
 
 use crate::error::status;
 use crate::report::escape_controls;
@@ -85,6 +85,47 @@ fn suggestion(err: &clap::Error) -> Option<String> {
         ),
         _ => None,
     }
+}
+
+/// An invalid value that the command line did not give came from the
+/// option's variable: the error then names the variable, which is what the user
+/// set (`LOCKRUN_TIMEOUT=bogus`), not the option they never typed.
+pub fn from_variable(mut err: clap::Error, definition: &Command, args: &[OsString]) -> clap::Error {
+    if !matches!(
+        err.kind(),
+        ErrorKind::InvalidValue | ErrorKind::ValueValidation
+    ) {
+        return err;
+    }
+    let Some(ContextValue::String(shown)) = err.get(ContextKind::InvalidArg) else {
+        return err;
+    };
+    let Some(arg) = options(definition).find(|arg| {
+        arg.get_long()
+            .is_some_and(|long| shown.starts_with(&format!("--{long} ")) || *shown == format!("--{long}"))
+    }) else {
+        return err;
+    };
+    let long = format!("--{}", arg.get_long().unwrap_or_default());
+    let short = arg.get_short().map(|short| format!("-{short}"));
+    let typed = args.iter().skip(1).take_while(|word| *word != "--").any(|word| {
+        let word = word.to_string_lossy();
+        word == long
+            || word.starts_with(&format!("{long}="))
+            || short.as_ref().is_some_and(|short| word.starts_with(short.as_str()))
+    });
+    if let (false, Some(var)) = (typed, arg.get_env().and_then(OsStr::to_str)) {
+        let said = format!("{shown}' from the variable '{var}");
+        err.insert(ContextKind::InvalidArg, ContextValue::String(said));
+    }
+    err
+}
+
+/// Every option of the definition and of its subcommands.
+fn options(definition: &Command) -> impl Iterator<Item = &Arg> {
+    definition
+        .get_arguments()
+        .chain(definition.get_subcommands().flat_map(Command::get_arguments))
 }
 
 /// clap's error for `first`, the first argument, when it is no subcommand but

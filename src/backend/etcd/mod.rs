@@ -46,11 +46,13 @@ pub struct Options {
 impl Options {
     pub fn open(&self, common: &Common) -> Result<Box<dyn Store>> {
         let endpoints = Endpoints::parse(&self.etcd_endpoints)?;
+        let location = format!("etcd at {endpoints}");
         let client = Rc::new(RefCell::new(Client::new(endpoints)));
         Ok(Box::new(EtcdStore {
             waiter: Waiter::new(Rc::clone(&client)),
             client,
             prefix: common.prefix.to_owned(),
+            location,
         }))
     }
 }
@@ -89,6 +91,8 @@ impl From<client::Error> for Error {
 struct EtcdStore {
     client: Rc<RefCell<Client>>,
     prefix: String,
+    /// The endpoints, passwords redacted.
+    location: String,
     waiter: Waiter,
 }
 
@@ -150,6 +154,10 @@ impl EtcdStore {
 }
 
 impl Store for EtcdStore {
+    fn location(&self) -> String {
+        self.location.clone()
+    }
+
     fn abilities(&self) -> Abilities {
         Abilities {
             wakeup: Wakeup::Watches,

@@ -176,6 +176,10 @@ impl FileStore {
 }
 
 impl Store for FileStore {
+    fn location(&self) -> String {
+        format!("directory {}", self.dir.path().display())
+    }
+
     fn abilities(&self) -> Abilities {
         Abilities {
             leases: false,

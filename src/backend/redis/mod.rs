@@ -40,6 +40,7 @@ impl Options {
     pub fn open(&self, common: &Common) -> Result<Box<dyn Store>> {
         Ok(Box::new(RedisStore {
             link: Rc::new(RefCell::new(Link::new(&self.redis_url)?)),
+            location: format!("Redis at {}", link::redact(&self.redis_url)),
             prefix: common.prefix.to_owned(),
             scripts: Rc::new(Scripts::new()),
             since: None,
@@ -59,6 +60,8 @@ const SCAN_COUNT: usize = 1000;
 
 struct RedisStore {
     link: Rc<RefCell<Link>>,
+    /// The server, its password redacted.
+    location: String,
     prefix: String,
     scripts: Rc<Scripts>,
     /// When our first look at the line was: a waiter's record says it began waiting then.
@@ -194,6 +197,10 @@ impl RedisStore {
 }
 
 impl Store for RedisStore {
+    fn location(&self) -> String {
+        self.location.clone()
+    }
+
     fn abilities(&self) -> Abilities {
         Abilities::LEASES_THAT_TELL
     }

@@ -217,6 +217,10 @@ impl SqliteStore {
 }
 
 impl Store for SqliteStore {
+    fn location(&self) -> String {
+        format!("SQLite database {}", self.db.path.display())
+    }
+
     fn abilities(&self) -> Abilities {
         Abilities::LEASES_THAT_TELL
     }

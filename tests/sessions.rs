@@ -1,0 +1,117 @@
+//! Where users run lockrun (README: "Recipes", "File backend", "Exit status"):
+//! cron next to a login shell, containers without an init, shell scripts that
+//! nest lockruns, and the monitoring that asks `status`.
+
+use crate::support::*;
+
+#[test]
+fn max_runtime_zero_means_no_limit() {
+    let store = Store::file();
+    let output = run(store
+        .lockrun()
+        .args(["--name", "x", "--max-runtime", "0", "-c", "exit 3"]));
+    assert_status(&output, 3);
+}
+
+#[test]
+fn a_bad_value_from_a_variable_names_the_variable() {
+    let store = Store::file();
+    let line = usage_line(&run(store
+        .lockrun()
+        .env("LOCKRUN_TIMEOUT", "bogus")
+        .args(["--name", "x", "true"])));
+    assert!(line.contains("LOCKRUN_TIMEOUT"), "{line}");
+    // Typed on the command line, it is the option's.
+    let line = usage_line(&run(store
+        .lockrun()
+        .env("LOCKRUN_TIMEOUT", "bogus")
+        .args(["--name", "x", "-w", "never", "true"])));
+    assert!(!line.contains("LOCKRUN_TIMEOUT") && line.contains("--timeout"), "{line}");
+    let line = usage_line(&run(store.status().env("LOCKRUN_PREFIX", "x").env("LOCKRUN_LOG_FORMAT", "yaml")));
+    assert!(line.contains("LOCKRUN_LOG_FORMAT"), "{line}");
+}
+
+#[test]
+fn backend_names_are_taken_in_any_case() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let db = dir.path().join("locks.sqlite3");
+    let scratch = Scratch::new();
+    let output = run(lockrun()
+        .args(["-b", "SQLite", "--db"])
+        .arg(&db)
+        .args(["--name", "x", "-c"])
+        .arg(format!("echo $LOCKRUN_BACKEND > {}", scratch.path("backend").display())));
+    assert_status(&output, 0);
+    assert_eq!(scratch.lines("backend"), ["sqlite"]);
+    let output = run(lockrun().env("LOCKRUN_BACKEND", "FILE").arg("status").arg("--dir").arg(dir.path()));
+    assert_status(&output, 0);
+}
+
+/// A login shell's lockrun (with `XDG_RUNTIME_DIR`, `TMPDIR` and `HOME` of its
+/// session) holds a name; cron's (none of them) must find it held, and `-v`
+/// and `status` say where it is.
+#[test]
+fn cron_and_a_login_shell_share_the_default_directory() {
+    let scratch = Scratch::new();
+    let (run_lock, var_tmp) = (scratch.path("run-lock"), scratch.path("var-tmp"));
+    for dir in [&run_lock, &var_tmp] {
+        std::fs::create_dir(dir).unwrap();
+        let sticky = std::os::unix::fs::PermissionsExt::from_mode(0o1777);
+        std::fs::set_permissions(dir, sticky).unwrap();
+    }
+    let Some(mut shell) = with_default_dirs_in(&run_lock, &var_tmp) else {
+        return;
+    };
+    let script = format!(
+        r#"ready='{ready}'
+XDG_RUNTIME_DIR='{session}' TMPDIR='{session}' "$lockrun" -v --name nightly -- sh -c ": > '$ready'; sleep 30" 2> '{holder}' &
+holder=$!
+while [ ! -e "$ready" ]; do sleep 0.01; done
+env -u XDG_RUNTIME_DIR -u TMPDIR HOME=/nonexistent "$lockrun" -n --name nightly -- true 2> '{cron}'
+echo "cron $?"
+"$lockrun" status
+kill $holder; wait"#,
+        ready = scratch.path("ready").display(),
+        session = scratch.dir().display(),
+        holder = scratch.path("holder.err").display(),
+        cron = scratch.path("cron.err").display(),
+    );
+    let output = run(shell.args(["sh", "-c", &script]));
+    let out = stdout(&output);
+    assert!(out.contains("cron 75"), "cron's run found the lock held: {out}");
+    let uid = nix::unistd::geteuid();
+    let dir = format!("directory /run/lock/lockrun-{uid}");
+    assert!(out.contains(&format!("locks in {dir}")), "status says where: {out}");
+    let said = std::fs::read_to_string(scratch.path("holder.err")).unwrap();
+    assert!(said.contains(&format!("the lock is in {dir}")), "-v says where: {said}");
+    assert!(run_lock.join(format!("lockrun-{uid}/nightly.0.lock")).exists());
+}
+
+/// `status` on a store nobody made yet (a fresh account, a new database, an
+/// empty server): nothing is held, exit 0, and nothing is made for asking.
+pub fn status_on_a_store_not_made_yet_says_nothing_is_held(store: &Store) {
+    let scratch = Scratch::new();
+    // The file and SQLite stores are paths: point them at ones that do not exist yet.
+    let missing = scratch.path("not-yet/locks");
+    let status = || {
+        let mut command = lockrun();
+        command.arg("status");
+        let mut args = store.args().iter();
+        while let Some(arg) = args.next() {
+            command.arg(arg);
+            if arg == "--dir" || arg == "--db" {
+                args.next();
+                command.arg(&missing);
+            }
+        }
+        command
+    };
+    let output = run(&mut status());
+    assert_status(&output, 0);
+    let out = stdout(&output);
+    assert!(out.starts_with("no lock is held"), "{out}");
+    let output = run(status().args(["nightly", "--json"]));
+    assert_status(&output, 0);
+    assert_eq!(stdout(&output), "[]\n");
+    assert!(!scratch.path("not-yet").exists(), "nothing made");
+}
