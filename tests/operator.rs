@@ -275,32 +275,50 @@ fn without_a_terminal_a_wait_is_silent_unless_verbose() {
     ));
     assert_status(&output, 75);
     let err = stderr(&output);
+    let lines = one_runs_lines(&err);
     let place = format!("the lock is in directory {}", store.dir().display());
-    assert!(err.starts_with(&format!("lockrun: {place}\n")), "{err}");
-    let lines: Vec<&str> = err.lines().skip(1).collect();
+    assert_eq!(lines[0], place, "{err}");
     let holder_pid = holder.id();
     assert!(
-        lines[0].starts_with(&format!(
-            "lockrun: waiting for quiet: 1st in line, held by pid {holder_pid} on "
-        )) && lines[0].contains("(echo $$"),
+        lines[1].starts_with(&format!(
+            "waiting for quiet: 1st in line, held by pid {holder_pid} on "
+        )) && lines[1].contains("(echo $$"),
         "{err}"
     );
     // The waiter sleeps in the kernel until the holder goes: there is no next try to announce.
-    assert_eq!(lines.len(), 2, "{err}");
-    assert!(lines[1].contains("gave up after"), "{err}");
+    assert_eq!(lines.len(), 3, "{err}");
+    assert!(lines[2].contains("gave up after"), "{err}");
     assert!(!err.contains('\r'), "plain lines: {err:?}");
     let_go(&scratch, holder);
 
     let output = run(&mut waiter(&store, "quiet", &["-v", "true"]));
     assert_status(&output, 0);
     let err = stderr(&output);
-    let lines: Vec<&str> = err.lines().collect();
-    assert_eq!(lines.len(), 2, "{err}");
+    let lines = one_runs_lines(&err);
+    assert_eq!(lines.len(), 3, "{err}");
     assert!(
-        lines[0].starts_with("lockrun: acquired quiet (slot 0, fence 2) after "),
+        lines[1].starts_with("acquired quiet (slot 0, fence 2) after "),
         "{err}"
     );
-    assert_eq!(lines[1], "lockrun: released quiet (slot 0)");
+    assert_eq!(lines[2], "released quiet (slot 0)");
+}
+
+/// The text of `-v` lines, which all name the same run: `lockrun[PID]: ...`.
+fn one_runs_lines(err: &str) -> Vec<&str> {
+    let mut pids = std::collections::HashSet::new();
+    let lines = err
+        .lines()
+        .map(|line| {
+            let (pid, text) = line
+                .strip_prefix("lockrun[")
+                .and_then(|rest| rest.split_once("]: "))
+                .unwrap_or_else(|| panic!("a line that names its run: {line:?}"));
+            pids.insert(pid.parse::<u32>().expect("a pid"));
+            text
+        })
+        .collect();
+    assert_eq!(pids.len(), 1, "one run's lines: {err}");
+    lines
 }
 
 /// Every stderr line as a JSON event, checking the fields every event has.
@@ -365,7 +383,8 @@ fn json_events_for_waiting_retry_error_acquired_and_released() {
 
     let output = run(waiter(&store, "logged", &json).arg("true"));
     assert_status(&output, 0);
-    let done = events(&output, "logged");
+    let mut done = events(&output, "logged");
+    assert_eq!(done.remove(0)["event"], "notice", "where the lock is");
     assert_eq!(done.len(), 2, "{done:?}");
     assert_eq!(done[0]["event"], "acquired");
     assert_eq!(done[0]["slot"], 0);

@@ -115,3 +115,15 @@ pub fn status_on_a_store_not_made_yet_says_nothing_is_held(store: &Store) {
     assert_eq!(stdout(&output), "[]\n");
     assert!(!scratch.path("not-yet").exists(), "nothing made");
 }
+
+#[test]
+fn a_released_file_slot_keeps_no_command_line() {
+    let store = Store::file();
+    let output = run(store
+        .lockrun()
+        .args(["--name", "db", "--", "true", "--password=s3cret"]));
+    assert_status(&output, 0);
+    let record = std::fs::read_to_string(store.dir().join("db.0.lock")).unwrap();
+    assert!(!record.contains("s3cret"), "{record}");
+    assert!(record.contains("\"fence\":1"), "the fence stays: {record}");
+}
