@@ -402,7 +402,7 @@ fn json_events_for_waiting_retry_error_acquired_and_released() {
     let output = run(waiter(&store, "logged", &[])
         .env("LOCKRUN_LOG_FORMAT", "json")
         .arg("true"));
-    assert_eq!(events(&output, "logged").len(), 2);
+    assert_eq!(events(&output, "logged").len(), 3, "notice, acquired, released");
 }
 
 #[test]
