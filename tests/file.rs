@@ -106,7 +106,9 @@ fn the_default_directory_is_private_and_must_be_ours() {
     let Some(mut lockrun) = with_default_dirs_in(&run_lock, &var_tmp) else {
         return;
     };
-    let output = run(lockrun.arg(env!("CARGO_BIN_EXE_lockrun")).args(["--name", "x", "true"]));
+    let output = run(lockrun
+        .arg(env!("CARGO_BIN_EXE_lockrun"))
+        .args(["--name", "x", "true"]));
     assert_status(&output, 0);
     let uid = nix::unistd::geteuid();
     let mine = run_lock.join(format!("lockrun-{uid}"));
@@ -122,7 +124,9 @@ fn the_default_directory_is_private_and_must_be_ours() {
     fs::create_dir(&elsewhere).unwrap();
     symlink(&elsewhere, &mine).unwrap();
     let mut lockrun = with_default_dirs_in(&run_lock, &var_tmp).expect("allowed above");
-    let output = run(lockrun.arg(env!("CARGO_BIN_EXE_lockrun")).args(["--name", "y", "true"]));
+    let output = run(lockrun
+        .arg(env!("CARGO_BIN_EXE_lockrun"))
+        .args(["--name", "y", "true"]));
     assert_status(&output, 0);
     assert_eq!(
         fs::read_dir(&elsewhere).unwrap().count(),
@@ -318,8 +322,13 @@ fn status_and_release_on_a_missing_directory_say_so_and_create_nothing() {
     let output = run(lockrun().arg("status").arg("--dir").arg(&typo));
     assert_status(&output, 0);
     let out = stdout(&output);
-    assert!(out.starts_with("no lock is held: there is no lock directory"), "{out}");
-    let output = run(lockrun().args(["release", "x", "--force", "--dir"]).arg(&typo));
+    assert!(
+        out.starts_with("no lock is held: there is no lock directory"),
+        "{out}"
+    );
+    let output = run(lockrun()
+        .args(["release", "x", "--force", "--dir"])
+        .arg(&typo));
     assert_status(&output, 69);
     let err = stderr(&output);
     assert!(err.contains("there is no lock directory"), "{err}");
@@ -337,7 +346,10 @@ fn status_and_release_on_a_missing_directory_say_so_and_create_nothing() {
         let output = run(lockrun.arg(env!("CARGO_BIN_EXE_lockrun")).args(args));
         assert_status(&output, code);
         let said = format!("{}{}", stdout(&output), stderr(&output));
-        assert!(said.contains("there is no lock directory /run/lock/lockrun-"), "{said}");
+        assert!(
+            said.contains("there is no lock directory /run/lock/lockrun-"),
+            "{said}"
+        );
         for dir in [&run_lock, &var_tmp] {
             assert_eq!(
                 fs::read_dir(dir).unwrap().count(),

@@ -41,7 +41,10 @@ fn status_prints_an_aligned_table_of_real_holders() {
     assert_status(&output, 0);
     let text = stdout(&output);
     let place = format!("locks in directory {}", store.dir().display());
-    assert!(text.starts_with(&format!("{place}\n")), "where they are first: {text}");
+    assert!(
+        text.starts_with(&format!("{place}\n")),
+        "where they are first: {text}"
+    );
     let lines: Vec<&str> = text.lines().skip(1).collect();
     assert_eq!(lines.len(), 3, "a header and one row per holder: {text}");
     for column in [
@@ -69,7 +72,10 @@ fn status_prints_an_aligned_table_of_real_holders() {
     let_go(&second, report);
     assert_eq!(
         stdout(&run(store.status().arg("backup"))),
-        format!("backup is not held in directory {}\n", store.dir().display())
+        format!(
+            "backup is not held in directory {}\n",
+            store.dir().display()
+        )
     );
     assert_eq!(
         stdout(&run(&mut store.status())),
@@ -402,7 +408,11 @@ fn json_events_for_waiting_retry_error_acquired_and_released() {
     let output = run(waiter(&store, "logged", &[])
         .env("LOCKRUN_LOG_FORMAT", "json")
         .arg("true"));
-    assert_eq!(events(&output, "logged").len(), 3, "notice, acquired, released");
+    assert_eq!(
+        events(&output, "logged").len(),
+        3,
+        "notice, acquired, released"
+    );
 }
 
 #[test]
@@ -487,7 +497,11 @@ fn text_a_neighbour_wrote_reaches_no_terminal_raw() {
         assert_status(&output, 0);
         assert!(!raw(&output), "{output:?}");
         let table = stdout(&output);
-        assert_eq!(table.lines().count(), 4, "where, a holder and a waiter: {table}");
+        assert_eq!(
+            table.lines().count(),
+            4,
+            "where, a holder and a waiter: {table}"
+        );
         assert!(table.contains(r"rm\u{1b}[31m -rf /"), "{table}");
     }
     let output = run(store.status().arg("--json"));

@@ -26,8 +26,14 @@ fn a_bad_value_from_a_variable_names_the_variable() {
         .lockrun()
         .env("LOCKRUN_TIMEOUT", "bogus")
         .args(["--name", "x", "-w", "never", "true"])));
-    assert!(!line.contains("LOCKRUN_TIMEOUT") && line.contains("--timeout"), "{line}");
-    let line = usage_line(&run(store.status().env("LOCKRUN_PREFIX", "x").env("LOCKRUN_LOG_FORMAT", "yaml")));
+    assert!(
+        !line.contains("LOCKRUN_TIMEOUT") && line.contains("--timeout"),
+        "{line}"
+    );
+    let line = usage_line(&run(store
+        .status()
+        .env("LOCKRUN_PREFIX", "x")
+        .env("LOCKRUN_LOG_FORMAT", "yaml")));
     assert!(line.contains("LOCKRUN_LOG_FORMAT"), "{line}");
 }
 
@@ -40,10 +46,17 @@ fn backend_names_are_taken_in_any_case() {
         .args(["-b", "SQLite", "--db"])
         .arg(&db)
         .args(["--name", "x", "-c"])
-        .arg(format!("echo $LOCKRUN_BACKEND > {}", scratch.path("backend").display())));
+        .arg(format!(
+            "echo $LOCKRUN_BACKEND > {}",
+            scratch.path("backend").display()
+        )));
     assert_status(&output, 0);
     assert_eq!(scratch.lines("backend"), ["sqlite"]);
-    let output = run(lockrun().env("LOCKRUN_BACKEND", "FILE").arg("status").arg("--dir").arg(dir.path()));
+    let output = run(lockrun()
+        .env("LOCKRUN_BACKEND", "FILE")
+        .arg("status")
+        .arg("--dir")
+        .arg(dir.path()));
     assert_status(&output, 0);
 }
 
@@ -78,13 +91,26 @@ kill $holder; wait"#,
     );
     let output = run(shell.args(["sh", "-c", &script]));
     let out = stdout(&output);
-    assert!(out.contains("cron 75"), "cron's run found the lock held: {out}");
+    assert!(
+        out.contains("cron 75"),
+        "cron's run found the lock held: {out}"
+    );
     let uid = nix::unistd::geteuid();
     let dir = format!("directory /run/lock/lockrun-{uid}");
-    assert!(out.contains(&format!("locks in {dir}")), "status says where: {out}");
+    assert!(
+        out.contains(&format!("locks in {dir}")),
+        "status says where: {out}"
+    );
     let said = std::fs::read_to_string(scratch.path("holder.err")).unwrap();
-    assert!(said.contains(&format!("the lock is in {dir}")), "-v says where: {said}");
-    assert!(run_lock.join(format!("lockrun-{uid}/nightly.0.lock")).exists());
+    assert!(
+        said.contains(&format!("the lock is in {dir}")),
+        "-v says where: {said}"
+    );
+    assert!(
+        run_lock
+            .join(format!("lockrun-{uid}/nightly.0.lock"))
+            .exists()
+    );
 }
 
 /// `status` on a store nobody made yet (a fresh account, a new database, an
@@ -126,4 +152,86 @@ fn a_released_file_slot_keeps_no_command_line() {
     let record = std::fs::read_to_string(store.dir().join("db.0.lock")).unwrap();
     assert!(!record.contains("s3cret"), "{record}");
     assert!(record.contains("\"fence\":1"), "the fence stays: {record}");
+}
+
+/// In a container whose PID 1 never reaps, the command's leftovers end as
+/// zombies that lockrun, their subreaper, reaps: the next run has the lock
+/// within 50 ms of the group's end, not after the kill grace.
+#[test]
+fn the_lock_is_free_at_once_under_a_pid_1_that_never_reaps() {
+    let Some(mut container) = in_a_pid_namespace() else {
+        return;
+    };
+    let store = Store::file();
+    let scratch = Scratch::new();
+    let dir = store.dir();
+    let script = format!(
+        r#"cd '{scratch}'
+"$lockrun" --dir '{dir}' --name z -- sh -c ': > held; sleep 100 & sleep 0.2; date +%s%N > ended' &
+while [ ! -e held ]; do sleep 0.01; done
+"$lockrun" --dir '{dir}' --name z --log-format json -- true 2> next &
+exec sleep 60"#,
+        scratch = scratch.dir().display(),
+        dir = dir.display(),
+    );
+    let _container = container.args(["sh", "-c", &script]).start();
+    let mut acquired = None;
+    wait_until("the next run's acquisition", || {
+        acquired = scratch
+            .lines("next")
+            .iter()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .find(|event| event["event"] == "acquired");
+        acquired.is_some()
+    });
+    let ended: u128 = scratch.lines("ended")[0].parse().unwrap();
+    let at = acquired.unwrap()["ts"].as_str().unwrap().to_owned();
+    let taken = chrono_millis(&at);
+    let gap = taken.saturating_sub(ended / 1_000_000);
+    assert!(
+        gap < 50,
+        "the next run had the lock {gap} ms after the group ended"
+    );
+}
+
+/// Milliseconds since the epoch of an RFC 3339 time in UTC with milliseconds (`2026-11-21T13:09:17.402Z`).
+fn chrono_millis(ts: &str) -> u128 {
+    let output = std::process::Command::new("date")
+        .args(["-d", ts, "+%s%3N"])
+        .output()
+        .expect("date(1)");
+    String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .expect("a time")
+}
+
+#[test]
+fn a_killed_watchdog_is_said_even_without_verbose() {
+    let store = Store::file();
+    let scratch = Scratch::new();
+    let mut holder = crate::core::hold(&store, &scratch, "guarded", &[]);
+    let lockrun = holder.id();
+    let mut watchdog = None;
+    wait_until("lockrun's watchdog", || {
+        watchdog = std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .find_map(|entry| {
+                let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+                let (comm, rest) = stat.split_once(" (")?.1.rsplit_once(") ")?;
+                let parent: u32 = rest.split_whitespace().nth(1)?.parse().ok()?;
+                (comm == "lr-watchdog" && parent == lockrun)
+                    .then(|| entry.file_name().to_string_lossy().parse::<u32>().ok())?
+            });
+        watchdog.is_some()
+    });
+    signal(watchdog.unwrap(), nix::sys::signal::Signal::SIGKILL);
+    wait_for_stderr(&mut holder, "the watchdog (lr-watchdog, pid");
+    std::fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(
+        wait(&mut holder).code(),
+        Some(0),
+        "the command's status stands"
+    );
 }

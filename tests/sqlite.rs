@@ -567,7 +567,11 @@ fn status_and_release_on_a_missing_database_say_so_and_create_nothing() {
         &[RELEASE],
         "there is no lockrun database",
     );
-    let output = run(&mut on_db(STATUS.0, &scratch.path("typo/locks.sqlite3"), STATUS.1));
+    let output = run(&mut on_db(
+        STATUS.0,
+        &scratch.path("typo/locks.sqlite3"),
+        STATUS.1,
+    ));
     assert_status(&output, 0);
     assert!(
         stdout(&output).starts_with("no lock is held: there is no lockrun database"),

@@ -101,19 +101,26 @@ pub fn from_variable(mut err: clap::Error, definition: &Command, args: &[OsStrin
         return err;
     };
     let Some(arg) = options(definition).find(|arg| {
-        arg.get_long()
-            .is_some_and(|long| shown.starts_with(&format!("--{long} ")) || *shown == format!("--{long}"))
+        arg.get_long().is_some_and(|long| {
+            shown.starts_with(&format!("--{long} ")) || *shown == format!("--{long}")
+        })
     }) else {
         return err;
     };
     let long = format!("--{}", arg.get_long().unwrap_or_default());
     let short = arg.get_short().map(|short| format!("-{short}"));
-    let typed = args.iter().skip(1).take_while(|word| *word != "--").any(|word| {
-        let word = word.to_string_lossy();
-        word == long
-            || word.starts_with(&format!("{long}="))
-            || short.as_ref().is_some_and(|short| word.starts_with(short.as_str()))
-    });
+    let typed = args
+        .iter()
+        .skip(1)
+        .take_while(|word| *word != "--")
+        .any(|word| {
+            let word = word.to_string_lossy();
+            word == long
+                || word.starts_with(&format!("{long}="))
+                || short
+                    .as_ref()
+                    .is_some_and(|short| word.starts_with(short.as_str()))
+        });
     if let (false, Some(var)) = (typed, arg.get_env().and_then(OsStr::to_str)) {
         let said = format!("{shown}' from the variable '{var}");
         err.insert(ContextKind::InvalidArg, ContextValue::String(said));
@@ -123,9 +130,11 @@ pub fn from_variable(mut err: clap::Error, definition: &Command, args: &[OsStrin
 
 /// Every option of the definition and of its subcommands.
 fn options(definition: &Command) -> impl Iterator<Item = &Arg> {
-    definition
-        .get_arguments()
-        .chain(definition.get_subcommands().flat_map(Command::get_arguments))
+    definition.get_arguments().chain(
+        definition
+            .get_subcommands()
+            .flat_map(Command::get_arguments),
+    )
 }
 
 /// clap's error for `first`, the first argument, when it is no subcommand but

@@ -51,6 +51,8 @@ const HOLD_LEN: usize = 1 + 2 * 8;
 pub struct Watchdog {
     /// Closing it without a word is what tells the watchdog lockrun is gone.
     tell: OwnedFd,
+    /// Its pid: lockrun's child, whose end before it was dismissed is worth saying.
+    pid: Pid,
 }
 
 impl Watchdog {
@@ -71,9 +73,13 @@ impl Watchdog {
                 // group (a SIGSTOP, a SIGKILL) must not reach the guard, even before it ran.
                 // The guard leaves the session too, when it gets to run first.
                 let _ = setpgid(child, child);
-                Ok(Self { tell })
+                Ok(Self { tell, pid: child })
             }
         }
+    }
+
+    pub fn pid(&self) -> Pid {
+        self.pid
     }
 
     /// What the command's process uses to name its group to the watchdog.

@@ -415,6 +415,15 @@ pub fn with_default_dirs_in(run_lock: &Path, var_tmp: &Path) -> Option<Command> 
 /// lockrun outside it, as on another host; `None`, after saying why, where this
 /// process may not make one.
 pub fn lockrun_in_a_pid_namespace() -> Option<Command> {
+    let mut command = in_a_pid_namespace()?;
+    command.arg(env!("CARGO_BIN_EXE_lockrun"));
+    Some(command)
+}
+
+/// A program the caller adds, as PID 1 of a pid namespace of its own (with
+/// `$lockrun` set), as in a container; `None`, after saying why, where this
+/// process may not make one.
+pub fn in_a_pid_namespace() -> Option<Command> {
     let namespace = ["--pid", "--fork", "--kill-child", "--mount-proc"];
     let probe = Command::new("unshare").args(namespace).arg("true").output();
     if !probe.is_ok_and(|output| output.status.success()) {
@@ -422,7 +431,9 @@ pub fn lockrun_in_a_pid_namespace() -> Option<Command> {
         return None;
     }
     let mut command = Command::new("unshare");
-    command.args(namespace).arg(env!("CARGO_BIN_EXE_lockrun"));
+    command
+        .args(namespace)
+        .env("lockrun", env!("CARGO_BIN_EXE_lockrun"));
     Some(without_lockrun_variables(command))
 }
 
