@@ -5,7 +5,7 @@ use std::ffi::OsString;
 use std::time::{Duration, SystemTime};
 
 use crate::acquire::{self, acquire};
-use crate::backend::{Owner, Request, Store};
+use crate::backend::{Owner, Released, Request, Store};
 use crate::backoff;
 use crate::cli::RunArgs;
 use crate::error::{Error, Result};
@@ -73,11 +73,21 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
         supervisor::supervise(&program, &env, &signals, &mut held, &limits, reporter)
     });
     let keep_until = (!args.min_hold.is_zero()).then(|| acquired_at + args.min_hold);
+    // A lease that ran out by its deadline after the command ended (lockrun
+    // paused since) was not taken from the command while it ran.
+    let lapsed = held.deadline().is_some_and(Moment::has_passed);
     let released = held.release(keep_until);
     if released.is_ok() {
         reporter.event(&Event::Released { slot: number });
     }
-    let ending = ending?;
+    let mut ending = ending?;
+    if let (Ok(Released::Lost), Ending::Exited(code), false) = (&released, &ending, lapsed) {
+        // Broken or taken while the command ran: another holder may have run beside it.
+        reporter.event(&Event::Lost {
+            reason: "it was found gone at release",
+        });
+        ending = Ending::FoundLost(*code);
+    }
     if let Err(err) = released {
         // The command's run is over either way: its status stands, and a lease
         // that could not be released lapses by itself.
@@ -124,6 +134,10 @@ fn report_ending(ending: &Ending, request: &Request, reporter: &Reporter) {
         Ending::Exited(_) => {}
         Ending::LeaseLost(reason) => reporter.error(&format!(
             "stopped the command: the lease on {} was lost ({reason})",
+            request.name
+        )),
+        Ending::FoundLost(code) => reporter.error(&format!(
+            "the lease on {} was found lost when lockrun released it (broken or expired): another run may have held the slot meanwhile; the command exited with status {code}",
             request.name
         )),
         Ending::LostBeforeStart(reason) => reporter.error(&format!(

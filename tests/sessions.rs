@@ -235,3 +235,28 @@ fn a_killed_watchdog_is_said_even_without_verbose() {
         "the command's status stands"
     );
 }
+
+/// A holder whose lease was broken, and whose slot another run took, finds
+/// the lease gone when it releases: 76, and a line that names its command's
+/// own status, even though the command ended before a renewal could notice.
+pub fn a_lease_found_lost_at_release_gives_76(store: &Store) {
+    if store.kind == "file" {
+        return; // No lease to break: the kernel holds the lock.
+    }
+    let scratch = Scratch::new();
+    let holder = crate::core::hold(store, &scratch, "broken", &["--ttl", "30"]);
+    assert_status(&run(store.release().args(["broken", "--force"])), 0);
+    assert_status(
+        &run(store.lockrun().args(["--name", "broken", "-n", "true"])),
+        0,
+    );
+    std::fs::write(scratch.path("release"), "").unwrap();
+    let output = finish(holder);
+    assert_status(&output, 76);
+    let err = stderr(&output);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("found lost") && err.contains("the command exited with status 0"),
+        "{err}"
+    );
+}

@@ -207,7 +207,23 @@ pub trait Slot {
 
     /// Gives the slot up. With `keep_until` in the future the slot stays taken
     /// until then (`--min-hold`), though lockrun exits.
-    fn release(self: Box<Self>, keep_until: Option<SystemTime>) -> Result<()>;
+    fn release(self: Box<Self>, keep_until: Option<SystemTime>) -> Result<Released>;
+}
+
+/// What a release found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Released {
+    /// The slot was ours to the end.
+    Ours,
+    /// The lease was gone already (expired or broken): another holder may have had the slot.
+    Lost,
+}
+
+impl Released {
+    /// `Ours` when the store still held our lease, `Lost` when it found none.
+    pub fn ours(ours: bool) -> Self {
+        if ours { Self::Ours } else { Self::Lost }
+    }
 }
 
 /// What a renewal found.

@@ -86,13 +86,17 @@ pub enum Ending {
     LostBeforeStart(String),
     /// lockrun stopped it at `--max-runtime`.
     MaxRuntime(Duration),
+    /// It exited with this status, but its lease was found lost at release.
+    FoundLost(u8),
 }
 
 impl Ending {
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::Exited(code) => *code,
-            Self::LeaseLost(_) | Self::LostBeforeStart(_) => status::LEASE_LOST,
+            Self::LeaseLost(_) | Self::LostBeforeStart(_) | Self::FoundLost(_) => {
+                status::LEASE_LOST
+            }
             Self::MaxRuntime(_) => status::MAX_RUNTIME,
         }
     }

@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 use super::dir::LockDir;
 use super::fence;
 use crate::backend::record::HolderRecord;
-use crate::backend::{Renewal, Request, Slot};
+use crate::backend::{Released, Renewal, Request, Slot};
 use crate::error::{Error, Result};
 use crate::identity::epoch_millis;
 use crate::platform::clock::Moment;
@@ -162,7 +162,7 @@ impl Slot for FileSlot {
         Ok(Renewal::Renewed)
     }
 
-    fn release(mut self: Box<Self>, keep_until: Option<SystemTime>) -> Result<()> {
+    fn release(mut self: Box<Self>, keep_until: Option<SystemTime>) -> Result<Released> {
         if let Some(until) = keep_until.filter(|until| *until > SystemTime::now()) {
             // Said before the lock goes: whoever gets it next sees that the slot is still taken.
             self.record.kept_until = Some(epoch_millis(until));
@@ -176,7 +176,8 @@ impl Slot for FileSlot {
         let _ = self.file.unlock();
         // Touched, so that a waiter watching the directory for more than one slot wakes now.
         let _ = self.file.set_modified(SystemTime::now());
-        written
+        // The kernel held the lock for as long as we lived: it cannot have been lost.
+        written.map(|()| Released::Ours)
     }
 }
 

@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 
 use super::record::{HolderRecord, WaiterRecord, local_ahead, sort, waiting};
 use super::{
-    Abilities, Attempt, Common, Entry, Line, Owner, Renewal, Request, Slot, Store, Waited,
+    Abilities, Attempt, Common, Entry, Line, Owner, Released, Renewal, Request, Slot, Store, Waited,
 };
 use crate::error::{Error, Result};
 use crate::identity::epoch_millis;
@@ -418,13 +418,13 @@ impl Slot for RedisSlot {
         Ok(Renewal::confirmed(renewed == 1))
     }
 
-    fn release(self: Box<Self>, keep_until: Option<SystemTime>) -> Result<()> {
+    fn release(self: Box<Self>, keep_until: Option<SystemTime>) -> Result<Released> {
         // A duration from now, not a time: only the server's clock decides expiry.
         let keep = keep_until
             .and_then(|until| until.duration_since(SystemTime::now()).ok())
             .filter(|keep| keep.as_millis() > 0)
             .unwrap_or_default();
-        release(
+        let ours = release(
             &self.link,
             &self.scripts,
             &self.keys,
@@ -433,7 +433,7 @@ impl Slot for RedisSlot {
             keep,
             call_timeout(self.ttl),
         )?;
-        Ok(())
+        Ok(Released::ours(ours))
     }
 }
 
