@@ -31,6 +31,7 @@ macro_rules! backend_tests {
             core::names_never_reach_each_other,
             sessions::status_on_a_store_not_made_yet_says_nothing_is_held,
             sessions::a_lease_found_lost_at_release_gives_76,
+            sessions::a_run_that_would_wait_for_its_own_ancestor_fails_at_once,
             line::first_come_first_served_with_one_slot,
             line::first_come_first_served_with_two_slots,
             line::a_freed_slot_goes_to_the_head_of_the_line_at_once,

@@ -260,3 +260,31 @@ pub fn a_lease_found_lost_at_release_gives_76(store: &Store) {
         "{err}"
     );
 }
+
+/// A lockrun inside a command that lockrun runs, asking for the lock its own
+/// ancestor holds, fails at once instead of waiting out its `--timeout`.
+pub fn a_run_that_would_wait_for_its_own_ancestor_fails_at_once(store: &Store) {
+    let inner = store.argv(&["--name", "nest", "-w", "60", "true"]);
+    let started = std::time::Instant::now();
+    let output = run(store
+        .lockrun()
+        .args([
+            "--name",
+            "nest",
+            "--",
+            "sh",
+            "-c",
+            "\"$@\"; echo \"inner $?\"",
+            "sh",
+        ])
+        .args(&inner));
+    assert_status(&output, 0);
+    assert_eq!(stdout(&output), "inner 75\n");
+    let err = stderr(&output);
+    assert!(err.contains("would wait for itself"), "{err}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    // A nested run for another name is not held up.
+    let other = store.argv(&["--name", "other", "-n", "true"]);
+    let output = run(store.lockrun().args(["--name", "nest", "--"]).args(&other));
+    assert_status(&output, 0);
+}
