@@ -22,10 +22,10 @@ Register-ArgumentCompleter -Native -CommandName 'lockrun' -ScriptBlock {
     $completions = @(switch ($command) {
         'lockrun' {
             [CompletionResult]::new('--name', '--name', [CompletionResultType]::ParameterName, 'The lock''s name: 1 to 200 bytes, no control characters')
-            [CompletionResult]::new('-b', '-b', [CompletionResultType]::ParameterName, 'Where the lock lives')
-            [CompletionResult]::new('--backend', '--backend', [CompletionResultType]::ParameterName, 'Where the lock lives')
+            [CompletionResult]::new('-b', '-b', [CompletionResultType]::ParameterName, 'Where the lock lives (in any case: sqlite, SQLite)')
+            [CompletionResult]::new('--backend', '--backend', [CompletionResultType]::ParameterName, 'Where the lock lives (in any case: sqlite, SQLite)')
             [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'Key prefix on redis (keys start with PREFIX:) and etcd (/PREFIX/); schema on postgres')
-            [CompletionResult]::new('--dir', '--dir', [CompletionResultType]::ParameterName, 'File backend''s directory [default: `$XDG_RUNTIME_DIR/lockrun`, else `/run/lock/lockrun`, else `$TMPDIR/lockrun-$UID`]')
+            [CompletionResult]::new('--dir', '--dir', [CompletionResultType]::ParameterName, 'File backend''s directory [default: /run/lock/lockrun-$UID, else /var/tmp/lockrun-$UID; the same in every session]')
             [CompletionResult]::new('--db', '--db', [CompletionResultType]::ParameterName, '`SQLite` database [default: `$XDG_STATE_HOME/lockrun/locks.sqlite3`, else `~/.local/state/lockrun/locks.sqlite3`]')
             [CompletionResult]::new('--redis-url', '--redis-url', [CompletionResultType]::ParameterName, 'Redis server: `redis://[user:pass@]host:port[/db]`, `rediss://` (TLS) or `redis+unix:///path`')
             [CompletionResult]::new('--postgres-url', '--postgres-url', [CompletionResultType]::ParameterName, 'PostgreSQL server: `postgres://[user[:pass]@]host[:port]/db[?sslmode=...]` or a `key=value` conninfo string [default: libpq''s: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]')
@@ -39,7 +39,7 @@ Register-ArgumentCompleter -Native -CommandName 'lockrun' -ScriptBlock {
             [CompletionResult]::new('--backoff-multiplier', '--backoff-multiplier', [CompletionResultType]::ParameterName, 'Growth of the retry delay per retry (>= 1)')
             [CompletionResult]::new('--ttl', '--ttl', [CompletionResultType]::ParameterName, 'Lease length on every backend but file; renewed every TTL/3 while the command runs')
             [CompletionResult]::new('--min-hold', '--min-hold', [CompletionResultType]::ParameterName, 'Keep the slot taken at least this long after acquiring')
-            [CompletionResult]::new('--max-runtime', '--max-runtime', [CompletionResultType]::ParameterName, 'Stop the command after this long (exit 124)')
+            [CompletionResult]::new('--max-runtime', '--max-runtime', [CompletionResultType]::ParameterName, 'Stop the command after this long (exit 124); 0 means no limit')
             [CompletionResult]::new('--kill-grace', '--kill-grace', [CompletionResultType]::ParameterName, 'Time between SIGTERM and SIGKILL when lockrun stops the command [default: 10s, at most TTL/3 on every backend but file]')
             [CompletionResult]::new('-E', '-E ', [CompletionResultType]::ParameterName, 'Exit status when no slot was acquired, 0 to 255')
             [CompletionResult]::new('--conflict-exit-code', '--conflict-exit-code', [CompletionResultType]::ParameterName, 'Exit status when no slot was acquired, 0 to 255')
@@ -62,10 +62,10 @@ Register-ArgumentCompleter -Native -CommandName 'lockrun' -ScriptBlock {
             break
         }
         'lockrun;status' {
-            [CompletionResult]::new('-b', '-b', [CompletionResultType]::ParameterName, 'Where the lock lives')
-            [CompletionResult]::new('--backend', '--backend', [CompletionResultType]::ParameterName, 'Where the lock lives')
+            [CompletionResult]::new('-b', '-b', [CompletionResultType]::ParameterName, 'Where the lock lives (in any case: sqlite, SQLite)')
+            [CompletionResult]::new('--backend', '--backend', [CompletionResultType]::ParameterName, 'Where the lock lives (in any case: sqlite, SQLite)')
             [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'Key prefix on redis (keys start with PREFIX:) and etcd (/PREFIX/); schema on postgres')
-            [CompletionResult]::new('--dir', '--dir', [CompletionResultType]::ParameterName, 'File backend''s directory [default: `$XDG_RUNTIME_DIR/lockrun`, else `/run/lock/lockrun`, else `$TMPDIR/lockrun-$UID`]')
+            [CompletionResult]::new('--dir', '--dir', [CompletionResultType]::ParameterName, 'File backend''s directory [default: /run/lock/lockrun-$UID, else /var/tmp/lockrun-$UID; the same in every session]')
             [CompletionResult]::new('--db', '--db', [CompletionResultType]::ParameterName, '`SQLite` database [default: `$XDG_STATE_HOME/lockrun/locks.sqlite3`, else `~/.local/state/lockrun/locks.sqlite3`]')
             [CompletionResult]::new('--redis-url', '--redis-url', [CompletionResultType]::ParameterName, 'Redis server: `redis://[user:pass@]host:port[/db]`, `rediss://` (TLS) or `redis+unix:///path`')
             [CompletionResult]::new('--postgres-url', '--postgres-url', [CompletionResultType]::ParameterName, 'PostgreSQL server: `postgres://[user[:pass]@]host[:port]/db[?sslmode=...]` or a `key=value` conninfo string [default: libpq''s: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]')
@@ -82,10 +82,10 @@ Register-ArgumentCompleter -Native -CommandName 'lockrun' -ScriptBlock {
         }
         'lockrun;release' {
             [CompletionResult]::new('--slot', '--slot', [CompletionResultType]::ParameterName, 'Only this slot (all of the name''s slots when omitted)')
-            [CompletionResult]::new('-b', '-b', [CompletionResultType]::ParameterName, 'Where the lock lives')
-            [CompletionResult]::new('--backend', '--backend', [CompletionResultType]::ParameterName, 'Where the lock lives')
+            [CompletionResult]::new('-b', '-b', [CompletionResultType]::ParameterName, 'Where the lock lives (in any case: sqlite, SQLite)')
+            [CompletionResult]::new('--backend', '--backend', [CompletionResultType]::ParameterName, 'Where the lock lives (in any case: sqlite, SQLite)')
             [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'Key prefix on redis (keys start with PREFIX:) and etcd (/PREFIX/); schema on postgres')
-            [CompletionResult]::new('--dir', '--dir', [CompletionResultType]::ParameterName, 'File backend''s directory [default: `$XDG_RUNTIME_DIR/lockrun`, else `/run/lock/lockrun`, else `$TMPDIR/lockrun-$UID`]')
+            [CompletionResult]::new('--dir', '--dir', [CompletionResultType]::ParameterName, 'File backend''s directory [default: /run/lock/lockrun-$UID, else /var/tmp/lockrun-$UID; the same in every session]')
             [CompletionResult]::new('--db', '--db', [CompletionResultType]::ParameterName, '`SQLite` database [default: `$XDG_STATE_HOME/lockrun/locks.sqlite3`, else `~/.local/state/lockrun/locks.sqlite3`]')
             [CompletionResult]::new('--redis-url', '--redis-url', [CompletionResultType]::ParameterName, 'Redis server: `redis://[user:pass@]host:port[/db]`, `rediss://` (TLS) or `redis+unix:///path`')
             [CompletionResult]::new('--postgres-url', '--postgres-url', [CompletionResultType]::ParameterName, 'PostgreSQL server: `postgres://[user[:pass]@]host[:port]/db[?sslmode=...]` or a `key=value` conninfo string [default: libpq''s: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]')

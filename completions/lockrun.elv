@@ -19,10 +19,10 @@ set edit:completion:arg-completer[lockrun] = {|@words|
     var completions = [
         &'lockrun'= {
             cand --name 'The lock''s name: 1 to 200 bytes, no control characters'
-            cand -b 'Where the lock lives'
-            cand --backend 'Where the lock lives'
+            cand -b 'Where the lock lives (in any case: sqlite, SQLite)'
+            cand --backend 'Where the lock lives (in any case: sqlite, SQLite)'
             cand --prefix 'Key prefix on redis (keys start with PREFIX:) and etcd (/PREFIX/); schema on postgres'
-            cand --dir 'File backend''s directory [default: `$XDG_RUNTIME_DIR/lockrun`, else `/run/lock/lockrun`, else `$TMPDIR/lockrun-$UID`]'
+            cand --dir 'File backend''s directory [default: /run/lock/lockrun-$UID, else /var/tmp/lockrun-$UID; the same in every session]'
             cand --db '`SQLite` database [default: `$XDG_STATE_HOME/lockrun/locks.sqlite3`, else `~/.local/state/lockrun/locks.sqlite3`]'
             cand --redis-url 'Redis server: `redis://[user:pass@]host:port[/db]`, `rediss://` (TLS) or `redis+unix:///path`'
             cand --postgres-url 'PostgreSQL server: `postgres://[user[:pass]@]host[:port]/db[?sslmode=...]` or a `key=value` conninfo string [default: libpq''s: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]'
@@ -36,7 +36,7 @@ set edit:completion:arg-completer[lockrun] = {|@words|
             cand --backoff-multiplier 'Growth of the retry delay per retry (>= 1)'
             cand --ttl 'Lease length on every backend but file; renewed every TTL/3 while the command runs'
             cand --min-hold 'Keep the slot taken at least this long after acquiring'
-            cand --max-runtime 'Stop the command after this long (exit 124)'
+            cand --max-runtime 'Stop the command after this long (exit 124); 0 means no limit'
             cand --kill-grace 'Time between SIGTERM and SIGKILL when lockrun stops the command [default: 10s, at most TTL/3 on every backend but file]'
             cand -E 'Exit status when no slot was acquired, 0 to 255'
             cand --conflict-exit-code 'Exit status when no slot was acquired, 0 to 255'
@@ -58,10 +58,10 @@ set edit:completion:arg-completer[lockrun] = {|@words|
             cand help 'Print this message or the help of the given subcommand(s)'
         }
         &'lockrun;status'= {
-            cand -b 'Where the lock lives'
-            cand --backend 'Where the lock lives'
+            cand -b 'Where the lock lives (in any case: sqlite, SQLite)'
+            cand --backend 'Where the lock lives (in any case: sqlite, SQLite)'
             cand --prefix 'Key prefix on redis (keys start with PREFIX:) and etcd (/PREFIX/); schema on postgres'
-            cand --dir 'File backend''s directory [default: `$XDG_RUNTIME_DIR/lockrun`, else `/run/lock/lockrun`, else `$TMPDIR/lockrun-$UID`]'
+            cand --dir 'File backend''s directory [default: /run/lock/lockrun-$UID, else /var/tmp/lockrun-$UID; the same in every session]'
             cand --db '`SQLite` database [default: `$XDG_STATE_HOME/lockrun/locks.sqlite3`, else `~/.local/state/lockrun/locks.sqlite3`]'
             cand --redis-url 'Redis server: `redis://[user:pass@]host:port[/db]`, `rediss://` (TLS) or `redis+unix:///path`'
             cand --postgres-url 'PostgreSQL server: `postgres://[user[:pass]@]host[:port]/db[?sslmode=...]` or a `key=value` conninfo string [default: libpq''s: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]'
@@ -77,10 +77,10 @@ set edit:completion:arg-completer[lockrun] = {|@words|
         }
         &'lockrun;release'= {
             cand --slot 'Only this slot (all of the name''s slots when omitted)'
-            cand -b 'Where the lock lives'
-            cand --backend 'Where the lock lives'
+            cand -b 'Where the lock lives (in any case: sqlite, SQLite)'
+            cand --backend 'Where the lock lives (in any case: sqlite, SQLite)'
             cand --prefix 'Key prefix on redis (keys start with PREFIX:) and etcd (/PREFIX/); schema on postgres'
-            cand --dir 'File backend''s directory [default: `$XDG_RUNTIME_DIR/lockrun`, else `/run/lock/lockrun`, else `$TMPDIR/lockrun-$UID`]'
+            cand --dir 'File backend''s directory [default: /run/lock/lockrun-$UID, else /var/tmp/lockrun-$UID; the same in every session]'
             cand --db '`SQLite` database [default: `$XDG_STATE_HOME/lockrun/locks.sqlite3`, else `~/.local/state/lockrun/locks.sqlite3`]'
             cand --redis-url 'Redis server: `redis://[user:pass@]host:port[/db]`, `rediss://` (TLS) or `redis+unix:///path`'
             cand --postgres-url 'PostgreSQL server: `postgres://[user[:pass]@]host[:port]/db[?sslmode=...]` or a `key=value` conninfo string [default: libpq''s: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]'
