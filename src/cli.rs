@@ -228,9 +228,12 @@ pub fn parse(args: Vec<OsString>) -> Result<Cli, u8> {
         return Err(clap_error(err));
     }
     let mut definition = definition;
-    let mut matches = definition
-        .try_get_matches_from_mut(&args)
-        .map_err(|err| clap_error(usage::from_variable(err, &definition, &args)))?;
+    let mut matches = definition.try_get_matches_from_mut(&args).map_err(|err| {
+        match usage::subcommand_after_options(&err, &args) {
+            Some(message) => usage::report(&message),
+            None => clap_error(usage::from_variable(err, &definition, &args)),
+        }
+    })?;
     nested::require_own_backend(&matches).map_err(|message| usage::report(&message))?;
     Cli::from_arg_matches_mut(&mut matches).map_err(clap_error)
 }

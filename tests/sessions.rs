@@ -288,3 +288,33 @@ pub fn a_run_that_would_wait_for_its_own_ancestor_fails_at_once(store: &Store) {
     let output = run(store.lockrun().args(["--name", "nest", "--"]).args(&other));
     assert_status(&output, 0);
 }
+
+#[test]
+fn hints_for_what_users_bring_from_flock_and_habit() {
+    let store = Store::file();
+    let line = usage_line(&run(lockrun().args(["-b", "sqlite", "status"])));
+    assert!(
+        line.contains("a subcommand comes first: lockrun status -b sqlite"),
+        "{line}"
+    );
+    let line = usage_line(&run(store
+        .lockrun()
+        .args(["--name", "x", "-w", "-1", "true"])));
+    assert!(
+        line.contains("-w inf waits forever") && !line.contains("-- -1"),
+        "{line}"
+    );
+    for (flag, says) in [
+        ("-s", "no shared mode"),
+        ("-x", "every lockrun lock is"),
+        ("-u", "releases the lock when the command exits"),
+        ("-o", "never lets the command inherit"),
+        ("-F", "always runs the command as its child"),
+    ] {
+        let line = usage_line(&run(store.lockrun().args([flag, "--name", "x", "true"])));
+        assert!(
+            line.contains(&format!("{flag} is flock(1)'s")) && line.contains(says),
+            "{line}"
+        );
+    }
+}
