@@ -32,12 +32,12 @@ postgres\t''
 etcd\t''"
 complete -c lockrun -n "__fish_lockrun_needs_command" -l prefix -d 'Key prefix on redis (keys start with PREFIX:) and etcd (/PREFIX/); schema on postgres' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l dir -d 'File backend\'s directory [default: /run/lock/lockrun-$UID, else /var/tmp/lockrun-$UID; the same in every session]' -r -F
-complete -c lockrun -n "__fish_lockrun_needs_command" -l db -d '`SQLite` database [default: `$XDG_STATE_HOME/lockrun/locks.sqlite3`, else `~/.local/state/lockrun/locks.sqlite3`]' -r -F
-complete -c lockrun -n "__fish_lockrun_needs_command" -l redis-url -d 'Redis server: `redis://[user:pass@]host:port[/db]`, `rediss://` (TLS) or `redis+unix:///path`' -r
-complete -c lockrun -n "__fish_lockrun_needs_command" -l postgres-url -d 'PostgreSQL server: `postgres://[user[:pass]@]host[:port]/db[?sslmode=...]` or a `key=value` conninfo string [default: libpq\'s: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]' -r
-complete -c lockrun -n "__fish_lockrun_needs_command" -l etcd-endpoints -d 'etcd v3 endpoints, comma-separated: `http://[user:pass@]host:port`, `https://` for TLS' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -l db -d 'SQLite database [default: $XDG_STATE_HOME/lockrun/locks.sqlite3, else ~/.local/state/lockrun/locks.sqlite3]' -r -F
+complete -c lockrun -n "__fish_lockrun_needs_command" -l redis-url -d 'Redis server: redis://[user:pass@]host:port[/db], rediss:// (TLS) or redis+unix:///path' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -l postgres-url -d 'PostgreSQL server: postgres://[user[:pass]@]host[:port]/db[?sslmode=...] or a key=value conninfo string [default: libpq\'s: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -l etcd-endpoints -d 'etcd v3 endpoints, comma-separated: http://[user:pass@]host:port, https:// for TLS' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -s p -l parallelism -d 'How many holders at once (slots), 1 to 1024' -r
-complete -c lockrun -n "__fish_lockrun_needs_command" -s w -l timeout -d 'Longest wait for a slot; `inf` waits forever' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -s w -l timeout -d 'Longest wait for a slot; inf waits forever' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l initial-delay -d 'First retry delay when polling' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l max-delay -d 'Cap on the retry delay' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l backoff-multiplier -d 'Growth of the retry delay per retry (>= 1)' -r
@@ -64,10 +64,10 @@ postgres\t''
 etcd\t''"
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l prefix -d 'Key prefix on redis (keys start with PREFIX:) and etcd (/PREFIX/); schema on postgres' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l dir -d 'File backend\'s directory [default: /run/lock/lockrun-$UID, else /var/tmp/lockrun-$UID; the same in every session]' -r -F
-complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l db -d '`SQLite` database [default: `$XDG_STATE_HOME/lockrun/locks.sqlite3`, else `~/.local/state/lockrun/locks.sqlite3`]' -r -F
-complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l redis-url -d 'Redis server: `redis://[user:pass@]host:port[/db]`, `rediss://` (TLS) or `redis+unix:///path`' -r
-complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l postgres-url -d 'PostgreSQL server: `postgres://[user[:pass]@]host[:port]/db[?sslmode=...]` or a `key=value` conninfo string [default: libpq\'s: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]' -r
-complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l etcd-endpoints -d 'etcd v3 endpoints, comma-separated: `http://[user:pass@]host:port`, `https://` for TLS' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l db -d 'SQLite database [default: $XDG_STATE_HOME/lockrun/locks.sqlite3, else ~/.local/state/lockrun/locks.sqlite3]' -r -F
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l redis-url -d 'Redis server: redis://[user:pass@]host:port[/db], rediss:// (TLS) or redis+unix:///path' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l postgres-url -d 'PostgreSQL server: postgres://[user[:pass]@]host[:port]/db[?sslmode=...] or a key=value conninfo string [default: libpq\'s: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l etcd-endpoints -d 'etcd v3 endpoints, comma-separated: http://[user:pass@]host:port, https:// for TLS' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l log-format -d 'Diagnostics as text lines or one JSON event per line' -r -f -a "text\t''
 json\t''"
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l json -d 'Print a JSON array instead of a table'
@@ -82,10 +82,10 @@ postgres\t''
 etcd\t''"
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l prefix -d 'Key prefix on redis (keys start with PREFIX:) and etcd (/PREFIX/); schema on postgres' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l dir -d 'File backend\'s directory [default: /run/lock/lockrun-$UID, else /var/tmp/lockrun-$UID; the same in every session]' -r -F
-complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l db -d '`SQLite` database [default: `$XDG_STATE_HOME/lockrun/locks.sqlite3`, else `~/.local/state/lockrun/locks.sqlite3`]' -r -F
-complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l redis-url -d 'Redis server: `redis://[user:pass@]host:port[/db]`, `rediss://` (TLS) or `redis+unix:///path`' -r
-complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l postgres-url -d 'PostgreSQL server: `postgres://[user[:pass]@]host[:port]/db[?sslmode=...]` or a `key=value` conninfo string [default: libpq\'s: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]' -r
-complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l etcd-endpoints -d 'etcd v3 endpoints, comma-separated: `http://[user:pass@]host:port`, `https://` for TLS' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l db -d 'SQLite database [default: $XDG_STATE_HOME/lockrun/locks.sqlite3, else ~/.local/state/lockrun/locks.sqlite3]' -r -F
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l redis-url -d 'Redis server: redis://[user:pass@]host:port[/db], rediss:// (TLS) or redis+unix:///path' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l postgres-url -d 'PostgreSQL server: postgres://[user[:pass]@]host[:port]/db[?sslmode=...] or a key=value conninfo string [default: libpq\'s: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l etcd-endpoints -d 'etcd v3 endpoints, comma-separated: http://[user:pass@]host:port, https:// for TLS' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l log-format -d 'Diagnostics as text lines or one JSON event per line' -r -f -a "text\t''
 json\t''"
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l force -d 'Required: breaking a live holder\'s lease lets a second holder in'

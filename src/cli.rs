@@ -75,7 +75,7 @@ pub struct RunArgs {
     #[arg(short = 'n', long)]
     pub no_wait: bool,
 
-    /// Longest wait for a slot; `inf` waits forever
+    /// Longest wait for a slot; inf waits forever
     #[arg(short = 'w', long, env = "LOCKRUN_TIMEOUT", default_value = DEFAULT_TIMEOUT, value_name = "DUR",
           value_parser = parse_limit)]
     pub timeout: Limit,

@@ -32,7 +32,7 @@ use waiter::Waiter;
 #[derive(Debug, clap::Args)]
 #[group(skip)]
 pub struct Options {
-    /// etcd v3 endpoints, comma-separated: `http://[user:pass@]host:port`, `https://` for TLS
+    /// etcd v3 endpoints, comma-separated: http://[user:pass@]host:port, https:// for TLS
     #[arg(
         long,
         env = "LOCKRUN_ETCD_ENDPOINTS",

@@ -46,7 +46,7 @@ use target::Target;
 #[derive(Debug, clap::Args)]
 #[group(skip)]
 pub struct Options {
-    /// PostgreSQL server: `postgres://[user[:pass]@]host[:port]/db[?sslmode=...]` or a `key=value` conninfo string [default: libpq's: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]
+    /// PostgreSQL server: postgres://[user[:pass]@]host[:port]/db[?sslmode=...] or a key=value conninfo string [default: libpq's: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]
     #[arg(
         long,
         env = "LOCKRUN_POSTGRES_URL",

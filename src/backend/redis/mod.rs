@@ -25,7 +25,7 @@ use scripts::{Keys, Scripts};
 #[derive(Debug, clap::Args)]
 #[group(skip)]
 pub struct Options {
-    /// Redis server: `redis://[user:pass@]host:port[/db]`, `rediss://` (TLS) or `redis+unix:///path`
+    /// Redis server: redis://[user:pass@]host:port[/db], rediss:// (TLS) or redis+unix:///path
     #[arg(
         long,
         env = "LOCKRUN_REDIS_URL",

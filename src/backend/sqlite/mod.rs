@@ -28,7 +28,7 @@ use database::{BUSY_TIMEOUT, Database};
 #[derive(Debug, clap::Args)]
 #[group(skip)]
 pub struct Options {
-    /// `SQLite` database [default: `$XDG_STATE_HOME/lockrun/locks.sqlite3`, else `~/.local/state/lockrun/locks.sqlite3`]
+    /// SQLite database [default: $XDG_STATE_HOME/lockrun/locks.sqlite3, else ~/.local/state/lockrun/locks.sqlite3]
     #[arg(long, env = "LOCKRUN_DB", value_name = "PATH")]
     pub db: Option<PathBuf>,
 }
