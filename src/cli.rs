@@ -228,10 +228,12 @@ pub fn parse(args: Vec<OsString>) -> Result<Cli, u8> {
         return Err(clap_error(err));
     }
     let mut definition = definition;
-    let mut matches = definition.try_get_matches_from_mut(&args).map_err(|err| {
-        match usage::subcommand_after_options(&err, &args) {
+    // Kept for the error, which may have to say what was typed where.
+    let typed = args.clone();
+    let mut matches = definition.try_get_matches_from_mut(args).map_err(|err| {
+        match usage::subcommand_after_options(&err, &typed) {
             Some(message) => usage::report(&message),
-            None => clap_error(usage::from_variable(err, &definition, &args)),
+            None => clap_error(usage::from_variable(err, &definition, &typed)),
         }
     })?;
     nested::require_own_backend(&matches).map_err(|message| usage::report(&message))?;

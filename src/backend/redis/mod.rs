@@ -25,9 +25,9 @@ use scripts::{Keys, Scripts};
 #[derive(Debug, clap::Args)]
 #[group(skip)]
 pub struct Options {
-    /// Redis server: redis://[user:pass@]host:port[/db], rediss:// (TLS) or redis+unix:///path
     #[arg(
         long,
+        help = "Redis server: redis://[user:pass@]host:port[/db], rediss:// (TLS) or redis+unix:///path",
         env = "LOCKRUN_REDIS_URL",
         default_value = "redis://127.0.0.1:6379",
         value_name = "URL",

@@ -28,8 +28,12 @@ use database::{BUSY_TIMEOUT, Database};
 #[derive(Debug, clap::Args)]
 #[group(skip)]
 pub struct Options {
-    /// SQLite database [default: $XDG_STATE_HOME/lockrun/locks.sqlite3, else ~/.local/state/lockrun/locks.sqlite3]
-    #[arg(long, env = "LOCKRUN_DB", value_name = "PATH")]
+    #[arg(
+        long,
+        env = "LOCKRUN_DB",
+        value_name = "PATH",
+        help = "SQLite database [default: $XDG_STATE_HOME/lockrun/locks.sqlite3, else ~/.local/state/lockrun/locks.sqlite3]"
+    )]
     pub db: Option<PathBuf>,
 }
 
