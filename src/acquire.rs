@@ -43,7 +43,7 @@ pub fn acquire(
         backoff: Backoff::new(policy.backoff),
         step_until: None,
         reached: false,
-        reached_before: false,
+        looked_for_ancestors: false,
         reported: None,
     };
     let outcome = waiter.wait_for_slot();
@@ -75,8 +75,8 @@ struct Waiter<'a> {
     step_until: Option<Moment>,
     /// Whether the store answered once: trouble after that is waited out, not fatal.
     reached: bool,
-    /// Whether a look found us waiting before (the first one looks for our own ancestors).
-    reached_before: bool,
+    /// Whether a look that found us waiting asked whether our own ancestors hold every slot.
+    looked_for_ancestors: bool,
     /// The place in line last reported.
     reported: Option<u32>,
 }
@@ -108,12 +108,12 @@ impl Waiter<'_> {
             if !self.request.queue || self.deadline.is_some_and(Moment::has_passed) {
                 return Err(self.busy(None));
             }
-            if !self.reached_before
+            if !self.looked_for_ancestors
                 && let Some(err) = self.waiting_for_itself()
             {
                 return Err(err);
             }
-            self.reached_before = true;
+            self.looked_for_ancestors = true;
             self.report(&line);
             if let Some(slot) = self.wait_for_change(&line)? {
                 return Ok(slot);

@@ -186,7 +186,7 @@ exec sleep 60"#,
     });
     let ended: u128 = scratch.lines("ended")[0].parse().unwrap();
     let at = acquired.unwrap()["ts"].as_str().unwrap().to_owned();
-    let taken = chrono_millis(&at);
+    let taken = epoch_millis_of(&at);
     let gap = taken.saturating_sub(ended / 1_000_000);
     assert!(
         gap < 50,
@@ -195,7 +195,7 @@ exec sleep 60"#,
 }
 
 /// Milliseconds since the epoch of an RFC 3339 time in UTC with milliseconds (`2026-11-21T13:09:17.402Z`).
-fn chrono_millis(ts: &str) -> u128 {
+fn epoch_millis_of(ts: &str) -> u128 {
     let output = std::process::Command::new("date")
         .args(["-d", ts, "+%s%3N"])
         .output()
