@@ -25,25 +25,25 @@ function __fish_lockrun_using_subcommand
 end
 
 complete -c lockrun -n "__fish_lockrun_needs_command" -l name -d 'The lock\'s name: 1 to 200 bytes, no control characters' -r
-complete -c lockrun -n "__fish_lockrun_needs_command" -s b -l backend -d 'Where the lock lives' -r -f -a "file\t''
+complete -c lockrun -n "__fish_lockrun_needs_command" -s b -l backend -d 'Where the lock lives (in any case: sqlite, SQLite)' -r -f -a "file\t''
 sqlite\t''
 redis\t''
 postgres\t''
 etcd\t''"
 complete -c lockrun -n "__fish_lockrun_needs_command" -l prefix -d 'Key prefix on redis (keys start with PREFIX:) and etcd (/PREFIX/); schema on postgres' -r
-complete -c lockrun -n "__fish_lockrun_needs_command" -l dir -d 'File backend\'s directory [default: `$XDG_RUNTIME_DIR/lockrun`, else `/run/lock/lockrun`, else `$TMPDIR/lockrun-$UID`]' -r -F
-complete -c lockrun -n "__fish_lockrun_needs_command" -l db -d '`SQLite` database [default: `$XDG_STATE_HOME/lockrun/locks.sqlite3`, else `~/.local/state/lockrun/locks.sqlite3`]' -r -F
-complete -c lockrun -n "__fish_lockrun_needs_command" -l redis-url -d 'Redis server: `redis://[user:pass@]host:port[/db]`, `rediss://` (TLS) or `redis+unix:///path`' -r
-complete -c lockrun -n "__fish_lockrun_needs_command" -l postgres-url -d 'PostgreSQL server: `postgres://[user[:pass]@]host[:port]/db[?sslmode=...]` or a `key=value` conninfo string [default: libpq\'s: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]' -r
-complete -c lockrun -n "__fish_lockrun_needs_command" -l etcd-endpoints -d 'etcd v3 endpoints, comma-separated: `http://[user:pass@]host:port`, `https://` for TLS' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -l dir -d 'File backend\'s directory [default: /run/lock/lockrun-$UID, else /var/tmp/lockrun-$UID; the same in every session]' -r -F
+complete -c lockrun -n "__fish_lockrun_needs_command" -l db -d 'SQLite database [default: $XDG_STATE_HOME/lockrun/locks.sqlite3, else ~/.local/state/lockrun/locks.sqlite3]' -r -F
+complete -c lockrun -n "__fish_lockrun_needs_command" -l redis-url -d 'Redis server: redis://[user:pass@]host:port[/db], rediss:// (TLS) or redis+unix:///path' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -l postgres-url -d 'PostgreSQL server: postgres://[user[:pass]@]host[:port]/db[?sslmode=...] or a key=value conninfo string [default: libpq\'s: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -l etcd-endpoints -d 'etcd v3 endpoints, comma-separated: http://[user:pass@]host:port, https:// for TLS' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -s p -l parallelism -d 'How many holders at once (slots), 1 to 1024' -r
-complete -c lockrun -n "__fish_lockrun_needs_command" -s w -l timeout -d 'Longest wait for a slot; `inf` waits forever' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -s w -l timeout -d 'Longest wait for a slot; inf waits forever' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l initial-delay -d 'First retry delay when polling' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l max-delay -d 'Cap on the retry delay' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l backoff-multiplier -d 'Growth of the retry delay per retry (>= 1)' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l ttl -d 'Lease length on every backend but file; renewed every TTL/3 while the command runs' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l min-hold -d 'Keep the slot taken at least this long after acquiring' -r
-complete -c lockrun -n "__fish_lockrun_needs_command" -l max-runtime -d 'Stop the command after this long (exit 124)' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -l max-runtime -d 'Stop the command after this long (exit 124); 0 means no limit' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l kill-grace -d 'Time between SIGTERM and SIGKILL when lockrun stops the command [default: 10s, at most TTL/3 on every backend but file]' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -s E -l conflict-exit-code -d 'Exit status when no slot was acquired, 0 to 255' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -s c -l command -d 'Run this string with /bin/sh -c instead of COMMAND ARGS' -r
@@ -57,17 +57,17 @@ complete -c lockrun -n "__fish_lockrun_needs_command" -s V -l version -d 'Print 
 complete -c lockrun -n "__fish_lockrun_needs_command" -a "status" -d 'List who holds a lock (every name when NAME is omitted)'
 complete -c lockrun -n "__fish_lockrun_needs_command" -a "release" -d 'Break a lease that is known to be dead (every backend but file)'
 complete -c lockrun -n "__fish_lockrun_needs_command" -a "help" -d 'Print this message or the help of the given subcommand(s)'
-complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s b -l backend -d 'Where the lock lives' -r -f -a "file\t''
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s b -l backend -d 'Where the lock lives (in any case: sqlite, SQLite)' -r -f -a "file\t''
 sqlite\t''
 redis\t''
 postgres\t''
 etcd\t''"
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l prefix -d 'Key prefix on redis (keys start with PREFIX:) and etcd (/PREFIX/); schema on postgres' -r
-complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l dir -d 'File backend\'s directory [default: `$XDG_RUNTIME_DIR/lockrun`, else `/run/lock/lockrun`, else `$TMPDIR/lockrun-$UID`]' -r -F
-complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l db -d '`SQLite` database [default: `$XDG_STATE_HOME/lockrun/locks.sqlite3`, else `~/.local/state/lockrun/locks.sqlite3`]' -r -F
-complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l redis-url -d 'Redis server: `redis://[user:pass@]host:port[/db]`, `rediss://` (TLS) or `redis+unix:///path`' -r
-complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l postgres-url -d 'PostgreSQL server: `postgres://[user[:pass]@]host[:port]/db[?sslmode=...]` or a `key=value` conninfo string [default: libpq\'s: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]' -r
-complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l etcd-endpoints -d 'etcd v3 endpoints, comma-separated: `http://[user:pass@]host:port`, `https://` for TLS' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l dir -d 'File backend\'s directory [default: /run/lock/lockrun-$UID, else /var/tmp/lockrun-$UID; the same in every session]' -r -F
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l db -d 'SQLite database [default: $XDG_STATE_HOME/lockrun/locks.sqlite3, else ~/.local/state/lockrun/locks.sqlite3]' -r -F
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l redis-url -d 'Redis server: redis://[user:pass@]host:port[/db], rediss:// (TLS) or redis+unix:///path' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l postgres-url -d 'PostgreSQL server: postgres://[user[:pass]@]host[:port]/db[?sslmode=...] or a key=value conninfo string [default: libpq\'s: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l etcd-endpoints -d 'etcd v3 endpoints, comma-separated: http://[user:pass@]host:port, https:// for TLS' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l log-format -d 'Diagnostics as text lines or one JSON event per line' -r -f -a "text\t''
 json\t''"
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l json -d 'Print a JSON array instead of a table'
@@ -75,17 +75,17 @@ complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s v -l verbose 
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s q -l quiet -d 'No diagnostics at all'
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -s h -l help -d 'Print help'
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l slot -d 'Only this slot (all of the name\'s slots when omitted)' -r
-complete -c lockrun -n "__fish_lockrun_using_subcommand release" -s b -l backend -d 'Where the lock lives' -r -f -a "file\t''
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -s b -l backend -d 'Where the lock lives (in any case: sqlite, SQLite)' -r -f -a "file\t''
 sqlite\t''
 redis\t''
 postgres\t''
 etcd\t''"
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l prefix -d 'Key prefix on redis (keys start with PREFIX:) and etcd (/PREFIX/); schema on postgres' -r
-complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l dir -d 'File backend\'s directory [default: `$XDG_RUNTIME_DIR/lockrun`, else `/run/lock/lockrun`, else `$TMPDIR/lockrun-$UID`]' -r -F
-complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l db -d '`SQLite` database [default: `$XDG_STATE_HOME/lockrun/locks.sqlite3`, else `~/.local/state/lockrun/locks.sqlite3`]' -r -F
-complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l redis-url -d 'Redis server: `redis://[user:pass@]host:port[/db]`, `rediss://` (TLS) or `redis+unix:///path`' -r
-complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l postgres-url -d 'PostgreSQL server: `postgres://[user[:pass]@]host[:port]/db[?sslmode=...]` or a `key=value` conninfo string [default: libpq\'s: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]' -r
-complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l etcd-endpoints -d 'etcd v3 endpoints, comma-separated: `http://[user:pass@]host:port`, `https://` for TLS' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l dir -d 'File backend\'s directory [default: /run/lock/lockrun-$UID, else /var/tmp/lockrun-$UID; the same in every session]' -r -F
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l db -d 'SQLite database [default: $XDG_STATE_HOME/lockrun/locks.sqlite3, else ~/.local/state/lockrun/locks.sqlite3]' -r -F
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l redis-url -d 'Redis server: redis://[user:pass@]host:port[/db], rediss:// (TLS) or redis+unix:///path' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l postgres-url -d 'PostgreSQL server: postgres://[user[:pass]@]host[:port]/db[?sslmode=...] or a key=value conninfo string [default: libpq\'s: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l etcd-endpoints -d 'etcd v3 endpoints, comma-separated: http://[user:pass@]host:port, https:// for TLS' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l log-format -d 'Diagnostics as text lines or one JSON event per line' -r -f -a "text\t''
 json\t''"
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l force -d 'Required: breaking a live holder\'s lease lets a second holder in'

@@ -11,6 +11,7 @@ use crate::backoff::{self, Backoff};
 use crate::duration::display;
 use crate::error::{Error, Result};
 use crate::platform::clock::Moment;
+use crate::platform::proc::ancestors;
 use crate::progress::Progress;
 use crate::report::{Event, Reporter, Retry, held_by};
 
@@ -46,6 +47,7 @@ pub fn acquire(
         backoff: Backoff::new(policy.backoff),
         step_until: None,
         reached: false,
+        looked_for_ancestors: false,
         reported: None,
     };
     let outcome = waiter.wait_for_slot();
@@ -79,6 +81,8 @@ struct Waiter<'a> {
     /// Whether the store answered once: trouble that outlasts the wait then
     /// means the slot was not had in time, not that the store is unavailable.
     reached: bool,
+    /// Whether a look that found us waiting asked whether our own ancestors hold every slot.
+    looked_for_ancestors: bool,
     /// The place in line last reported.
     reported: Option<u32>,
 }
@@ -110,6 +114,12 @@ impl Waiter<'_> {
             if !self.request.queue || self.deadline.is_some_and(Moment::has_passed) {
                 return Err(self.busy(None));
             }
+            if !self.looked_for_ancestors
+                && let Some(err) = self.waiting_for_itself()
+            {
+                return Err(err);
+            }
+            self.looked_for_ancestors = true;
             self.report(&line);
             if let Some(slot) = self.wait_for_change(&line)? {
                 return Ok(slot);
@@ -245,6 +255,32 @@ impl Waiter<'_> {
     /// Who holds the slots now, for messages: a failure to look just shows nobody.
     fn holders(&mut self) -> Vec<Entry> {
         self.store.holders(&self.request.name).unwrap_or_default()
+    }
+
+    /// Inside a command that lockrun runs (`LOCKRUN_TOKEN` is set), a wait
+    /// for a name whose every slot our own ancestors hold would last until
+    /// `--timeout`: they wait for us to end. Then the error that says so.
+    fn waiting_for_itself(&mut self) -> Option<Error> {
+        std::env::var_os("LOCKRUN_TOKEN")?;
+        let ancestors = ancestors();
+        let host = &self.request.owner.process.host;
+        let ours: Vec<String> = self
+            .holders()
+            .iter()
+            .filter(|holder| holder.host == *host && ancestors.contains(&holder.pid))
+            .map(|holder| holder.pid.to_string())
+            .collect();
+        if ours.len() < self.request.parallelism as usize {
+            return None;
+        }
+        Some(Error::Busy {
+            message: format!(
+                "{} is held by this run's own ancestor (pid {}): it would wait for itself",
+                self.request.name,
+                ours.join(", pid ")
+            ),
+            exit_code: self.policy.conflict_exit_code,
+        })
     }
 
     fn busy(&mut self, trouble: Option<&Error>) -> Error {

@@ -75,7 +75,7 @@ pub struct RunArgs {
     #[arg(short = 'n', long)]
     pub no_wait: bool,
 
-    /// Longest wait for a slot; `inf` waits forever
+    /// Longest wait for a slot; inf waits forever
     #[arg(short = 'w', long, env = "LOCKRUN_TIMEOUT", default_value = DEFAULT_TIMEOUT, value_name = "DUR",
           value_parser = parse_limit)]
     pub timeout: Limit,
@@ -100,7 +100,7 @@ pub struct RunArgs {
     #[arg(long, default_value = DEFAULT_MIN_HOLD, value_name = "DUR", value_parser = duration::parse)]
     pub min_hold: Duration,
 
-    /// Stop the command after this long (exit 124)
+    /// Stop the command after this long (exit 124); 0 means no limit
     #[arg(long, value_name = "DUR", value_parser = duration::parse)]
     pub max_runtime: Option<Duration>,
 
@@ -227,7 +227,15 @@ pub fn parse(args: Vec<OsString>) -> Result<Cli, u8> {
     {
         return Err(clap_error(err));
     }
-    let mut matches = definition.try_get_matches_from(args).map_err(clap_error)?;
+    let mut definition = definition;
+    // Kept for the error, which may have to say what was typed where.
+    let typed = args.clone();
+    let mut matches = definition.try_get_matches_from_mut(args).map_err(|err| {
+        match usage::subcommand_after_options(&err, &typed) {
+            Some(message) => usage::report(&message),
+            None => clap_error(usage::from_variable(err, &definition, &typed)),
+        }
+    })?;
     nested::require_own_backend(&matches).map_err(|message| usage::report(&message))?;
     Cli::from_arg_matches_mut(&mut matches).map_err(clap_error)
 }

@@ -28,6 +28,10 @@ pub enum Error {
     /// `--no-wait` (README: "When the server has trouble"); then like `Unavailable`.
     #[error("{message}")]
     Trouble { message: String, kind: Trouble },
+    /// The store does not exist yet, and only a run creates one: `status` then
+    /// says that nothing is held; `release` has nothing to release.
+    #[error("{0}")]
+    Missing(String),
     /// A bug or an operating-system failure lockrun cannot attribute to the user.
     #[error("internal error: {0}")]
     Internal(String),
@@ -46,7 +50,7 @@ impl Error {
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::Usage(_) => status::USAGE,
-            Self::Unavailable(_) | Self::Trouble { .. } => status::UNAVAILABLE,
+            Self::Unavailable(_) | Self::Missing(_) | Self::Trouble { .. } => status::UNAVAILABLE,
             Self::Internal(_) => status::INTERNAL,
             Self::Output(_) => status::OUTPUT,
             Self::Busy { exit_code, .. } | Self::Spawn { exit_code, .. } => *exit_code,

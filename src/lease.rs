@@ -5,7 +5,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use crate::backend::{Renewal, Slot};
+use crate::backend::{Released, Renewal, Slot};
 use crate::error::Result;
 use crate::platform::clock::Moment;
 use crate::report::{Event, Reporter};
@@ -141,7 +141,7 @@ impl Held {
     }
 
     /// Gives the slot up; see [`Slot::release`].
-    pub fn release(self, keep_until: Option<SystemTime>) -> Result<()> {
+    pub fn release(self, keep_until: Option<SystemTime>) -> Result<Released> {
         self.slot.release(keep_until)
     }
 }

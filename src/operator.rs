@@ -18,15 +18,23 @@ use crate::report::escape_controls;
 use crate::timestamp::{rfc3339, rfc3339_seconds};
 
 pub fn status(args: &StatusArgs) -> Result<u8> {
-    let mut store = args.store.open(false)?;
-    let entries = store.list(args.name.as_ref())?;
+    let (entries, place) = match args.store.open(false) {
+        Ok(mut store) => (
+            store.list(args.name.as_ref())?,
+            format!(" in {}", store.location()),
+        ),
+        // A store nobody made yet (a fresh account, a new database) holds nothing;
+        // asking makes none.
+        Err(Error::Missing(why)) => (Vec::new(), format!(": {why}")),
+        Err(err) => return Err(err),
+    };
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     // Written entry by entry: thousands of names need no copy of the whole listing as text.
     let written = if args.json {
         json_list(&mut out, &args.store.backend, &entries)
     } else {
         let now = epoch_millis(SystemTime::now());
-        table(&mut out, &entries, args.name.as_ref(), now)
+        table(&mut out, &entries, args.name.as_ref(), &place, now)
     };
     finish(written.and_then(|()| out.flush()))?;
     Ok(0)
@@ -149,21 +157,25 @@ fn json_list(out: &mut impl Write, backend: &str, entries: &[Entry]) -> std::io:
     out.write_all(b"]\n")
 }
 
-/// An aligned table for people; times in UTC with how long ago / how soon.
-/// The columns' widths come from a first pass over the rows, which are then
-/// made again one at a time as they are written.
+/// An aligned table for people, after a line that says where the locks are
+/// (`place`); times in UTC with how long ago / how soon. The columns' widths
+/// come from a first pass over the rows, which are then made again one at a
+/// time as they are written.
 fn table(
     out: &mut impl Write,
     entries: &[Entry],
     name: Option<&Name>,
+    place: &str,
     now_millis: u64,
 ) -> std::io::Result<()> {
+    let place = escape_controls(place);
     if entries.is_empty() {
         return match name {
-            Some(name) => writeln!(out, "{name} is not held"),
-            None => writeln!(out, "no lock is held"),
+            Some(name) => writeln!(out, "{name} is not held{place}"),
+            None => writeln!(out, "no lock is held{place}"),
         };
     }
+    writeln!(out, "locks{place}")?;
     let header = [
         "NAME", "STATE", "SLOT", "LINE", "PID", "HOST", "SINCE", "FOR", "EXPIRES", "FENCE",
         "COMMAND",

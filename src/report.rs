@@ -101,6 +101,10 @@ impl Reporter {
             return;
         }
         let line = match self.format {
+            // With -v, cron jobs sharing a log tell their lines apart by the pid, as syslog does.
+            Format::Text if self.level == Level::Verbose => {
+                format!("lockrun[{}]: {}", std::process::id(), self.text(event))
+            }
             Format::Text => format!("lockrun: {}", self.text(event)),
             Format::Json => self.json(event).to_string(),
         };

@@ -5,7 +5,7 @@ use std::ffi::OsString;
 use std::time::{Duration, SystemTime};
 
 use crate::acquire::{self, acquire};
-use crate::backend::{Owner, Request, Store};
+use crate::backend::{Owner, Released, Request, Store};
 use crate::backoff;
 use crate::cli::RunArgs;
 use crate::error::{Error, Result};
@@ -60,7 +60,8 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
         ("LOCKRUN_FENCE", held.fence().to_string()),
     ];
     let limits = Limits {
-        max_runtime: args.max_runtime,
+        // 0 means no limit, as for timeout(1).
+        max_runtime: args.max_runtime.filter(|max| !max.is_zero()),
         kill_grace,
     };
 
@@ -68,11 +69,21 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
         supervisor::supervise(&program, &env, &signals, &mut held, &limits, reporter)
     });
     let keep_until = (!args.min_hold.is_zero()).then(|| acquired_at + args.min_hold);
+    // A lease that ran out by its deadline after the command ended (lockrun
+    // paused since) was not taken from the command while it ran.
+    let lapsed = held.deadline().is_some_and(Moment::has_passed);
     let released = held.release(keep_until);
     if released.is_ok() {
         reporter.event(&Event::Released { slot: number });
     }
-    let ending = ending?;
+    let mut ending = ending?;
+    if let (Ok(Released::Lost), Ending::Exited(code), false) = (&released, &ending, lapsed) {
+        // Broken or taken while the command ran: another holder may have run beside it.
+        reporter.event(&Event::Lost {
+            reason: "it was found gone at release",
+        });
+        ending = Ending::FoundLost(*code);
+    }
     if let Err(err) = released {
         // The command's run is over either way: its status stands, and a lease
         // that could not be released lapses by itself.
@@ -121,6 +132,10 @@ fn report_ending(ending: &Ending, request: &Request, reporter: &Reporter) {
             "stopped the command: the lease on {} was lost ({reason})",
             request.name
         )),
+        Ending::FoundLost(code) => reporter.error(&format!(
+            "the lease on {} was found lost when lockrun released it (broken or expired): another run may have held the slot meanwhile; the command exited with status {code}",
+            request.name
+        )),
         Ending::LostBeforeStart(reason) => reporter.error(&format!(
             "did not start the command: the lease on {} was lost ({reason})",
             request.name
@@ -132,10 +147,12 @@ fn report_ending(ending: &Ending, request: &Request, reporter: &Reporter) {
     }
 }
 
-/// Opens the store; with `-v`, warns about its setup.
+/// Opens the store; with `-v`, says where it is and warns about its setup.
 fn open_store(args: &crate::backend::StoreArgs, reporter: &Reporter) -> Result<Box<dyn Store>> {
     let mut store = args.open(true)?;
     if reporter.wants_details() {
+        let message = format!("the lock is in {}", store.location());
+        reporter.event(&Event::Notice { message: &message });
         for warning in store.warnings() {
             reporter.event(&Event::Notice { message: &warning });
         }

@@ -102,9 +102,9 @@ fn a_mistyped_option_is_named_at_once_not_run_as_the_command() {
         );
     }
     // A command that starts with a dash needs `--`; without it, it is an unknown option.
-    let line = usage_line(&run(store.lockrun().args(["--name", "x", "-x", "true"])));
-    assert!(line.contains("'-- -x'"), "{line}");
-    let output = run(store.lockrun().args(["--name", "x", "--", "-x"]));
+    let line = usage_line(&run(store.lockrun().args(["--name", "x", "-y", "true"])));
+    assert!(line.contains("'-- -y'"), "{line}");
+    let output = run(store.lockrun().args(["--name", "x", "--", "-y"]));
     assert_status(&output, 127);
 }
 

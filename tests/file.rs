@@ -98,32 +98,34 @@ fn a_directory_that_is_a_file_is_named_as_such() {
 #[test]
 fn the_default_directory_is_private_and_must_be_ours() {
     let scratch = Scratch::new();
-    let runtime = scratch.path("runtime");
-    fs::create_dir(&runtime).unwrap();
-    let output = run(lockrun()
-        .env("XDG_RUNTIME_DIR", &runtime)
-        .args(["--name", "x", "true"]));
-    assert_status(&output, 0);
-    let meta = fs::symlink_metadata(runtime.join("lockrun")).unwrap();
-    assert!(meta.is_dir());
-    assert_eq!(meta.permissions().mode() & 0o777, 0o700);
-    assert!(runtime.join("lockrun/x.0.lock").exists());
-
-    // A symlink where the directory should be is not used: lockrun moves on to the
-    // next default. /run/lock is hidden from it, so that the next is $TMPDIR's.
-    let Some(mut lockrun) = lockrun_without_run_lock() else {
+    let (run_lock, var_tmp) = (scratch.path("run-lock"), scratch.path("var-tmp"));
+    for dir in [&run_lock, &var_tmp] {
+        fs::create_dir(dir).unwrap();
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o1777)).unwrap();
+    }
+    let Some(mut lockrun) = with_default_dirs_in(&run_lock, &var_tmp) else {
         return;
     };
-    let planted = scratch.path("planted-runtime");
-    fs::create_dir(&planted).unwrap();
+    let output = run(lockrun
+        .arg(env!("CARGO_BIN_EXE_lockrun"))
+        .args(["--name", "x", "true"]));
+    assert_status(&output, 0);
+    let uid = nix::unistd::geteuid();
+    let mine = run_lock.join(format!("lockrun-{uid}"));
+    let meta = fs::symlink_metadata(&mine).unwrap();
+    assert!(meta.is_dir());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o700);
+    assert!(mine.join("x.0.lock").exists());
+
+    // A symlink where the directory should be is not used: lockrun moves on to
+    // the next default, in /var/tmp.
+    fs::remove_dir_all(&mine).unwrap();
     let elsewhere = scratch.path("elsewhere");
     fs::create_dir(&elsewhere).unwrap();
-    symlink(&elsewhere, planted.join("lockrun")).unwrap();
-    let tmp = scratch.path("tmp");
-    fs::create_dir(&tmp).unwrap();
+    symlink(&elsewhere, &mine).unwrap();
+    let mut lockrun = with_default_dirs_in(&run_lock, &var_tmp).expect("allowed above");
     let output = run(lockrun
-        .env("XDG_RUNTIME_DIR", &planted)
-        .env("TMPDIR", &tmp)
+        .arg(env!("CARGO_BIN_EXE_lockrun"))
         .args(["--name", "y", "true"]));
     assert_status(&output, 0);
     assert_eq!(
@@ -131,8 +133,7 @@ fn the_default_directory_is_private_and_must_be_ours() {
         0,
         "nothing written through the link"
     );
-    let uid = nix::unistd::geteuid();
-    assert!(tmp.join(format!("lockrun-{uid}/y.0.lock")).exists());
+    assert!(var_tmp.join(format!("lockrun-{uid}/y.0.lock")).exists());
 }
 
 #[test]
@@ -303,7 +304,7 @@ fn status_neither_hangs_on_a_fifo_nor_reads_a_huge_lock_file_whole() {
         let shown = status(args);
         assert!(!shown.contains("pipe"), "{shown}");
     }
-    assert_eq!(status(&["pipe"]), "pipe is not held\n");
+    assert!(status(&["pipe"]).starts_with("pipe is not held in directory "));
     let shown = status(&["huge"]);
     assert!(
         shown.contains(&format!("holding  0     -     {}", std::process::id())),
@@ -318,31 +319,38 @@ fn status_neither_hangs_on_a_fifo_nor_reads_a_huge_lock_file_whole() {
 fn status_and_release_on_a_missing_directory_say_so_and_create_nothing() {
     let scratch = Scratch::new();
     let typo = scratch.path("typo/locks");
-    for args in [&["status"][..], &["release", "x", "--force"]] {
-        let output = run(lockrun().args(args).arg("--dir").arg(&typo));
-        assert_status(&output, 69);
-        let err = stderr(&output);
-        assert!(err.contains("there is no lock directory"), "{err}");
-    }
+    let output = run(lockrun().arg("status").arg("--dir").arg(&typo));
+    assert_status(&output, 0);
+    let out = stdout(&output);
+    assert!(
+        out.starts_with("no lock is held: there is no lock directory"),
+        "{out}"
+    );
+    let output = run(lockrun()
+        .args(["release", "x", "--force", "--dir"])
+        .arg(&typo));
+    assert_status(&output, 69);
+    let err = stderr(&output);
+    assert!(err.contains("there is no lock directory"), "{err}");
     assert!(!scratch.path("typo").exists(), "no directory made for it");
 
-    // Nor is a default directory made; /run/lock is hidden, so that none is usable.
-    let (runtime, tmp) = (scratch.path("runtime"), scratch.path("tmp"));
-    for dir in [&runtime, &tmp] {
+    // Nor is a default directory made.
+    let (run_lock, var_tmp) = (scratch.path("run-lock"), scratch.path("var-tmp"));
+    for dir in [&run_lock, &var_tmp] {
         fs::create_dir(dir).unwrap();
     }
-    for args in [&["status"][..], &["release", "x", "--force"]] {
-        let Some(mut lockrun) = lockrun_without_run_lock() else {
+    for (args, code) in [(&["status"][..], 0), (&["release", "x", "--force"], 69)] {
+        let Some(mut lockrun) = with_default_dirs_in(&run_lock, &var_tmp) else {
             return;
         };
-        let output = run(lockrun
-            .env("XDG_RUNTIME_DIR", &runtime)
-            .env("TMPDIR", &tmp)
-            .args(args));
-        assert_status(&output, 69);
-        let err = stderr(&output);
-        assert!(err.contains("no usable lock directory"), "{err}");
-        for dir in [&runtime, &tmp] {
+        let output = run(lockrun.arg(env!("CARGO_BIN_EXE_lockrun")).args(args));
+        assert_status(&output, code);
+        let said = format!("{}{}", stdout(&output), stderr(&output));
+        assert!(
+            said.contains("there is no lock directory /run/lock/lockrun-"),
+            "{said}"
+        );
+        for dir in [&run_lock, &var_tmp] {
             assert_eq!(
                 fs::read_dir(dir).unwrap().count(),
                 0,

@@ -247,3 +247,19 @@ fn bash_completes_subcommands_and_options() {
     let status = complete("lockrun status --");
     assert!(status.lines().any(|w| w == "--json"), "{status}");
 }
+
+#[test]
+fn help_and_man_pages_show_no_markdown() {
+    for (path, content) in generated() {
+        if path.starts_with("man") {
+            let text = String::from_utf8_lossy(&content);
+            assert!(!text.contains('`'), "{} shows a backtick", path.display());
+        }
+    }
+    for subcommand in [&[][..], &["status"], &["release"]] {
+        let help = crate::support::stdout(&crate::support::run(
+            crate::support::lockrun().args(subcommand).arg("--help"),
+        ));
+        assert!(!help.contains('`'), "{subcommand:?} --help: {help}");
+    }
+}

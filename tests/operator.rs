@@ -40,7 +40,12 @@ fn status_prints_an_aligned_table_of_real_holders() {
     let output = run(&mut store.status());
     assert_status(&output, 0);
     let text = stdout(&output);
-    let lines: Vec<&str> = text.lines().collect();
+    let place = format!("locks in directory {}", store.dir().display());
+    assert!(
+        text.starts_with(&format!("{place}\n")),
+        "where they are first: {text}"
+    );
+    let lines: Vec<&str> = text.lines().skip(1).collect();
     assert_eq!(lines.len(), 3, "a header and one row per holder: {text}");
     for column in [
         "NAME", "STATE", "SLOT", "LINE", "PID", "HOST", "SINCE", "FOR", "EXPIRES", "FENCE",
@@ -60,16 +65,22 @@ fn status_prints_an_aligned_table_of_real_holders() {
     let output = run(store.status().arg("backup"));
     assert_eq!(
         stdout(&output).lines().count(),
-        2,
+        3,
         "only the name asked for"
     );
     let_go(&first, backup);
     let_go(&second, report);
     assert_eq!(
         stdout(&run(store.status().arg("backup"))),
-        "backup is not held\n"
+        format!(
+            "backup is not held in directory {}\n",
+            store.dir().display()
+        )
     );
-    assert_eq!(stdout(&run(&mut store.status())), "no lock is held\n");
+    assert_eq!(
+        stdout(&run(&mut store.status())),
+        format!("no lock is held in directory {}\n", store.dir().display())
+    );
 }
 
 #[test]
@@ -270,30 +281,50 @@ fn without_a_terminal_a_wait_is_silent_unless_verbose() {
     ));
     assert_status(&output, 75);
     let err = stderr(&output);
-    let lines: Vec<&str> = err.lines().collect();
+    let lines = one_runs_lines(&err);
+    let place = format!("the lock is in directory {}", store.dir().display());
+    assert_eq!(lines[0], place, "{err}");
     let holder_pid = holder.id();
     assert!(
-        lines[0].starts_with(&format!(
-            "lockrun: waiting for quiet: 1st in line, held by pid {holder_pid} on "
-        )) && lines[0].contains("(echo $$"),
+        lines[1].starts_with(&format!(
+            "waiting for quiet: 1st in line, held by pid {holder_pid} on "
+        )) && lines[1].contains("(echo $$"),
         "{err}"
     );
     // The waiter sleeps in the kernel until the holder goes: there is no next try to announce.
-    assert_eq!(lines.len(), 2, "{err}");
-    assert!(lines[1].contains("gave up after"), "{err}");
+    assert_eq!(lines.len(), 3, "{err}");
+    assert!(lines[2].contains("gave up after"), "{err}");
     assert!(!err.contains('\r'), "plain lines: {err:?}");
     let_go(&scratch, holder);
 
     let output = run(&mut waiter(&store, "quiet", &["-v", "true"]));
     assert_status(&output, 0);
     let err = stderr(&output);
-    let lines: Vec<&str> = err.lines().collect();
-    assert_eq!(lines.len(), 2, "{err}");
+    let lines = one_runs_lines(&err);
+    assert_eq!(lines.len(), 3, "{err}");
     assert!(
-        lines[0].starts_with("lockrun: acquired quiet (slot 0, fence 2) after "),
+        lines[1].starts_with("acquired quiet (slot 0, fence 2) after "),
         "{err}"
     );
-    assert_eq!(lines[1], "lockrun: released quiet (slot 0)");
+    assert_eq!(lines[2], "released quiet (slot 0)");
+}
+
+/// The text of `-v` lines, which all name the same run: `lockrun[PID]: ...`.
+fn one_runs_lines(err: &str) -> Vec<&str> {
+    let mut pids = std::collections::HashSet::new();
+    let lines = err
+        .lines()
+        .map(|line| {
+            let (pid, text) = line
+                .strip_prefix("lockrun[")
+                .and_then(|rest| rest.split_once("]: "))
+                .unwrap_or_else(|| panic!("a line that names its run: {line:?}"));
+            pids.insert(pid.parse::<u32>().expect("a pid"));
+            text
+        })
+        .collect();
+    assert_eq!(pids.len(), 1, "one run's lines: {err}");
+    lines
 }
 
 /// Every stderr line as a JSON event, checking the fields every event has.
@@ -320,7 +351,15 @@ fn json_events_for_waiting_retry_error_acquired_and_released() {
     let output =
         run(waiter(&store, "logged", &json).args(["-w", "0.4", "--initial-delay", "0.1", "true"]));
     assert_status(&output, 75);
-    let busy = events(&output, "logged");
+    let mut busy = events(&output, "logged");
+    let place = busy.remove(0);
+    assert_eq!(place["event"], "notice");
+    assert!(
+        place["message"]
+            .as_str()
+            .is_some_and(|said| said.starts_with("the lock is in SQLite database ")),
+        "{place}"
+    );
     let kinds: Vec<&str> = busy.iter().map(|e| e["event"].as_str().unwrap()).collect();
     assert_eq!(kinds[0], "waiting", "{kinds:?}");
     assert_eq!(kinds[1], "retry", "{kinds:?}");
@@ -350,7 +389,8 @@ fn json_events_for_waiting_retry_error_acquired_and_released() {
 
     let output = run(waiter(&store, "logged", &json).arg("true"));
     assert_status(&output, 0);
-    let done = events(&output, "logged");
+    let mut done = events(&output, "logged");
+    assert_eq!(done.remove(0)["event"], "notice", "where the lock is");
     assert_eq!(done.len(), 2, "{done:?}");
     assert_eq!(done[0]["event"], "acquired");
     assert_eq!(done[0]["slot"], 0);
@@ -368,7 +408,11 @@ fn json_events_for_waiting_retry_error_acquired_and_released() {
     let output = run(waiter(&store, "logged", &[])
         .env("LOCKRUN_LOG_FORMAT", "json")
         .arg("true"));
-    assert_eq!(events(&output, "logged").len(), 2);
+    assert_eq!(
+        events(&output, "logged").len(),
+        3,
+        "notice, acquired, released"
+    );
 }
 
 #[test]
@@ -453,7 +497,11 @@ fn text_a_neighbour_wrote_reaches_no_terminal_raw() {
         assert_status(&output, 0);
         assert!(!raw(&output), "{output:?}");
         let table = stdout(&output);
-        assert_eq!(table.lines().count(), 3, "a holder and a waiter: {table}");
+        assert_eq!(
+            table.lines().count(),
+            4,
+            "where, a holder and a waiter: {table}"
+        );
         assert!(table.contains(r"rm\u{1b}[31m -rf /"), "{table}");
     }
     let output = run(store.status().arg("--json"));
@@ -486,7 +534,7 @@ fn a_holder_that_wrote_no_record_shows_unknown_times_not_1970() {
     let output = run(store.status().arg("mute"));
     assert_status(&output, 0);
     let table = stdout(&output);
-    let row = table.lines().nth(1).expect("a row for the holder");
+    let row = table.lines().nth(2).expect("a row for the holder");
     let cells: Vec<&str> = row.split_whitespace().collect();
     // NAME STATE SLOT LINE PID SINCE FOR EXPIRES FENCE; the host and command are empty.
     assert_eq!(

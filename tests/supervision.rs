@@ -81,7 +81,11 @@ fn json_events_are_one_object_per_line() {
         .iter()
         .map(|e| e["event"].as_str().unwrap())
         .collect();
-    assert_eq!(kinds, ["acquired", "released"]);
+    assert_eq!(kinds, ["notice", "acquired", "released"]);
+    assert_eq!(
+        events[0]["message"],
+        format!("the lock is in directory {}", store.dir().display())
+    );
     for event in &events {
         assert_eq!(event["name"], "events");
         assert!(event["ts"].as_str().unwrap().ends_with('Z'));

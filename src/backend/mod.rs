@@ -41,9 +41,11 @@ macro_rules! backends {
         /// Where locks live; shared by running, `status` and `release`.
         #[derive(Debug, clap::Args)]
         pub struct StoreArgs {
-            /// Where the lock lives
-            #[arg(short = 'b', long, env = "LOCKRUN_BACKEND", default_value = "file",
-                  value_parser = clap::builder::PossibleValuesParser::new(NAMES))]
+            /// Where the lock lives (in any case: sqlite, SQLite)
+            #[arg(short = 'b', long, env = "LOCKRUN_BACKEND", default_value = "file", ignore_case = true,
+                  value_parser = clap::builder::TypedValueParser::map(
+                      clap::builder::PossibleValuesParser::new(NAMES),
+                      |name| name.to_ascii_lowercase()))]
             pub backend: String,
 
             /// Key prefix on redis (keys start with PREFIX:) and etcd (/PREFIX/); schema on postgres
@@ -209,7 +211,23 @@ pub trait Slot {
 
     /// Gives the slot up. With `keep_until` in the future the slot stays taken
     /// until then (`--min-hold`), though lockrun exits.
-    fn release(self: Box<Self>, keep_until: Option<SystemTime>) -> Result<()>;
+    fn release(self: Box<Self>, keep_until: Option<SystemTime>) -> Result<Released>;
+}
+
+/// What a release found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Released {
+    /// The slot was ours to the end.
+    Ours,
+    /// The lease was gone already (expired or broken): another holder may have had the slot.
+    Lost,
+}
+
+impl Released {
+    /// `Ours` when the store still held our lease, `Lost` when it found none.
+    pub fn ours(ours: bool) -> Self {
+        if ours { Self::Ours } else { Self::Lost }
+    }
 }
 
 /// What a renewal found.
@@ -231,6 +249,10 @@ impl Renewal {
 /// A backend's handle on its store.
 pub trait Store {
     fn abilities(&self) -> Abilities;
+
+    /// Where the locks live, for people (`-v`, `status`): a directory, a
+    /// database's path or a server, never with its password.
+    fn location(&self) -> String;
 
     /// Looks at the line of `request.name`: takes a slot when the line lets us
     /// (a free slot, and no live waiter ahead of us), else joins the line (once,

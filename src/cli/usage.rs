@@ -2,11 +2,11 @@
 //! `-q` or `--log-format json`, since the options that would say otherwise may be
 //! the very ones that are wrong.
 
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::io::Write;
 
-use clap::Command;
-use clap::error::{ContextKind, ContextValue};
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::{Arg, Command};
 
 use crate::error::status;
 use crate::report::escape_controls;
@@ -58,9 +58,39 @@ fn escaped(value: &ContextValue) -> Option<ContextValue> {
     }
 }
 
+/// What an unknown option typed means to lockrun: flock(1)'s options that
+/// lockrun has no use for, with what to do instead, and a negative number,
+/// which no option takes. `None` for anything else.
+fn hint(typed: &str) -> Option<String> {
+    let flock = |what: &str| Some(format!("{typed} is flock(1)'s {what}"));
+    match typed {
+        "-s" | "--shared" => flock("shared lock: lockrun has no shared mode; every holder holds one of the -p slots alone"),
+        "-x" | "-e" | "--exclusive" => flock("exclusive lock, which every lockrun lock is: leave it out"),
+        "-u" | "--unlock" => flock("unlock: lockrun releases the lock when the command exits (lockrun release --force breaks a dead holder's lease)"),
+        "-o" | "--close" => flock("close: lockrun never lets the command inherit the lock's descriptor, so leave it out"),
+        "-F" | "--no-fork" => flock("no-fork: lockrun always runs the command as its child, to release the lock when it ends and stop it if lockrun dies; there is no such option"),
+        _ if typed
+            .strip_prefix('-')
+            .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit())) =>
+        {
+            Some(
+                "no option takes a negative number: -w 0 (or -n) gives up at once, -w inf waits forever"
+                    .to_owned(),
+            )
+        }
+        _ => None,
+    }
+}
+
 /// The option, subcommand or value that clap found similar to the one typed,
 /// else its tips ("to pass '-x' as a value, use '-- -x'").
 fn suggestion(err: &clap::Error) -> Option<String> {
+    if err.kind() == ErrorKind::UnknownArgument
+        && let Some(ContextValue::String(typed)) = err.get(ContextKind::InvalidArg)
+        && let Some(hint) = hint(typed)
+    {
+        return Some(hint);
+    }
     let similar = [
         ContextKind::SuggestedArg,
         ContextKind::SuggestedSubcommand,
@@ -85,6 +115,84 @@ fn suggestion(err: &clap::Error) -> Option<String> {
         ),
         _ => None,
     }
+}
+
+/// An invalid value that the command line did not give came from the
+/// option's variable: the error then names the variable, which is what the user
+/// set (`LOCKRUN_TIMEOUT=bogus`), not the option they never typed.
+pub fn from_variable(mut err: clap::Error, definition: &Command, args: &[OsString]) -> clap::Error {
+    if !matches!(
+        err.kind(),
+        ErrorKind::InvalidValue | ErrorKind::ValueValidation
+    ) {
+        return err;
+    }
+    let Some(ContextValue::String(shown)) = err.get(ContextKind::InvalidArg) else {
+        return err;
+    };
+    let Some(arg) = options(definition).find(|arg| {
+        arg.get_long().is_some_and(|long| {
+            shown.starts_with(&format!("--{long} ")) || *shown == format!("--{long}")
+        })
+    }) else {
+        return err;
+    };
+    let long = format!("--{}", arg.get_long().unwrap_or_default());
+    let short = arg.get_short().map(|short| format!("-{short}"));
+    let typed = args
+        .iter()
+        .skip(1)
+        .take_while(|word| *word != "--")
+        .any(|word| {
+            let word = word.to_string_lossy();
+            word == long
+                || word.starts_with(&format!("{long}="))
+                || short
+                    .as_ref()
+                    .is_some_and(|short| word.starts_with(short.as_str()))
+        });
+    if let (false, Some(var)) = (typed, arg.get_env().and_then(OsStr::to_str)) {
+        let said = format!("{shown}' from the variable '{var}");
+        err.insert(ContextKind::InvalidArg, ContextValue::String(said));
+    }
+    err
+}
+
+/// Every option of the definition and of its subcommands.
+fn options(definition: &Command) -> impl Iterator<Item = &Arg> {
+    definition.get_arguments().chain(
+        definition
+            .get_subcommands()
+            .flat_map(Command::get_arguments),
+    )
+}
+
+/// A subcommand after options (`lockrun -b sqlite status`) is taken for the
+/// command to run, whose lock has no name: the line that says to put the
+/// subcommand first, with the words as they would then be.
+pub fn subcommand_after_options(err: &clap::Error, args: &[OsString]) -> Option<String> {
+    if err.kind() != ErrorKind::MissingRequiredArgument {
+        return None;
+    }
+    let words: Vec<&OsString> = args
+        .iter()
+        .skip(1)
+        .take_while(|word| *word != "--")
+        .collect();
+    let at = words
+        .iter()
+        .position(|word| *word == "status" || *word == "release")
+        .filter(|&at| at > 0)?;
+    let reordered: Vec<String> = std::iter::once(words[at])
+        .chain(words[..at].iter().copied())
+        .chain(words[at + 1..].iter().copied())
+        .map(|word| word.to_string_lossy().into_owned())
+        .collect();
+    Some(format!(
+        "'{}' after options is taken for the command to run; a subcommand comes first: lockrun {}",
+        words[at].to_string_lossy(),
+        reordered.join(" ")
+    ))
 }
 
 /// clap's error for `first`, the first argument, when it is no subcommand but

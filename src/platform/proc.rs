@@ -73,6 +73,23 @@ pub fn group_has_live_process(group: nix::unistd::Pid) -> bool {
         })
 }
 
+/// The pids of this process's ancestors, its parent first, up to PID 1.
+pub fn ancestors() -> Vec<u32> {
+    let parent = |pid: u32| -> Option<u32> {
+        let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // Field 4, after the state; the command name may hold spaces and parentheses.
+        let rest = &stat[stat.rfind(')')? + 1..];
+        rest.split_whitespace().nth(1)?.parse().ok()
+    };
+    let mut chain = Vec::new();
+    let mut pid = std::process::id();
+    while let Some(up) = parent(pid).filter(|&up| up > 0 && !chain.contains(&up)) {
+        chain.push(up);
+        pid = up;
+    }
+    chain
+}
+
 /// This boot and pid namespace, `BOOT-ID/pid:[INODE]`: pids can only be compared
 /// between processes that share both. Empty when either cannot be read.
 pub fn boot_id() -> String {

@@ -92,6 +92,8 @@ pub struct Watchdog {
     tell: OwnedFd,
     /// Where the watchdog answers [`Watchdog::outcome`].
     answers: OwnedFd,
+    /// Its pid: lockrun's child, whose end before it was dismissed is worth saying.
+    pid: Pid,
 }
 
 impl Watchdog {
@@ -113,9 +115,13 @@ impl Watchdog {
                 // group (a SIGSTOP, a SIGKILL) must not reach the guard, even before it ran.
                 // The guard leaves the session too, when it gets to run first.
                 let _ = setpgid(child, child);
-                Ok(Self { tell, answers })
+                Ok(Self { tell, answers, pid: child })
             }
         }
+    }
+
+    pub fn pid(&self) -> Pid {
+        self.pid
     }
 
     /// What the command's process uses to name its group to the watchdog.

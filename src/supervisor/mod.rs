@@ -25,6 +25,10 @@ use crate::platform::watchdog::{Outcome, Watchdog};
 
 mod shebang;
 
+/// How often lockrun looks whether the command's group is gone while a
+/// leftover's end may not come with a SIGCHLD (its parent, not lockrun, reaps it).
+const LEFTOVERS_LOOK: Duration = Duration::from_millis(100);
+
 /// What to run.
 pub enum Program {
     /// COMMAND ARG..., executed directly.
@@ -82,13 +86,17 @@ pub enum Ending {
     LostBeforeStart(String),
     /// lockrun stopped it at `--max-runtime`.
     MaxRuntime(Duration),
+    /// It exited with this status, but its lease was found lost at release.
+    FoundLost(u8),
 }
 
 impl Ending {
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::Exited(code) => *code,
-            Self::LeaseLost(_) | Self::LostBeforeStart(_) => status::LEASE_LOST,
+            Self::LeaseLost(_) | Self::LostBeforeStart(_) | Self::FoundLost(_) => {
+                status::LEASE_LOST
+            }
             Self::MaxRuntime(_) => status::MAX_RUNTIME,
         }
     }
@@ -113,6 +121,8 @@ pub fn supervise(
         reporter.event(&Event::Lost { reason });
         return Ok(Ending::LostBeforeStart(reason.to_owned()));
     }
+    spawn::adopt_orphans()
+        .map_err(|err| Error::internal("becoming the command's subreaper", err))?;
     let terminal = Terminal::open();
     let foreground = terminal.as_ref().filter(|terminal| terminal.is_ours());
     let watchdog = Watchdog::start()?;
@@ -135,6 +145,7 @@ pub fn supervise(
         terminations: 0,
         stop: Stop::No,
         ending: None,
+        watchdog_gone: false,
     };
     run.tell_watchdog();
     let ending = run.until_exit(signals);
@@ -230,6 +241,8 @@ struct Run<'a> {
     stop: Stop,
     /// Why lockrun is stopping the command, when it is.
     ending: Option<Ending>,
+    /// The watchdog ended before it was dismissed (someone killed it), and that was said.
+    watchdog_gone: bool,
 }
 
 impl Run<'_> {
@@ -291,21 +304,53 @@ impl Run<'_> {
         }
     }
 
-    /// The child's exit status once it has ended; handles job-control stops on the way.
+    /// The child's exit status once it has ended; handles job-control stops on
+    /// the way, and reaps every other child that ended ([`Run::reaped`]).
     fn check_child(&mut self) -> Result<Option<u8>> {
         loop {
-            match waitpid(
-                self.child,
-                Some(WaitPidFlag::WNOHANG | WaitPidFlag::WUNTRACED),
-            ) {
-                Ok(WaitStatus::Exited(_, code)) => return Ok(Some(code as u8)),
-                Ok(WaitStatus::Signaled(_, signal, _)) => return Ok(Some(128 + signal as u8)),
-                Ok(WaitStatus::Stopped(_, signal)) => self.follow_stop(signal),
-                Ok(_) => return Ok(None),
+            match waitpid(None, Some(WaitPidFlag::WNOHANG | WaitPidFlag::WUNTRACED)) {
+                Ok(WaitStatus::StillAlive) => return Ok(None),
+                Ok(status) if status.pid() == Some(self.child) => match status {
+                    WaitStatus::Exited(_, code) => return Ok(Some(code as u8)),
+                    WaitStatus::Signaled(_, signal, _) => return Ok(Some(128 + signal as u8)),
+                    WaitStatus::Stopped(_, signal) => self.follow_stop(signal),
+                    _ => {}
+                },
+                Ok(status) => self.reaped(status),
                 Err(Errno::EINTR) => {}
                 Err(err) => return Err(Error::internal("waiting for the command", err)),
             }
         }
+    }
+
+    /// Reaps every child that ended, other than the command, without waiting.
+    fn reap_others(&mut self) {
+        while let Ok(status) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+            if status == WaitStatus::StillAlive {
+                break;
+            }
+            self.reaped(status);
+        }
+    }
+
+    /// A child other than the command ended: an orphan the command left (lockrun
+    /// is its subreaper: nothing more to do), or the watchdog, which nothing but
+    /// a kill ends before lockrun dismisses it. That is said even without -v:
+    /// lockrun's guard against its own death is gone.
+    fn reaped(&mut self, status: WaitStatus) {
+        let pid = self.watchdog.pid();
+        if status.pid() != Some(pid) || self.watchdog_gone {
+            return;
+        }
+        let how = match status {
+            WaitStatus::Signaled(_, signal, _) => format!("was killed by {signal}"),
+            WaitStatus::Exited(_, code) => format!("exited with status {code}"),
+            _ => return,
+        };
+        self.watchdog_gone = true;
+        self.reporter.error(&format!(
+            "the watchdog (lr-watchdog, pid {pid}) {how}: should lockrun die now, its command would run on without the lock"
+        ));
     }
 
     /// The command was stopped by job control (Ctrl-Z, or a terminal read from the
@@ -453,7 +498,8 @@ impl Run<'_> {
     /// Processes the command left behind in its group (`cmd &`) would run on
     /// without the lock: stop them before it is released.
     fn stop_leftovers(&mut self, signals: &Signals) -> Result<()> {
-        let group_alive = || killpg(self.child, None).is_ok();
+        let child = self.child;
+        let group_alive = || killpg(child, None).is_ok();
         if !group_alive() {
             return Ok(());
         }
@@ -470,21 +516,25 @@ impl Run<'_> {
         let _ = killpg(self.child, Signal::SIGCONT);
         // A process stuck in the kernel may outlive SIGKILL for a while; do not wait forever.
         let give_up_at = kill_at + Duration::from_secs(5);
-        while group_alive() && !give_up_at.has_passed() {
+        loop {
+            // As their subreaper lockrun inherits the leftovers: reap them, or their
+            // zombies would keep the group alive.
+            self.reap_others();
+            if !group_alive() || give_up_at.has_passed() {
+                return Ok(());
+            }
             if kill_at.has_passed() {
                 let _ = killpg(self.child, Signal::SIGKILL);
             }
-            // As PID 1 or a subreaper lockrun inherits the leftovers: reap them, or
-            // their zombies would keep the group alive.
-            while let Ok(status) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
-                if status == WaitStatus::StillAlive {
-                    break;
-                }
-            }
-            // They are not our children: no SIGCHLD tells when they are gone, so look again shortly.
-            signals.next(Duration::from_millis(10))?;
+            let next = if kill_at.has_passed() {
+                give_up_at
+            } else {
+                kill_at
+            };
+            // Each leftover that ends is our child by then, or its parent's, which reaps it:
+            // SIGCHLD wakes us for the former, a look now and then catches the latter.
+            signals.next(next.remaining().min(LEFTOVERS_LOOK))?;
         }
-        Ok(())
     }
 }
 

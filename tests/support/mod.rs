@@ -391,11 +391,13 @@ pub fn lockrun() -> Command {
     without_lockrun_variables(Command::new(env!("CARGO_BIN_EXE_lockrun")))
 }
 
-/// `lockrun()` in a mount namespace of its own where an empty read-only tmpfs
-/// covers `/run/lock`, so that a test of the default directories can never
-/// touch the real `/run/lock/lockrun`. `None`, after saying why, where this
-/// process may not make one (it is not root, or lacks `CAP_SYS_ADMIN`).
-pub fn lockrun_without_run_lock() -> Option<Command> {
+/// A program (`lockrun` itself unless the caller adds another: `sh -c ...`,
+/// with `$lockrun` set) in a mount namespace of its own where the test's
+/// directories `run_lock` and `var_tmp` stand in for `/run/lock` and
+/// `/var/tmp`, where the default lock directories are, so that a test of them
+/// never touches the machine's. `None`, after saying why, where this process
+/// may not make one (it is not root, or lacks `CAP_SYS_ADMIN`).
+pub fn with_default_dirs_in(run_lock: &Path, var_tmp: &Path) -> Option<Command> {
     let unshare = ["--mount", "--propagation", "private"];
     let allowed = Command::new("unshare")
         .args(unshare)
@@ -405,21 +407,24 @@ pub fn lockrun_without_run_lock() -> Option<Command> {
         .is_ok_and(|status| status.success());
     if !allowed {
         eprintln!(
-            "\n*** SKIPPED: no private mount namespace to hide /run/lock in (unshare --mount \
-             needs root), so the part of this test that falls back past it did not run ***\n"
+            "\n*** SKIPPED: no private mount namespace for the default lock directories \
+             (unshare --mount needs root), so this test did not run ***\n"
         );
         return None;
     }
     let mut command = Command::new("unshare");
-    command.args(unshare).args([
-        "--",
-        "sh",
-        "-c",
-        // Without /run/lock, lockrun cannot create /run/lock/lockrun either: nothing to hide.
-        "if [ -d /run/lock ]; then mount -t tmpfs -o ro tmpfs /run/lock || exit 125; fi; exec \"$@\"",
-        "sh",
-        env!("CARGO_BIN_EXE_lockrun"),
-    ]);
+    command
+        .args(unshare)
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "mount --bind \"$1\" /run/lock && mount --bind \"$2\" /var/tmp || exit 125; shift 2; exec \"$@\"",
+            "sh",
+        ])
+        .arg(run_lock)
+        .arg(var_tmp)
+        .env("lockrun", env!("CARGO_BIN_EXE_lockrun"));
     Some(without_lockrun_variables(command))
 }
 
@@ -427,6 +432,15 @@ pub fn lockrun_without_run_lock() -> Option<Command> {
 /// lockrun outside it, as on another host; `None`, after saying why, where this
 /// process may not make one.
 pub fn lockrun_in_a_pid_namespace() -> Option<Command> {
+    let mut command = in_a_pid_namespace()?;
+    command.arg(env!("CARGO_BIN_EXE_lockrun"));
+    Some(command)
+}
+
+/// A program the caller adds, as PID 1 of a pid namespace of its own (with
+/// `$lockrun` set), as in a container; `None`, after saying why, where this
+/// process may not make one.
+pub fn in_a_pid_namespace() -> Option<Command> {
     let namespace = ["--pid", "--fork", "--kill-child", "--mount-proc"];
     let probe = Command::new("unshare").args(namespace).arg("true").output();
     if !probe.is_ok_and(|output| output.status.success()) {
@@ -434,7 +448,9 @@ pub fn lockrun_in_a_pid_namespace() -> Option<Command> {
         return None;
     }
     let mut command = Command::new("unshare");
-    command.args(namespace).arg(env!("CARGO_BIN_EXE_lockrun"));
+    command
+        .args(namespace)
+        .env("lockrun", env!("CARGO_BIN_EXE_lockrun"));
     Some(without_lockrun_variables(command))
 }
 

@@ -33,7 +33,7 @@ use waiter::Waiter;
 #[derive(Debug, clap::Args)]
 #[group(skip)]
 pub struct Options {
-    /// etcd v3 endpoints, comma-separated: `http://[user:pass@]host:port`, `https://` for TLS
+    /// etcd v3 endpoints, comma-separated: http://[user:pass@]host:port, https:// for TLS
     #[arg(
         long,
         env = "LOCKRUN_ETCD_ENDPOINTS",
@@ -47,11 +47,13 @@ pub struct Options {
 impl Options {
     pub fn open(&self, common: &Common) -> Result<Box<dyn Store>> {
         let endpoints = Endpoints::parse(&self.etcd_endpoints)?;
+        let location = format!("etcd at {endpoints}");
         let client = Rc::new(RefCell::new(Client::new(endpoints)));
         Ok(Box::new(EtcdStore {
             waiter: Waiter::new(Rc::clone(&client)),
             client,
             prefix: common.prefix.to_owned(),
+            location,
         }))
     }
 }
@@ -63,6 +65,8 @@ fn json<T: serde::Serialize>(value: &T) -> Vec<u8> {
 struct EtcdStore {
     client: Rc<RefCell<Client>>,
     prefix: String,
+    /// The endpoints, passwords redacted.
+    location: String,
     waiter: Waiter,
 }
 
@@ -124,6 +128,10 @@ impl EtcdStore {
 }
 
 impl Store for EtcdStore {
+    fn location(&self) -> String {
+        self.location.clone()
+    }
+
     fn abilities(&self) -> Abilities {
         Abilities {
             wakeup: Wakeup::Watches,

@@ -9,7 +9,7 @@ use super::client::{Client, Lease};
 use super::keys::NameKeys;
 use super::look::Holding;
 use super::recipe;
-use crate::backend::{Renewal, Slot};
+use crate::backend::{Released, Renewal, Slot};
 use crate::error::Result;
 use crate::identity::epoch_millis;
 use crate::platform::clock::Moment;
@@ -60,7 +60,7 @@ impl Slot for EtcdSlot {
         Ok(Renewal::confirmed(renewed.is_some()))
     }
 
-    fn release(self: Box<Self>, keep_until: Option<SystemTime>) -> Result<()> {
+    fn release(self: Box<Self>, keep_until: Option<SystemTime>) -> Result<Released> {
         let within = Plan::new(self.lease.ttl).holder_call();
         let mut client = self.client.borrow_mut();
         let keep = keep_until
@@ -78,7 +78,7 @@ impl Slot for EtcdSlot {
                 within,
             )?;
         }
-        client.lease_revoke(self.lease.id, within)?;
-        Ok(())
+        let ours = client.lease_revoke(self.lease.id, within)?;
+        Ok(Released::ours(ours))
     }
 }

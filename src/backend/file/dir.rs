@@ -1,7 +1,6 @@
 //! The lock directory: which one, who shares it, and opening the files in it
 //! without being led astray by anything a neighbour planted there.
 
-use std::env;
 use std::fs::{self, DirBuilder, File, Metadata, OpenOptions, Permissions};
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt, fchown};
@@ -48,7 +47,7 @@ pub fn choose(dir: Option<&Path>, create: bool) -> Result<LockDir> {
             )));
         }
         Err(_) if !create => {
-            return Err(Error::Unavailable(format!(
+            return Err(Error::Missing(format!(
                 "there is no lock directory {}",
                 dir.display()
             )));
@@ -235,23 +234,37 @@ fn flags() -> i32 {
     (nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK).bits()
 }
 
-/// `$XDG_RUNTIME_DIR/lockrun`, else `/run/lock/lockrun`, else `$TMPDIR/lockrun-$UID`:
-/// the first that is (or, if `create`, can be made) a real directory of ours, mode 0700.
+/// Where the default directories are made, the first usable one first.
+const DEFAULT_PARENTS: [&str; 2] = ["/run/lock", "/var/tmp"];
+/// Why a default directory was passed over when it does not exist.
+const NOT_THERE: &str = "it does not exist";
+
+/// `/run/lock/lockrun-$UID`, else `/var/tmp/lockrun-$UID`: the first that is
+/// (or, if `create`, can be made) a real directory of ours, mode 0700. Nothing
+/// of the session (`XDG_RUNTIME_DIR`, `TMPDIR`, `HOME`) goes into the choice,
+/// so cron, a login shell, ssh, a systemd unit and `sudo -u` all get the same
+/// directory; `/run/user/UID` would also vanish at logout under a cron job's locks.
 fn default_dir(create: bool) -> Result<PathBuf> {
     let uid = nix::unistd::geteuid().as_raw();
-    let mut candidates = Vec::new();
-    if let Some(runtime) = env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
-        candidates.push(PathBuf::from(runtime).join("lockrun"));
-    }
-    candidates.push(PathBuf::from("/run/lock/lockrun"));
-    candidates.push(env::temp_dir().join(format!("lockrun-{uid}")));
+    let candidates = DEFAULT_PARENTS.map(|parent| Path::new(parent).join(format!("lockrun-{uid}")));
     let mut refusals = Vec::new();
-    for dir in candidates {
-        match private_dir(&dir, uid, create) {
-            Ok(()) => return Ok(dir),
-            Err(why) => refusals.push(format!("{} ({why})", dir.display())),
+    for dir in &candidates {
+        match private_dir(dir, uid, create) {
+            Ok(()) => return Ok(dir.clone()),
+            Err(why) => refusals.push((dir, why)),
         }
     }
+    // None made yet (`status` on a fresh account): nothing can be held.
+    if refusals.iter().all(|(_, why)| why == NOT_THERE) {
+        return Err(Error::Missing(format!(
+            "there is no lock directory {} yet",
+            candidates[0].display()
+        )));
+    }
+    let refusals: Vec<String> = refusals
+        .iter()
+        .map(|(dir, why)| format!("{} ({why})", dir.display()))
+        .collect();
     Err(Error::Unavailable(format!(
         "no usable lock directory: {}; set --dir",
         refusals.join(", ")
@@ -266,7 +279,13 @@ fn private_dir(dir: &Path, uid: u32, create: bool) -> Result<(), String> {
             Err(err) => return Err(err.to_string()),
         }
     }
-    let meta = fs::symlink_metadata(dir).map_err(|err| err.to_string())?;
+    let meta = fs::symlink_metadata(dir).map_err(|err| {
+        if err.kind() == io::ErrorKind::NotFound {
+            NOT_THERE.to_owned()
+        } else {
+            err.to_string()
+        }
+    })?;
     if meta.file_type().is_symlink() {
         return Err("a symbolic link".into());
     }

@@ -31,7 +31,7 @@ use slots::Probe;
 #[derive(Debug, clap::Args)]
 #[group(skip)]
 pub struct Options {
-    /// File backend's directory [default: `$XDG_RUNTIME_DIR/lockrun`, else `/run/lock/lockrun`, else `$TMPDIR/lockrun-$UID`]
+    /// File backend's directory [default: /run/lock/lockrun-$UID, else /var/tmp/lockrun-$UID; the same in every session]
     #[arg(long, env = "LOCKRUN_DIR", value_name = "DIR")]
     pub dir: Option<PathBuf>,
 }
@@ -176,6 +176,10 @@ impl FileStore {
 }
 
 impl Store for FileStore {
+    fn location(&self) -> String {
+        format!("directory {}", self.dir.path().display())
+    }
+
     fn abilities(&self) -> Abilities {
         Abilities {
             leases: false,

@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 use super::dir::LockDir;
 use super::fence;
 use crate::backend::record::HolderRecord;
-use crate::backend::{Renewal, Request, Slot};
+use crate::backend::{Released, Renewal, Request, Slot};
 use crate::error::{Error, Result};
 use crate::identity::epoch_millis;
 use crate::platform::clock::Moment;
@@ -162,17 +162,22 @@ impl Slot for FileSlot {
         Ok(Renewal::Renewed)
     }
 
-    fn release(mut self: Box<Self>, keep_until: Option<SystemTime>) -> Result<()> {
+    fn release(mut self: Box<Self>, keep_until: Option<SystemTime>) -> Result<Released> {
         if let Some(until) = keep_until.filter(|until| *until > SystemTime::now()) {
             // Said before the lock goes: whoever gets it next sees that the slot is still taken.
             self.record.kept_until = Some(epoch_millis(until));
-            write_record(&self.file, &self.record, &self.path)?;
+        } else {
+            // Nobody holds it from now on: the file keeps the fence for the next
+            // holder, not the command line, which may carry a password.
+            self.record.owner.command.clear();
         }
+        let written = write_record(&self.file, &self.record, &self.path);
         // Unlocked rather than closed: the watchdog shares this open file until it exits.
         let _ = self.file.unlock();
         // Touched, so that a waiter watching the directory for more than one slot wakes now.
         let _ = self.file.set_modified(SystemTime::now());
-        Ok(())
+        // The kernel held the lock for as long as we lived: it cannot have been lost.
+        written.map(|()| Released::Ours)
     }
 }
 

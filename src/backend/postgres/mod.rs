@@ -46,7 +46,7 @@ use target::Target;
 #[derive(Debug, clap::Args)]
 #[group(skip)]
 pub struct Options {
-    /// PostgreSQL server: `postgres://[user[:pass]@]host[:port]/db[?sslmode=...]` or a `key=value` conninfo string [default: libpq's: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]
+    /// PostgreSQL server: postgres://[user[:pass]@]host[:port]/db[?sslmode=...] or a key=value conninfo string [default: libpq's: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]
     #[arg(
         long,
         env = "LOCKRUN_POSTGRES_URL",
@@ -60,6 +60,7 @@ impl Options {
     pub fn open(&self, common: &Common) -> Result<Box<dyn Store>> {
         let target = Target::parse(self.postgres_url.as_deref())?;
         let schema = Schema::new(common.prefix)?;
+        let location = format!("PostgreSQL at {target}, schema {}", common.prefix);
         let connector = Connector::new(target)?;
         Ok(Box::new(PostgresStore {
             sql: Rc::new(Sql::new(&schema)),
@@ -68,6 +69,7 @@ impl Options {
             woken: false,
             look_again: false,
             refresh_due: None,
+            location,
         }))
     }
 }
@@ -96,6 +98,8 @@ struct PostgresStore {
     look_again: bool,
     /// When our place in line must be kept for another TTL, lest it lapse.
     refresh_due: Option<Moment>,
+    /// The server, its password redacted, and the schema.
+    location: String,
 }
 
 fn millis(duration: Duration) -> i64 {
@@ -167,6 +171,10 @@ fn change(
 impl Store for PostgresStore {
     fn abilities(&self) -> Abilities {
         Abilities::LEASES_THAT_TELL
+    }
+
+    fn location(&self) -> String {
+        self.location.clone()
     }
 
     fn attempt(&mut self, request: &Request) -> Result<Attempt> {

@@ -11,7 +11,7 @@ use tokio_postgres::types::{ToSql, Type};
 use super::link::Link;
 use super::sql::Sql;
 use super::{change, millis};
-use crate::backend::{Renewal, Slot};
+use crate::backend::{Released, Renewal, Slot};
 use crate::error::Result;
 use crate::platform::clock::Moment;
 use crate::timing::Plan;
@@ -58,7 +58,7 @@ impl Slot for PostgresSlot {
         Ok(Renewal::confirmed(renewed[0].len() == 1))
     }
 
-    fn release(self: Box<Self>, keep_until: Option<SystemTime>) -> Result<()> {
+    fn release(self: Box<Self>, keep_until: Option<SystemTime>) -> Result<Released> {
         // A duration from now, not a time: only the server's clock dates leases.
         let keep = keep_until
             .and_then(|until| until.duration_since(SystemTime::now()).ok())
@@ -71,12 +71,12 @@ impl Slot for PostgresSlot {
             (&keep, Type::INT8),
         ];
         let within = self.plan.holder_call();
-        if keep > 0 {
+        let rows = if keep > 0 {
             // Kept taken, and nobody to wake: the slot is not free.
             let kept = [(self.sql.keep.as_str(), &params[..])];
             self.link
                 .borrow_mut()
-                .transact("keep the slot", within, &kept)?;
+                .transact("keep the slot", within, &kept)?
         } else {
             let freed = [(self.sql.release.as_str(), &params[..3])];
             let parallelism = self.parallelism.cast_signed();
@@ -88,8 +88,8 @@ impl Slot for PostgresSlot {
                 &self.name,
                 (parallelism, false),
                 &freed,
-            )?;
-        }
-        Ok(())
+            )?
+        };
+        Ok(Released::ours(rows[0].len() == 1))
     }
 }

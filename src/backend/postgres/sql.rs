@@ -54,10 +54,10 @@ pub struct Sql {
     /// $1 name, $2 slot, $3 token, $4 TTL ms. Renews a lease that has not
     /// lapsed (never revives one): one row when renewed.
     pub renew: String,
-    /// $1 name, $2 slot, $3 token. Frees the slot.
+    /// $1 name, $2 slot, $3 token. Frees the slot: one row when it was still ours.
     pub release: String,
     /// $1 name, $2 slot, $3 token, $4 ms. Keeps the slot taken that long
-    /// (`--min-hold`) though its holder leaves, if its lease has not lapsed.
+    /// (`--min-hold`) though its holder leaves, if its lease has not lapsed: one row when kept.
     pub keep: String,
     /// $1 name or NULL for all. Holders and waiters, name by name, holders by
     /// slot and waiters in line order; times in epoch milliseconds.
@@ -185,10 +185,13 @@ impl Sql {
                  WHERE name = $1 AND slot = $2 AND token = $3 AND NOT kept AND expires_at > now()
                  RETURNING 1"
             ),
-            release: format!("DELETE FROM {holders} WHERE name = $1 AND slot = $2 AND token = $3"),
+            release: format!(
+                "DELETE FROM {holders} WHERE name = $1 AND slot = $2 AND token = $3 RETURNING slot"
+            ),
             keep: format!(
                 "UPDATE {holders} SET kept = true, expires_at = now() + $4 * interval '1 millisecond'
-                 WHERE name = $1 AND slot = $2 AND token = $3 AND expires_at > now()"
+                 WHERE name = $1 AND slot = $2 AND token = $3 AND expires_at > now()
+                 RETURNING slot"
             ),
             list: format!(
                 "SELECT name, slot, fence, kept, NULL::bigint AS ticket,

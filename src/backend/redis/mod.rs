@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 
 use super::record::{HolderRecord, WaiterRecord, local_ahead, sort, waiting};
 use super::{
-    Abilities, Attempt, Common, Entry, Line, Owner, Renewal, Request, Slot, Store, Waited,
+    Abilities, Attempt, Common, Entry, Line, Owner, Released, Renewal, Request, Slot, Store, Waited,
 };
 use crate::error::{Error, Result};
 use crate::identity::epoch_millis;
@@ -26,9 +26,9 @@ use scripts::{Keys, Scripts};
 #[derive(Debug, clap::Args)]
 #[group(skip)]
 pub struct Options {
-    /// Redis server: `redis://[user:pass@]host:port[/db]`, `rediss://` (TLS) or `redis+unix:///path`
     #[arg(
         long,
+        help = "Redis server: redis://[user:pass@]host:port[/db], rediss:// (TLS) or redis+unix:///path",
         env = "LOCKRUN_REDIS_URL",
         default_value = "redis://127.0.0.1:6379",
         value_name = "URL",
@@ -41,6 +41,7 @@ impl Options {
     pub fn open(&self, common: &Common) -> Result<Box<dyn Store>> {
         Ok(Box::new(RedisStore {
             link: Rc::new(RefCell::new(Link::new(&self.redis_url)?)),
+            location: format!("Redis at {}", link::redact(&self.redis_url)),
             prefix: common.prefix.to_owned(),
             scripts: Rc::new(Scripts::new()),
             since: None,
@@ -60,6 +61,8 @@ const SCAN_COUNT: usize = 1000;
 
 struct RedisStore {
     link: Rc<RefCell<Link>>,
+    /// The server, its password redacted.
+    location: String,
     prefix: String,
     scripts: Rc<Scripts>,
     /// When our first look at the line was: a waiter's record says it began waiting then.
@@ -189,6 +192,10 @@ impl RedisStore {
 }
 
 impl Store for RedisStore {
+    fn location(&self) -> String {
+        self.location.clone()
+    }
+
     fn abilities(&self) -> Abilities {
         Abilities::LEASES_THAT_TELL
     }
@@ -406,13 +413,13 @@ impl Slot for RedisSlot {
         Ok(Renewal::confirmed(renewed == 1))
     }
 
-    fn release(self: Box<Self>, keep_until: Option<SystemTime>) -> Result<()> {
+    fn release(self: Box<Self>, keep_until: Option<SystemTime>) -> Result<Released> {
         // A duration from now, not a time: only the server's clock decides expiry.
         let keep = keep_until
             .and_then(|until| until.duration_since(SystemTime::now()).ok())
             .filter(|keep| keep.as_millis() > 0)
             .unwrap_or_default();
-        release(
+        let ours = release(
             &self.link,
             &self.scripts,
             &self.keys,
@@ -421,7 +428,7 @@ impl Slot for RedisSlot {
             keep,
             self.plan.holder_call(),
         )?;
-        Ok(())
+        Ok(Released::ours(ours))
     }
 }
 

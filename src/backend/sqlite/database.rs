@@ -132,7 +132,7 @@ pub fn open(path: Option<&Path>, create: bool) -> Result<Database> {
     }
     let existing = inspect(&path)?;
     if !existing && !create {
-        return Err(Error::Unavailable(format!(
+        return Err(Error::Missing(format!(
             "there is no lockrun database at {}",
             path.display()
         )));

@@ -15,7 +15,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::record::{Ahead, line, sort, waiting};
 use super::{
-    Abilities, Attempt, Common, Entry, Line, Owner, Renewal, Request, Slot, Store, Waited,
+    Abilities, Attempt, Common, Entry, Line, Owner, Released, Renewal, Request, Slot, Store, Waited,
 };
 use crate::error::Result;
 use crate::identity::{Process, epoch_millis};
@@ -28,8 +28,12 @@ use database::{BUSY_TIMEOUT, Database};
 #[derive(Debug, clap::Args)]
 #[group(skip)]
 pub struct Options {
-    /// `SQLite` database [default: `$XDG_STATE_HOME/lockrun/locks.sqlite3`, else `~/.local/state/lockrun/locks.sqlite3`]
-    #[arg(long, env = "LOCKRUN_DB", value_name = "PATH")]
+    #[arg(
+        long,
+        env = "LOCKRUN_DB",
+        value_name = "PATH",
+        help = "SQLite database [default: $XDG_STATE_HOME/lockrun/locks.sqlite3, else ~/.local/state/lockrun/locks.sqlite3]"
+    )]
     pub db: Option<PathBuf>,
 }
 
@@ -217,6 +221,10 @@ impl SqliteStore {
 }
 
 impl Store for SqliteStore {
+    fn location(&self) -> String {
+        format!("SQLite database {}", self.db.path.display())
+    }
+
     fn abilities(&self) -> Abilities {
         Abilities::LEASES_THAT_TELL
     }
@@ -387,27 +395,27 @@ impl Slot for SqliteSlot {
         Ok(Renewal::confirmed(renewed == 1))
     }
 
-    fn release(self: Box<Self>, keep_until: Option<SystemTime>) -> Result<()> {
+    fn release(self: Box<Self>, keep_until: Option<SystemTime>) -> Result<Released> {
         let keep_until = keep_until.map(epoch_millis);
-        let front = self.db.write("release the slot", BUSY_TIMEOUT, |tx| {
+        let (ours, front) = self.db.write("release the slot", BUSY_TIMEOUT, |tx| {
             let now = now_millis();
             if let Some(until) = keep_until.filter(|&until| until > now) {
                 // The row outlives us until then (--min-hold); a lapsed lease is not revived.
-                tx.execute(
+                let kept = tx.execute(
                     "UPDATE holders SET expires_at = ?1, released = 1
                      WHERE name = ?2 AND slot = ?3 AND token = ?4 AND expires_at > ?5",
                     params![until, self.name, self.slot, self.token, now],
                 )?;
-                return Ok(Vec::new());
+                return Ok((kept == 1, Vec::new()));
             }
-            tx.execute(
+            let deleted = tx.execute(
                 "DELETE FROM holders WHERE name = ?1 AND slot = ?2 AND token = ?3",
                 params![self.name, self.slot, self.token],
             )?;
-            front(tx, &self.name, now)
+            Ok((deleted == 1, front(tx, &self.name, now)?))
         })?;
         ring(&front);
-        Ok(())
+        Ok(Released::ours(ours))
     }
 }
 

@@ -28,6 +28,14 @@ use stack::Stack;
 use super::watchdog::Announcer;
 use super::{signals, terminal};
 
+/// Makes lockrun the parent of whatever the command leaves behind
+/// (`PR_SET_CHILD_SUBREAPER`), so that lockrun reaps it, not a PID 1 that may
+/// never reap (a container without an init): a zombie left to such a PID 1
+/// would keep the command's group, and the lock, alive.
+pub fn adopt_orphans() -> io::Result<()> {
+    nix::sys::prctl::set_child_subreaper(true).map_err(io::Error::from)
+}
+
 /// Starts `exec` in its own process group (taking the terminal's foreground
 /// when `tty` is given), with every signal unblocked, SIGPIPE at its default,
 /// and SIGKILL as its parent-death signal; the new group is announced to
