@@ -49,7 +49,7 @@ complete -c lockrun -n "__fish_lockrun_needs_command" -s E -l conflict-exit-code
 complete -c lockrun -n "__fish_lockrun_needs_command" -s c -l command -d 'Run this string with /bin/sh -c instead of COMMAND ARGS' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l log-format -d 'Diagnostics as text lines or one JSON event per line' -r -f -a "text\t''
 json\t''"
-complete -c lockrun -n "__fish_lockrun_needs_command" -s n -l no-wait -d 'Give up at once if no slot is free (same as --timeout 0)'
+complete -c lockrun -n "__fish_lockrun_needs_command" -s n -l no-wait -d 'Give up at once if no slot is free (same as --timeout 0); trouble with the store is ridden out for 10 s'
 complete -c lockrun -n "__fish_lockrun_needs_command" -s v -l verbose -d 'More diagnostics on stderr: waiting, acquired, renewals, release'
 complete -c lockrun -n "__fish_lockrun_needs_command" -s q -l quiet -d 'No diagnostics at all'
 complete -c lockrun -n "__fish_lockrun_needs_command" -s h -l help -d 'Print help'

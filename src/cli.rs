@@ -71,7 +71,7 @@ pub struct RunArgs {
           value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_PARALLELISM)))]
     pub parallelism: u32,
 
-    /// Give up at once if no slot is free (same as --timeout 0)
+    /// Give up at once if no slot is free (same as --timeout 0); trouble with the store is ridden out for 10 s
     #[arg(short = 'n', long)]
     pub no_wait: bool,
 
