@@ -77,6 +77,13 @@ impl Error {
         Self::Output(format!("{stream}: {reason}"))
     }
 
+    /// A failure of the operating system that lockrun cannot put down to the
+    /// user: the platform layer's I/O error, which says what was being done.
+    #[allow(clippy::needless_pass_by_value)] // taken as `map_err` gives it
+    pub fn system(err: std::io::Error) -> Self {
+        Self::Internal(err.to_string())
+    }
+
     pub fn internal(context: impl std::fmt::Display, err: impl std::fmt::Display) -> Self {
         Self::Internal(format!("{context}: {err}"))
     }
@@ -94,7 +101,7 @@ pub fn exit_internal_on_panic() {
         let place = info.location().map_or(String::new(), |at| {
             format!(" ({}:{})", at.file(), at.line())
         });
-        let line = crate::report::escape_controls(&format!("internal error: {message}{place}"));
+        let line = crate::escape::escape_controls(&format!("internal error: {message}{place}"));
         let _ = writeln!(std::io::stderr(), "lockrun: {line}");
         std::process::exit(i32::from(status::INTERNAL));
     }));

@@ -8,6 +8,7 @@ pub mod backoff;
 pub mod cli;
 pub mod duration;
 pub mod error;
+pub mod escape;
 pub mod identity;
 pub mod lease;
 pub mod name;

@@ -12,9 +12,9 @@ use crate::backend::Entry;
 use crate::cli::{ReleaseArgs, StatusArgs};
 use crate::duration::display;
 use crate::error::{Error, Result};
+use crate::escape::escape_controls;
 use crate::identity::epoch_millis;
 use crate::name::Name;
-use crate::report::escape_controls;
 use crate::timestamp::{rfc3339, rfc3339_seconds};
 
 pub fn status(args: &StatusArgs) -> Result<u8> {

@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 use crate::backend::Entry;
 use crate::duration::display;
 use crate::error::{Error, Trouble};
+use crate::escape::escape_controls;
 use crate::identity::epoch_millis;
 use crate::timestamp::{now_rfc3339, rfc3339};
 
@@ -291,21 +292,6 @@ fn held_by_at(holders: &[Entry], now_millis: u64) -> String {
         let _ = write!(text, " and {} more", holders.len() - 1);
     }
     text
-}
-
-/// `text` with its control characters escaped (`\n`, `\u{1b}`): text taken
-/// from a store (a name, a host, a command line) may hold anything, and must
-/// neither split a line nor reach a terminal as an escape sequence.
-pub fn escape_controls(text: &str) -> String {
-    text.chars()
-        .fold(String::with_capacity(text.len()), |mut out, c| {
-            if c.is_control() {
-                out.extend(c.escape_default());
-            } else {
-                out.push(c);
-            }
-            out
-        })
 }
 
 fn holder_json(holder: &Entry) -> Value {

@@ -23,7 +23,7 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
         .ok_or_else(|| Error::Usage("--name is required".into()))?;
     let program = program(args.shell_command, args.command)?;
 
-    supervisor::reset_inherited()?;
+    supervisor::reset_inherited().map_err(Error::system)?;
     let mut store = open_store(&args.store, reporter)?;
     let leases = store.abilities().leases;
     let plan = Plan::new(args.ttl);
@@ -65,7 +65,7 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
         kill_grace,
     };
 
-    let ending = Signals::block().and_then(|signals| {
+    let ending = Signals::block().map_err(Error::system).and_then(|signals| {
         supervisor::supervise(&program, &env, &signals, &mut held, &limits, reporter)
     });
     let keep_until = (!args.min_hold.is_zero()).then(|| acquired_at + args.min_hold);

@@ -9,7 +9,7 @@ use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{Arg, Command};
 
 use crate::error::status;
-use crate::report::escape_controls;
+use crate::escape::escape_controls;
 
 /// Prints a usage error and returns its exit status. Control characters are
 /// escaped: the line may repeat what was typed (`--name $'a\e[31mb'`).

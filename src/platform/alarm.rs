@@ -1,6 +1,8 @@
 //! SIGALRM at a deadline, to interrupt a blocking system call (flock(2)) there:
 //! the same way flock(1) times out, without a thread.
 
+#![allow(unsafe_code)]
+
 use std::time::Duration;
 
 use nix::sys::signal::{

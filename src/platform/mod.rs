@@ -2,9 +2,9 @@
 //! process's start-up, starting the command (`clone`), signals (signalfd, `sigaction`), the parent-death
 //! signal and the watchdog's fork (`prctl`), POSIX timers, the terminal's ioctls,
 //! `CLOCK_BOOTTIME` and what `/proc` says about processes and file locks. The
-//! rest of the crate is plain safe Rust and asks this module.
-
-#![allow(unsafe_code)]
+//! rest of the crate is plain safe Rust and asks this module. `unsafe` is
+//! allowed file by file, in the files that need it, each block with its
+//! `SAFETY:` reason (clippy's `undocumented_unsafe_blocks` is denied).
 
 #[cfg(not(target_os = "linux"))]
 compile_error!(
@@ -21,3 +21,11 @@ pub mod startup;
 pub mod terminal;
 pub mod watch;
 pub mod watchdog;
+
+use std::io;
+
+/// A system call's failure as an I/O error that says what lockrun was doing;
+/// callers decide what it means for the run (README: "Exit status").
+fn failed(doing: &'static str) -> impl Fn(nix::Error) -> io::Error + Copy {
+    move |err| io::Error::new(io::Error::from(err).kind(), format!("{doing}: {err}"))
+}

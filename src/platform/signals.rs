@@ -1,14 +1,17 @@
 //! Signals while the command runs: blocked in lockrun and read from a signalfd,
 //! so one loop sees signals, the child's state changes and its own timers.
 
-use std::os::fd::AsFd;
-use std::time::Duration;
+#![allow(unsafe_code)]
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal, sigprocmask};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
+use std::os::fd::AsFd;
+use std::time::Duration;
 
-use crate::error::{Error, Result};
+use std::io;
+
+use super::failed;
 
 /// Signals that reach the command (README: "What the command gets").
 pub const FORWARDED: [Signal; 6] = [
@@ -25,7 +28,7 @@ pub const FORWARDED: [Signal; 6] = [
 /// blocked (a timed file-lock wait would never end) and SIGCHLD
 /// ignored (the kernel would reap the command and lose its status). Signals the
 /// parent ignored stay ignored, as they would for a command run directly.
-pub fn reset_inherited() -> Result<()> {
+pub fn reset_inherited() -> io::Result<()> {
     let mut used = SigSet::empty();
     for signal in FORWARDED {
         used.add(signal);
@@ -33,10 +36,10 @@ pub fn reset_inherited() -> Result<()> {
     // The file backend's timed wait is interrupted by SIGALRM.
     used.add(Signal::SIGALRM);
     sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&used), None)
-        .map_err(|err| Error::internal("unblocking signals", err))?;
+        .map_err(failed("unblocking signals"))?;
     // SAFETY: installing the default disposition runs no code of ours.
     unsafe { nix::sys::signal::signal(Signal::SIGCHLD, SigHandler::SigDfl) }
-        .map_err(|err| Error::internal("resetting SIGCHLD", err))?;
+        .map_err(failed("resetting SIGCHLD"))?;
     Ok(())
 }
 
@@ -49,7 +52,7 @@ impl Signals {
     /// ignored, SIGTSTP (passed on so the command stops first) and SIGCHLD, and
     /// opens a signalfd for them. SIGTTOU is blocked too, so lockrun can hand
     /// the terminal to the command and take it back from the background.
-    pub fn block() -> Result<Self> {
+    pub fn block() -> io::Result<Self> {
         let mut read = SigSet::empty();
         for signal in FORWARDED.into_iter().filter(|signal| !is_ignored(*signal)) {
             read.add(signal);
@@ -59,14 +62,14 @@ impl Signals {
         let mut blocked = read;
         blocked.add(Signal::SIGTTOU);
         sigprocmask(SigmaskHow::SIG_BLOCK, Some(&blocked), None)
-            .map_err(|err| Error::internal("blocking signals", err))?;
+            .map_err(failed("blocking signals"))?;
         let fd = SignalFd::with_flags(&read, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
-            .map_err(|err| Error::internal("opening a signalfd", err))?;
+            .map_err(failed("opening a signalfd"))?;
         Ok(Self { fd })
     }
 
     /// Waits up to `timeout` for a signal; `None` when none came.
-    pub fn next(&self, timeout: Duration) -> Result<Option<Signal>> {
+    pub fn next(&self, timeout: Duration) -> io::Result<Option<Signal>> {
         if let Some(signal) = self.pending()? {
             return Ok(Some(signal));
         }
@@ -76,15 +79,15 @@ impl Signals {
         let mut fds = [PollFd::new(self.fd.as_fd(), PollFlags::POLLIN)];
         match poll(&mut fds, timeout) {
             Ok(_) | Err(nix::errno::Errno::EINTR) => self.pending(),
-            Err(err) => Err(Error::internal("waiting for signals", err)),
+            Err(err) => Err(failed("waiting for signals")(err)),
         }
     }
 
-    fn pending(&self) -> Result<Option<Signal>> {
+    fn pending(&self) -> io::Result<Option<Signal>> {
         match self.fd.read_signal() {
             Ok(Some(info)) => Ok(Signal::try_from(info.ssi_signo.cast_signed()).ok()),
             Ok(None) => Ok(None),
-            Err(err) => Err(Error::internal("reading a signal", err)),
+            Err(err) => Err(failed("reading a signal")(err)),
         }
     }
 }

@@ -3,6 +3,8 @@
 //! exist, and SIGPIPE ignored. std's report of a stack overflow is left out: lockrun
 //! does not recurse, and an overflow still ends it (by SIGSEGV).
 
+#![allow(unsafe_code)]
+
 use std::ffi::{CStr, OsString, c_char, c_int};
 use std::os::unix::ffi::OsStringExt;
 

@@ -2,6 +2,8 @@
 //! lockrun has the terminal's foreground, the command's process group gets it,
 //! so a Ctrl-C reaches the command once (from the kernel) and it can read it.
 
+#![allow(unsafe_code)]
+
 use std::fs::{File, OpenOptions};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::fs::OpenOptionsExt;

@@ -22,6 +22,9 @@
 //! command name and command line, so that killing "lockrun" by name
 //! (`killall -9 lockrun`, `pkill -f lockrun`) leaves it to do its work.
 
+#![allow(unsafe_code)]
+
+use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::Duration;
 
@@ -37,7 +40,6 @@ use nix::unistd::{
 
 use super::clock::Moment;
 use super::proc;
-use crate::error::{Error, Result};
 
 /// The watchdog's name, which contains nothing a search for "lockrun" matches.
 const NAME: &std::ffi::CStr = c"lr-watchdog";
@@ -100,8 +102,8 @@ impl Watchdog {
     /// Starts a watchdog, before the command: the command names its group
     /// itself ([`Announcer::announce`]) before it executes, so there is no moment
     /// when it runs unguarded. lockrun must be single-threaded here.
-    pub fn start() -> Result<Self> {
-        let failed = |err| Error::internal("starting the watchdog", err);
+    pub fn start() -> io::Result<Self> {
+        let failed = super::failed("starting the watchdog");
         let (listen, tell) = pipe2(OFlag::O_CLOEXEC).map_err(failed)?;
         let (answers, answer) = pipe2(OFlag::O_CLOEXEC).map_err(failed)?;
         // SAFETY: lockrun has one thread at this point, so the child may run any code.

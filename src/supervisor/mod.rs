@@ -125,7 +125,7 @@ pub fn supervise(
         .map_err(|err| Error::internal("becoming the command's subreaper", err))?;
     let terminal = Terminal::open();
     let foreground = terminal.as_ref().filter(|terminal| terminal.is_ours());
-    let watchdog = Watchdog::start()?;
+    let watchdog = Watchdog::start().map_err(Error::system)?;
     let child = match spawn(program, env, foreground, &watchdog) {
         Ok(child) => child,
         Err(err) => {
@@ -260,7 +260,7 @@ impl Run<'_> {
             let timeout = self
                 .next_wakeup()
                 .map_or(Duration::from_secs(60), Moment::remaining);
-            if let Some(signal) = signals.next(timeout)? {
+            if let Some(signal) = signals.next(timeout).map_err(Error::system)? {
                 self.on_signal(signal);
             }
         }
@@ -533,7 +533,9 @@ impl Run<'_> {
             };
             // Each leftover that ends is our child by then, or its parent's, which reaps it:
             // SIGCHLD wakes us for the former, a look now and then catches the latter.
-            signals.next(next.remaining().min(LEFTOVERS_LOOK))?;
+            signals
+                .next(next.remaining().min(LEFTOVERS_LOOK))
+                .map_err(Error::system)?;
         }
     }
 }

@@ -120,6 +120,8 @@ impl Pgbouncer {
                 command.uid(uid.as_raw()).gid(gid.as_raw());
             }
             // A thousand clients need a descriptor each: as many as this process may have.
+            // SAFETY: between fork and exec the closure makes only the two async-signal-safe
+            // system calls getrlimit and setrlimit, and allocates nothing.
             unsafe {
                 command.pre_exec(|| {
                     use nix::sys::resource::{Resource, getrlimit, setrlimit};

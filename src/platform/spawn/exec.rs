@@ -4,6 +4,8 @@
 //! argument list overran it. Here lockrun builds every path to try and every
 //! argument list beforehand, and the child only calls execve(2) on them.
 
+#![allow(unsafe_code)]
+
 use std::ffi::{CStr, CString, OsStr};
 use std::io;
 use std::os::raw::c_char;

@@ -11,6 +11,8 @@
 //! it (`stack`): no allocation, no lock, and a small constant amount of stack
 //! whatever the size of the arguments and environment.
 
+#![allow(unsafe_code)]
+
 mod exec;
 mod stack;
 

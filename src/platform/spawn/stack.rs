@@ -2,6 +2,8 @@
 //! so a child that needed more stack would fault and die instead of writing
 //! over lockrun's memory, which it shares.
 
+#![allow(unsafe_code)]
+
 use std::ffi::c_void;
 use std::io;
 use std::num::NonZeroUsize;
