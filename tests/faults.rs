@@ -199,10 +199,18 @@ pub fn under_faults(
         "fences went back in the order the commands began: {fences_back:?}"
     );
     assert!(stuck.is_empty(), "acquisitions stopped: {stuck:?}");
+    // A holder that cannot renew in time stops its command (76): fail-stop, as
+    // the README promises, not unavailability. A loaded machine (CI's two cores)
+    // can starve a 2 s lease now and then; a few such runs are allowed, and no
+    // other status at all.
+    let lease_lost = runs
+        .iter()
+        .filter(|run| run.ending == Ending::Code(76))
+        .count();
     let unexpected = what_lockrun_said(&runs, &scratch);
     assert!(
-        unexpected.is_empty(),
-        "every run must exit 0 ({endings_text}):\n{}",
+        unexpected.iter().all(|line| line.contains("× exit 76:")) && lease_lost * 20 <= runs.len(),
+        "every run must exit 0, or a few 76 ({endings_text}):\n{}",
         unexpected.join("\n")
     );
     assert_eq!(faults.len(), FAULTS, "every fault was injected");
