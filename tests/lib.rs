@@ -20,6 +20,7 @@ mod postgres;
 #[cfg(feature = "postgres")]
 mod postgres_runs;
 mod redis;
+mod redis_deployed;
 mod source;
 mod sqlite;
 mod stress;
