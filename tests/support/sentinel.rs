@@ -6,13 +6,18 @@
 use std::fs;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tempfile::TempDir;
 
-use super::{PATIENCE, RedisServer, Store, answers_before_exiting, free_port, wait_until};
+use super::{
+    PATIENCE, RedisServer, Store, answers_before_exiting, free_port, wait_until, wait_until_within,
+};
 
 /// The primary's name as the Sentinels know it.
 pub const PRIMARY: &str = "main";
+/// How long a replica may take to be in sync after a failover.
+const RESYNC: Duration = Duration::from_secs(60);
 /// How long a Sentinel waits for a silent primary before it calls it down.
 const DOWN_AFTER_MS: u32 = 1500;
 
@@ -119,11 +124,13 @@ impl SentinelDeployment {
             .expect("two servers")
     }
 
-    /// `SENTINEL FAILOVER`, waiting until the replica is the primary that every Sentinel names.
+    /// `SENTINEL FAILOVER`, waiting until the replica is the primary that
+    /// every Sentinel names, and the old primary its replica in sync.
     pub fn failover(&self) {
         let to = self.replica().port();
         let _ = self.ask(&self.sentinels[0], &["SENTINEL", "FAILOVER", PRIMARY]);
         self.wait_for_primary(to);
+        self.wait_for_replication();
     }
 
     /// Kills the primary with SIGKILL, waits until the Sentinels promote the
@@ -149,9 +156,10 @@ impl SentinelDeployment {
         });
     }
 
-    /// Waits until the replica is in sync with the primary.
+    /// Waits until the replica is in sync: Sentinel makes a demoted primary a
+    /// replica only at its next look, every 10 s.
     fn wait_for_replication(&self) {
-        wait_until("the replica to be in sync", || {
+        wait_until_within("the replica to be in sync", RESYNC, || {
             let info: String = redis::cmd("INFO")
                 .arg("replication")
                 .query(&mut self.replica().client())
@@ -194,19 +202,19 @@ impl Sentinel {
         for _ in 0..5 {
             let dir = TempDir::new().expect("temp dir");
             let port = free_port();
-            let mut config = format!(
+            let auth = password.map_or(String::new(), |password| {
+                format!(
+                    "requirepass {password}\nsentinel auth-pass {PRIMARY} {password}\n\
+                     sentinel sentinel-pass {password}\n"
+                )
+            });
+            let config = format!(
                 "port {port}\nbind 127.0.0.1\ndir {dir}\n\
                  sentinel monitor {PRIMARY} 127.0.0.1 {primary} 2\n\
                  sentinel down-after-milliseconds {PRIMARY} {DOWN_AFTER_MS}\n\
-                 sentinel failover-timeout {PRIMARY} 10000\n",
+                 sentinel failover-timeout {PRIMARY} 10000\n{auth}",
                 dir = dir.path().display()
             );
-            if let Some(password) = password {
-                config.push_str(&format!(
-                    "requirepass {password}\nsentinel auth-pass {PRIMARY} {password}\n\
-                     sentinel sentinel-pass {password}\n"
-                ));
-            }
             let file = dir.path().join("sentinel.conf");
             fs::write(&file, config).expect("write sentinel.conf");
             let child = Command::new("redis-sentinel")

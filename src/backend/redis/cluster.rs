@@ -90,9 +90,8 @@ impl Cluster {
             if err.code() == Some("ASK") {
                 self.asking = Some(address.to_owned());
             } else {
-                self.map
-                    .retain(|(first, last, _)| !(*first..=*last).contains(&slot));
-                self.map.push((slot, slot, address.to_owned()));
+                // Looked up first: it outranks the range the slot was in.
+                self.map.insert(0, (slot, slot, address.to_owned()));
             }
             return true;
         }

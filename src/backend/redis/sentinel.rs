@@ -13,7 +13,8 @@ use super::url::Nodes;
 use crate::backend::net::{Deadline, Failure, Kind};
 
 pub struct Sentinels {
-    sentinels: Vec<(String, Node)>,
+    /// Each Sentinel's address and connection.
+    asked: Vec<(String, Node)>,
     primary: String,
     nodes: Nodes,
     /// The Sentinel that answered last: asked first next time.
@@ -23,7 +24,7 @@ pub struct Sentinels {
 impl Sentinels {
     pub fn new(sentinels: Vec<ConnectionInfo>, primary: String, nodes: Nodes) -> Self {
         Self {
-            sentinels: sentinels
+            asked: sentinels
                 .into_iter()
                 .map(|info| (info.addr().to_string(), Node::new(info)))
                 .collect(),
@@ -35,13 +36,13 @@ impl Sentinels {
 
     /// The primary, connected, as a Sentinel names it and it confirms, before `deadline`.
     pub fn primary(&mut self, deadline: Deadline) -> Result<Node, Failure> {
-        let count = self.sentinels.len();
+        let count = self.asked.len();
         let mut unknown = 0;
         let mut trouble = Vec::new();
         for asked in 0..count {
             let at = (self.first + asked) % count;
             let within = deadline.share((count - asked) as u32);
-            let (address, sentinel) = &mut self.sentinels[at];
+            let (address, sentinel) = &mut self.asked[at];
             let named: Option<(String, u16)> = match sentinel.call(within.io_timeout(), |c| {
                 redis::cmd("SENTINEL")
                     .arg("get-master-addr-by-name")
