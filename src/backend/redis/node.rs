@@ -84,7 +84,7 @@ pub fn sort(err: &RedisError) -> (Kind, String) {
 /// one to serve this (README: "Redis as deployed"): loading its data, a
 /// replica, a primary that lost its own, a blocked call ended by a demotion,
 /// a cluster that is down or moving a slot.
-pub fn moved_on(err: &RedisError) -> bool {
+fn moved_on(err: &RedisError) -> bool {
     matches!(
         err.code(),
         Some(

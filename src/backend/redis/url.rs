@@ -194,7 +194,7 @@ fn decode(text: &str) -> String {
 }
 
 /// `url` with any password (`user:pass@` or `?pass=`) replaced by `***`.
-pub fn redact(url: &str) -> String {
+fn redact(url: &str) -> String {
     let Some(mut parsed) = redis::parse_redis_url(url) else {
         // Unparsable: show only the scheme, since the rest may hold a password.
         let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
