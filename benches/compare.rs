@@ -31,6 +31,7 @@ use nix::time::{ClockId, clock_gettime};
 mod support;
 
 use support::RedisServer;
+use support::cluster::RedisCluster;
 #[cfg(feature = "etcd")]
 use support::etcd::EtcdServer;
 #[cfg(feature = "postgres")]
@@ -61,6 +62,10 @@ const FLAT: f64 = 1.5;
 /// A queue round that takes longer is stopped and reported incomplete.
 const QUEUE_LIMIT: Duration = Duration::from_secs(90);
 const RSS_RUNS: usize = 5;
+/// Runs of `lockrun -- true` per Redis deployment for (f).
+const DEPLOYED_RUNS: usize = 300;
+/// (f)'s target: a deployment's run against a single node's.
+const DEPLOYED_RATIO: f64 = 1.2;
 
 fn main() {
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
@@ -380,6 +385,21 @@ fn benchmark() {
         std::process::exit(1);
     }
     let default = default_build();
+    // (f) alone: `LOCKRUN_BENCH_ONLY=deployed scripts/bench` prints it and writes nothing.
+    if std::env::var_os("LOCKRUN_BENCH_ONLY").is_some_and(|only| only == "deployed") {
+        for outcome in deployed(&default) {
+            println!(
+                "{}: {} against {} ({}; target {}) {}",
+                outcome.what,
+                outcome.measured,
+                outcome.baseline,
+                outcome.ratio,
+                outcome.target,
+                outcome.verdict()
+            );
+        }
+        return;
+    }
     let statically = static_build();
     if let Err(why) = &statically {
         println!("static opt-in build: not measured: {why}");
@@ -457,10 +477,80 @@ fn benchmark() {
     bench.fairness();
     bench.growth();
     bench.networked_against_file();
+    bench.outcomes.extend(deployed(&default));
     bench.peak_rss();
     let took = started.elapsed();
     println!("\nbenchmark took {:.0} s", took.as_secs_f64());
     write_report(&machine, &bench, took);
+}
+
+/// (f) Redis as deployed: the wall time of `lockrun -- true` on a Sentinel
+/// deployment (its primary asked of the Sentinels, then WAIT for its replica)
+/// and on a three-primary Cluster, against a single node in the same
+/// interleaved runs; and WAIT's own cost, on a single node with a replica.
+fn deployed(build: &Build) -> Vec<Outcome> {
+    let lockrun = |url: String, replicas: &str| Locker::Lockrun {
+        build: build.clone(),
+        backend: "redis",
+        flags: [
+            "--backend",
+            "redis",
+            "--redis-url",
+            &url,
+            "--redis-replicas",
+            replicas,
+        ]
+        .map(OsString::from)
+        .to_vec(),
+    };
+    let what = |label: &str| format!("(f) per-run wall time, redis {label}");
+    let target = format!("≤ {DEPLOYED_RATIO:.1}× single node");
+    let single = RedisServer::start(&[]);
+    let sentinel = support::sentinel::SentinelDeployment::start(None);
+    let cluster = RedisCluster::start();
+    let (Some(single), Some(sentinel), Some(cluster)) = (single, sentinel, cluster) else {
+        let why = "redis-server or redis-sentinel is not installed or did not start";
+        return vec![Outcome::not_measured(what("as deployed"), &target, why)];
+    };
+    let with_replica = RedisServer::start(&[]).expect("a second redis-server");
+    let port = with_replica.port().to_string();
+    let replica = RedisServer::start(&["--replicaof", "127.0.0.1", &port]).expect("a replica");
+    // WAIT counts a replica only once it is in sync.
+    support::wait_until("the replica to be in sync", || {
+        redis::cmd("INFO")
+            .arg("replication")
+            .query::<String>(&mut replica.client())
+            .is_ok_and(|info| info.contains("master_link_status:up"))
+    });
+    let contenders = [
+        ("single node", lockrun(single.url(), "0")),
+        (
+            "single node + WAIT 1 (a replica)",
+            lockrun(with_replica.url(), "1"),
+        ),
+        ("Sentinel, --redis-replicas 0", lockrun(sentinel.url(), "0")),
+        ("Sentinel (default: WAIT 1)", lockrun(sentinel.url(), "1")),
+        ("Cluster (3 primaries)", lockrun(cluster.url(1), "0")),
+    ];
+    let lockers: Vec<Locker> = contenders
+        .iter()
+        .map(|(_, locker)| locker.clone())
+        .collect();
+    let medians = interleaved_medians(&lockers, "deployed", DEPLOYED_RUNS);
+    let baseline = medians[0];
+    contenders
+        .iter()
+        .zip(&medians)
+        .skip(1)
+        .map(|((label, _), &measured)| Outcome {
+            what: what(label),
+            measured: ms(measured),
+            baseline: ms(baseline),
+            ratio: ratio_text(measured, baseline),
+            target: target.clone(),
+            pass: Some(measured.as_secs_f64() <= DEPLOYED_RATIO * baseline.as_secs_f64()),
+        })
+        .collect()
 }
 
 /// The locker, or why it cannot be measured (`lockrun --backend X -- true` fails).

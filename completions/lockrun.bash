@@ -41,7 +41,7 @@ _lockrun() {
 
     case "${cmd}" in
         lockrun)
-            opts="-b -p -n -w -E -c -v -q -h -V --name --backend --prefix --dir --db --redis-url --postgres-url --etcd-endpoints --parallelism --no-wait --timeout --initial-delay --max-delay --backoff-multiplier --ttl --min-hold --max-runtime --kill-grace --conflict-exit-code --command --verbose --quiet --log-format --help --version status release help"
+            opts="-b -p -n -w -E -c -v -q -h -V --name --backend --prefix --dir --db --redis-url --redis-replicas --postgres-url --etcd-endpoints --parallelism --no-wait --timeout --initial-delay --max-delay --backoff-multiplier --ttl --min-hold --max-runtime --kill-grace --conflict-exit-code --command --verbose --quiet --log-format --help --version status release help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -72,6 +72,10 @@ _lockrun() {
                     return 0
                     ;;
                 --redis-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --redis-replicas)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -211,7 +215,7 @@ _lockrun() {
             return 0
             ;;
         lockrun__subcmd__release)
-            opts="-b -v -q -h --slot --force --backend --prefix --dir --db --redis-url --postgres-url --etcd-endpoints --verbose --quiet --log-format --help"
+            opts="-b -v -q -h --slot --force --backend --prefix --dir --db --redis-url --redis-replicas --postgres-url --etcd-endpoints --verbose --quiet --log-format --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -245,6 +249,10 @@ _lockrun() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --redis-replicas)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --postgres-url)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -265,7 +273,7 @@ _lockrun() {
             return 0
             ;;
         lockrun__subcmd__status)
-            opts="-b -v -q -h --json --backend --prefix --dir --db --redis-url --postgres-url --etcd-endpoints --verbose --quiet --log-format --help"
+            opts="-b -v -q -h --json --backend --prefix --dir --db --redis-url --redis-replicas --postgres-url --etcd-endpoints --verbose --quiet --log-format --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -292,6 +300,10 @@ _lockrun() {
                     return 0
                     ;;
                 --redis-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --redis-replicas)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -1,6 +1,6 @@
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_lockrun_global_optspecs
-    string join \n name= b/backend= prefix= dir= db= redis-url= postgres-url= etcd-endpoints= p/parallelism= n/no-wait w/timeout= initial-delay= max-delay= backoff-multiplier= ttl= min-hold= max-runtime= kill-grace= E/conflict-exit-code= c/command= v/verbose q/quiet log-format= h/help V/version
+    string join \n name= b/backend= prefix= dir= db= redis-url= redis-replicas= postgres-url= etcd-endpoints= p/parallelism= n/no-wait w/timeout= initial-delay= max-delay= backoff-multiplier= ttl= min-hold= max-runtime= kill-grace= E/conflict-exit-code= c/command= v/verbose q/quiet log-format= h/help V/version
 end
 
 function __fish_lockrun_needs_command
@@ -33,7 +33,8 @@ etcd\t''"
 complete -c lockrun -n "__fish_lockrun_needs_command" -l prefix -d 'Key prefix on redis (keys start with PREFIX:) and etcd (/PREFIX/); schema on postgres' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l dir -d 'File backend\'s directory [default: /run/lock/lockrun-$UID, else /var/tmp/lockrun-$UID; the same in every session]' -r -F
 complete -c lockrun -n "__fish_lockrun_needs_command" -l db -d 'SQLite database [default: $XDG_STATE_HOME/lockrun/locks.sqlite3, else ~/.local/state/lockrun/locks.sqlite3]' -r -F
-complete -c lockrun -n "__fish_lockrun_needs_command" -l redis-url -d 'Redis server: redis://[user:pass@]host:port[/db], rediss:// (TLS) or redis+unix:///path' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -l redis-url -d 'Redis: redis://[user:pass@]host:port[/db], rediss:// (TLS), redis+unix:///path, redis+sentinel://[user:pass@]HOST:PORT[,HOST:PORT...]/PRIMARY[/db] or redis+cluster://[user:pass@]HOST:PORT[,HOST:PORT...]' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -l redis-replicas -d 'Replicas that must acknowledge an acquisition or renewal (WAIT) before it counts [default: 1 with redis+sentinel://, else 0]' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l postgres-url -d 'PostgreSQL server: postgres://[user[:pass]@]host[:port]/db[?sslmode=...] or a key=value conninfo string [default: libpq\'s: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l etcd-endpoints -d 'etcd v3 endpoints, comma-separated: http://[user:pass@]host:port, https:// for TLS' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -s p -l parallelism -d 'How many holders at once (slots), 1 to 1024' -r
@@ -65,7 +66,8 @@ etcd\t''"
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l prefix -d 'Key prefix on redis (keys start with PREFIX:) and etcd (/PREFIX/); schema on postgres' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l dir -d 'File backend\'s directory [default: /run/lock/lockrun-$UID, else /var/tmp/lockrun-$UID; the same in every session]' -r -F
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l db -d 'SQLite database [default: $XDG_STATE_HOME/lockrun/locks.sqlite3, else ~/.local/state/lockrun/locks.sqlite3]' -r -F
-complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l redis-url -d 'Redis server: redis://[user:pass@]host:port[/db], rediss:// (TLS) or redis+unix:///path' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l redis-url -d 'Redis: redis://[user:pass@]host:port[/db], rediss:// (TLS), redis+unix:///path, redis+sentinel://[user:pass@]HOST:PORT[,HOST:PORT...]/PRIMARY[/db] or redis+cluster://[user:pass@]HOST:PORT[,HOST:PORT...]' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l redis-replicas -d 'Replicas that must acknowledge an acquisition or renewal (WAIT) before it counts [default: 1 with redis+sentinel://, else 0]' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l postgres-url -d 'PostgreSQL server: postgres://[user[:pass]@]host[:port]/db[?sslmode=...] or a key=value conninfo string [default: libpq\'s: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l etcd-endpoints -d 'etcd v3 endpoints, comma-separated: http://[user:pass@]host:port, https:// for TLS' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand status" -l log-format -d 'Diagnostics as text lines or one JSON event per line' -r -f -a "text\t''
@@ -83,7 +85,8 @@ etcd\t''"
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l prefix -d 'Key prefix on redis (keys start with PREFIX:) and etcd (/PREFIX/); schema on postgres' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l dir -d 'File backend\'s directory [default: /run/lock/lockrun-$UID, else /var/tmp/lockrun-$UID; the same in every session]' -r -F
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l db -d 'SQLite database [default: $XDG_STATE_HOME/lockrun/locks.sqlite3, else ~/.local/state/lockrun/locks.sqlite3]' -r -F
-complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l redis-url -d 'Redis server: redis://[user:pass@]host:port[/db], rediss:// (TLS) or redis+unix:///path' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l redis-url -d 'Redis: redis://[user:pass@]host:port[/db], rediss:// (TLS), redis+unix:///path, redis+sentinel://[user:pass@]HOST:PORT[,HOST:PORT...]/PRIMARY[/db] or redis+cluster://[user:pass@]HOST:PORT[,HOST:PORT...]' -r
+complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l redis-replicas -d 'Replicas that must acknowledge an acquisition or renewal (WAIT) before it counts [default: 1 with redis+sentinel://, else 0]' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l postgres-url -d 'PostgreSQL server: postgres://[user[:pass]@]host[:port]/db[?sslmode=...] or a key=value conninfo string [default: libpq\'s: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l etcd-endpoints -d 'etcd v3 endpoints, comma-separated: http://[user:pass@]host:port, https:// for TLS' -r
 complete -c lockrun -n "__fish_lockrun_using_subcommand release" -l log-format -d 'Diagnostics as text lines or one JSON event per line' -r -f -a "text\t''

@@ -60,6 +60,7 @@ macro_rules! backend_tests {
 backend_tests!(file_backend, Store::file());
 backend_tests!(sqlite_backend, Store::sqlite());
 backend_tests!(redis_backend, Store::redis());
+backend_tests!(redis_cluster_backend, Store::redis_cluster());
 #[cfg(feature = "postgres")]
 backend_tests!(postgres_backend, Store::postgres());
 #[cfg(feature = "etcd")]

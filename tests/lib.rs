@@ -23,6 +23,7 @@ mod postgres;
 #[cfg(feature = "postgres")]
 mod postgres_runs;
 mod redis;
+mod redis_deployed;
 mod sessions;
 mod source;
 mod sqlite;

@@ -1,5 +1,6 @@
 //! Test harness: real lockrun processes against real stores, with every wait bounded.
 
+pub mod cluster;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 pub mod netns;
@@ -8,6 +9,7 @@ pub mod pgbouncer;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod pty;
+pub mod sentinel;
 pub mod users;
 
 use std::ffi::OsString;
@@ -310,12 +312,18 @@ impl RedisServer {
 
     /// (Re)starts the server, empty, on its port; true once it answers PING.
     pub fn restart(&self) -> bool {
+        self.restart_with(&[])
+    }
+
+    /// Like [`RedisServer::restart`], with `more` arguments this time (`--replicaof HOST PORT`).
+    pub fn restart_with(&self, more: &[&str]) -> bool {
         self.kill();
         let child = Command::new("redis-server")
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--dir"])
             .arg(self.dir.path())
             .args(&self.extra)
+            .args(more)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -594,10 +602,15 @@ pub fn finish(mut child: Running) -> Output {
 }
 
 /// Waits until `condition` holds, failing the test after `PATIENCE`.
-pub fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
+pub fn wait_until(what: &str, condition: impl FnMut() -> bool) {
+    wait_until_within(what, PATIENCE, condition);
+}
+
+/// Waits until `condition` holds, failing the test after `limit`.
+pub fn wait_until_within(what: &str, limit: Duration, mut condition: impl FnMut() -> bool) {
     let started = Instant::now();
     while !condition() {
-        assert!(started.elapsed() < PATIENCE, "timed out waiting for {what}");
+        assert!(started.elapsed() < limit, "timed out waiting for {what}");
         thread::sleep(Duration::from_millis(5));
     }
 }

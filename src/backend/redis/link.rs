@@ -1,62 +1,86 @@
-//! The connection to Redis: the URL (and its redacted form for messages),
-//! connecting with a timeout, a timeout on every call, and reconnecting after
-//! a failure; Redis's errors sorted into the network layer's kinds. Nothing
-//! here ever prints the password.
+//! The way to the server a call is for, as Redis is deployed (README: "Redis
+//! as deployed"): the one server; the primary that the Sentinels name,
+//! followed through a failover; or the Cluster node that serves a key,
+//! following `MOVED` and `ASK`. Every call runs under one deadline, whatever
+//! it takes to find its server; its failure is sorted into the network
+//! layer's kinds, in words that never show the password.
 
-use std::sync::Once;
+use std::thread;
 use std::time::Duration;
 
-use redis::{Connection, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError};
+use redis::{Connection, RedisError};
 
-use crate::backend::net::{Failure, Kind, Secret};
+use super::cluster::Cluster;
+use super::node::{Node, interrupted, sort};
+use super::sentinel::Sentinels;
+use super::url::{Deployment, Target};
+use crate::backend::net::{Deadline, Failure, Kind, Secret};
+use crate::timing::FREE_CALL;
+
+/// How long a call waits before it asks again where the primary is, while a
+/// failover is under way.
+const FOLLOW_PAUSE: Duration = Duration::from_millis(100);
+/// Calls made again at once (a redirect, a connection the server closed since
+/// the last call) before a failure ends the call.
+const MAX_AGAIN: u32 = 5;
+
+/// Which server a call goes to.
+#[derive(Clone, Copy)]
+pub enum Route<'k> {
+    /// The primary that serves this key.
+    Key(&'k str),
+    /// One of [`Link::primaries`].
+    Primary(&'k str),
+}
+
+enum Way {
+    Single(Node),
+    Sentinel {
+        sentinels: Sentinels,
+        primary: Option<Node>,
+    },
+    Cluster(Cluster),
+}
+
+/// What to do after a call failed.
+enum Next {
+    /// Call again at once: the failure named the right server, or only closed an old connection.
+    Again,
+    /// Call again after a pause, once the server has been looked for anew (a failover).
+    Follow,
+    /// The call has failed.
+    Fail,
+}
 
 pub struct Link {
-    info: ConnectionInfo,
+    way: Way,
     /// The URL with its password replaced, for messages.
     shown: String,
     /// The password, so that no message built from a server or library error can repeat it.
     secret: Option<Secret>,
-    connection: Option<Connection>,
 }
 
 impl Link {
-    /// Parses `url`; connects lazily, on the first call.
+    /// Reads `url`; connects lazily, on the first call.
     pub fn new(url: &str) -> Result<Self, Failure> {
-        let shown = redact(url);
-        let invalid = |why: String| {
-            Failure::new(
-                Kind::Permanent,
-                format!(
-                    "--redis-url {shown} is not a usable Redis URL ({why}); expected redis://[user:pass@]host:port[/db], rediss://... or redis+unix:///path"
-                ),
-            )
-        };
-        let parsed =
-            redis::parse_redis_url(url).ok_or_else(|| invalid("cannot parse it".into()))?;
-        let secret = parsed
-            .password()
-            .map(str::to_owned)
-            .or_else(|| {
-                parsed
-                    .query_pairs()
-                    .find(|(key, _)| key == "pass")
-                    .map(|(_, value)| value.into_owned())
-            })
-            .filter(|secret| !secret.is_empty())
-            .map(Secret::new);
-        let info = parsed
-            .into_connection_info()
-            .map_err(|err| invalid(Secret::scrub_with(secret.as_ref(), &err.to_string())))?;
-        // CLIENT SETINFO would cost a round trip on every connect.
-        let settings = info.redis_settings().clone().set_skip_set_lib_name();
-        let info = info.set_redis_settings(settings);
-        install_crypto_provider();
-        Ok(Self {
-            info,
+        let Target {
+            deployment,
             shown,
             secret,
-            connection: None,
-        })
+        } = Target::parse(url)?;
+        let way = match deployment {
+            Deployment::Single(info) => Way::Single(Node::new(info)),
+            Deployment::Sentinel {
+                sentinels,
+                primary,
+                nodes,
+            } => Way::Sentinel {
+                sentinels: Sentinels::new(sentinels, primary, nodes),
+                primary: None,
+            },
+            Deployment::Cluster { seeds, nodes } => Way::Cluster(Cluster::new(seeds, nodes)),
+        };
+        Ok(Self { way, shown, secret })
     }
 
     /// The server as messages show it.
@@ -64,193 +88,163 @@ impl Link {
         &self.shown
     }
 
-    /// Runs `call` on the connection with `timeout` for connecting, writing and
-    /// reading. After any failure the connection is dropped (a late reply would
-    /// be taken for the next call's), so the next call reconnects.
-    pub fn call<T>(
-        &mut self,
-        what: &str,
-        timeout: Duration,
-        call: impl FnOnce(&mut Connection) -> redis::RedisResult<T>,
-    ) -> Result<T, Failure> {
-        self.try_call(timeout, call)
-            .map_err(|err| self.error(what, &err))
+    /// Whether the primary is found through Sentinel.
+    pub fn is_sentinel(&self) -> bool {
+        matches!(self.way, Way::Sentinel { .. })
     }
 
-    /// Like [`Link::call`], for calls that can safely run twice: a connection
-    /// that the server closed since the last call (a restart) is replaced
-    /// once, and a call that lockrun's being stopped cut short is made again.
-    pub fn call_idempotent<T>(
+    /// Every primary, for [`Route::Primary`]: a Cluster's addresses, or
+    /// outside a Cluster the one primary (an empty address).
+    pub fn primaries(&mut self, what: &str) -> Result<Vec<String>, Failure> {
+        let Way::Cluster(cluster) = &mut self.way else {
+            return Ok(vec![String::new()]);
+        };
+        match cluster.primaries(Deadline::after(FREE_CALL)) {
+            Ok(primaries) => Ok(primaries),
+            Err(failure) => Err(self.failure(what, &failure)),
+        }
+    }
+
+    /// Runs `call` on the server of `route` within `timeout`, following a
+    /// failover or a redirect while the time allows. Every call lockrun makes
+    /// is safe to make twice: a lost reply is made good by asking again.
+    pub fn call<T>(
         &mut self,
+        route: Route<'_>,
         what: &str,
         timeout: Duration,
         mut call: impl FnMut(&mut Connection) -> redis::RedisResult<T>,
     ) -> Result<T, Failure> {
-        let reused = self.connection.is_some();
-        match self.try_call(timeout, &mut call) {
-            Err(err) if (reused && err.is_connection_dropped()) || interrupted(&err) => {
-                self.call(what, timeout, call)
+        let deadline = Deadline::after(timeout);
+        let mut again = 0;
+        loop {
+            let (node, asking) = match self.node(route, deadline) {
+                Ok(found) => found,
+                Err(failure) if failure.is_transient() && pause(deadline) => continue,
+                Err(failure) => return Err(self.failure(what, &failure)),
+            };
+            let reused = node.is_connected();
+            let err = match node.call(deadline.io_timeout(), |c| asked(c, asking, &mut call)) {
+                Ok(value) => return Ok(value),
+                Err(err) => err,
+            };
+            match self.next(&err, reused) {
+                Next::Again if again < MAX_AGAIN => again += 1,
+                Next::Follow if pause(deadline) => {}
+                _ => return Err(self.error(what, &err)),
             }
-            result => result.map_err(|err| self.error(what, &err)),
         }
     }
 
-    /// Like [`Link::call_idempotent`], for a call that waits to be told
-    /// something (BLPOP): `None` when lockrun's being stopped cut it short, so
+    /// Like [`Link::call`], for a call that waits to be told something
+    /// (BLPOP), made once: `None` when the wait was cut short (lockrun was
+    /// stopped and continued, the server went away or handed the key on), so
     /// that the caller looks for itself at once (what it was told may have
-    /// been lost with the connection).
+    /// been lost with the connection, or be told on another server now).
     pub fn wait_for<T>(
         &mut self,
+        route: Route<'_>,
         what: &str,
         timeout: Duration,
         mut call: impl FnMut(&mut Connection) -> redis::RedisResult<T>,
     ) -> Result<Option<T>, Failure> {
-        let reused = self.connection.is_some();
-        match self.try_call(timeout, &mut call) {
+        let deadline = Deadline::after(timeout);
+        let (node, asking) = match self.node(route, deadline) {
+            Ok(found) => found,
+            Err(failure) => return Err(self.failure(what, &failure)),
+        };
+        let reused = node.is_connected();
+        match node.call(timeout, |c| asked(c, asking, &mut call)) {
+            Ok(value) => Ok(Some(value)),
             Err(err) if interrupted(&err) => Ok(None),
-            Err(err) if reused && err.is_connection_dropped() => {
-                self.call(what, timeout, call).map(Some)
-            }
-            result => result.map(Some).map_err(|err| self.error(what, &err)),
+            Err(err) => match self.next(&err, reused) {
+                Next::Fail => Err(self.error(what, &err)),
+                Next::Again | Next::Follow => Ok(None),
+            },
         }
     }
 
-    fn try_call<T>(
-        &mut self,
-        timeout: Duration,
-        call: impl FnOnce(&mut Connection) -> redis::RedisResult<T>,
-    ) -> redis::RedisResult<T> {
-        let timeout = timeout.max(Duration::from_millis(1));
-        let connection = match &mut self.connection {
-            Some(connection) => connection,
-            slot @ None => slot.insert(
-                redis::Client::open(self.info.clone())?.get_connection_with_timeout(timeout)?,
-            ),
-        };
-        let result = connection
-            .set_read_timeout(Some(timeout))
-            .and_then(|()| connection.set_write_timeout(Some(timeout)))
-            .and_then(|()| call(connection));
-        if result.is_err() {
-            self.connection = None;
+    /// The server of `route`, and whether the call must say `ASKING` first.
+    fn node(&mut self, route: Route<'_>, deadline: Deadline) -> Result<(&mut Node, bool), Failure> {
+        match &mut self.way {
+            Way::Single(node) => Ok((node, false)),
+            Way::Sentinel { sentinels, primary } => {
+                if primary.is_none() {
+                    *primary = Some(sentinels.primary(deadline)?);
+                }
+                Ok((primary.as_mut().expect("found above"), false))
+            }
+            Way::Cluster(cluster) => match route {
+                Route::Key(key) => cluster.node_for(key, deadline),
+                Route::Primary(address) => Ok((cluster.primary(address), false)),
+            },
         }
-        result
+    }
+
+    /// What to do after `err` ended a call on a connection that was `reused`.
+    fn next(&mut self, err: &RedisError, reused: bool) -> Next {
+        // Stopped and continued; or the server closed an idle connection (a restart).
+        if interrupted(err) || (reused && err.is_connection_dropped()) {
+            return Next::Again;
+        }
+        let passes = sort(err).0 != Kind::Permanent;
+        match &mut self.way {
+            Way::Single(_) => Next::Fail,
+            Way::Sentinel { primary, .. } => {
+                // A demoted or dead primary: ask the Sentinels again.
+                if passes {
+                    *primary = None;
+                    Next::Follow
+                } else {
+                    Next::Fail
+                }
+            }
+            Way::Cluster(cluster) => {
+                if !passes {
+                    Next::Fail
+                } else if cluster.learn(err) {
+                    Next::Again
+                } else {
+                    Next::Follow
+                }
+            }
+        }
     }
 
     /// The error as the user should read it, sorted: trouble that may pass (the
     /// server unreachable, restarting, failing over) or a refusal that will not.
     fn error(&self, what: &str, err: &RedisError) -> Failure {
         let (kind, why) = sort(err);
-        let message = format!("Redis at {}: {what} failed: {why}", self.shown);
-        Failure::new(kind, Secret::scrub_with(self.secret.as_ref(), &message))
+        self.failure(what, &Failure::new(kind, why))
+    }
+
+    /// `failure` met while doing `what`, as the user should read it.
+    pub fn failure(&self, what: &str, failure: &Failure) -> Failure {
+        let message = format!("Redis at {}: {what} failed: {failure}", self.shown);
+        Failure::new(
+            failure.kind(),
+            Secret::scrub_with(self.secret.as_ref(), &message),
+        )
     }
 }
 
-/// What a Redis error calls for, and its words.
-fn sort(err: &RedisError) -> (Kind, String) {
-    match err.kind() {
-        _ if err.is_timeout() => (Kind::Unreachable, "no answer in time".to_owned()),
-        _ if err.is_connection_refusal() => (Kind::Unreachable, "connection refused".to_owned()),
-        ErrorKind::AuthenticationFailed => (Kind::Permanent, "authentication failed".to_owned()),
-        ErrorKind::Parse => (
-            Kind::Permanent,
-            "the server does not speak the Redis protocol".to_owned(),
-        ),
-        // Redis refuses a long command from a client that has not authenticated as a protocol error.
-        _ if err.code() == Some("NOAUTH") || err.to_string().contains("unauthenticated") => {
-            (Kind::Permanent, "the server requires a password".to_owned())
-        }
-        _ if err.code() == Some("WRONGPASS") => {
-            (Kind::Permanent, "authentication failed".to_owned())
-        }
-        // Loading its data, a replica, no primary yet, a cluster moving slots, a busy script.
-        _ if matches!(
-            err.code(),
-            Some("LOADING" | "READONLY" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN" | "BUSY")
-        ) =>
-        {
-            (Kind::Transient, err.to_string())
-        }
-        // An unknown host and a certificate that does not verify say so only in their text.
-        _ if err.is_connection_dropped() || err.is_io_error() => {
-            Failure::sort_text(&err.to_string())
-        }
-        _ => (Kind::Permanent, err.to_string()),
+/// Runs `call`, after `ASKING` when the Cluster sent us to a slot's new node.
+fn asked<T>(
+    connection: &mut Connection,
+    asking: bool,
+    call: &mut impl FnMut(&mut Connection) -> redis::RedisResult<T>,
+) -> redis::RedisResult<T> {
+    if asking {
+        redis::cmd("ASKING").query::<()>(connection)?;
     }
+    call(connection)
 }
 
-/// Whether a call was cut short by lockrun being stopped and continued
-/// (Ctrl-Z and `fg`, a debugger): Linux ends a socket read that has a timeout
-/// with EINTR then, whatever the signal handlers (signal(7)). The redis crate
-/// keeps the I/O error's kind to itself; its text is what it shows.
-fn interrupted(err: &RedisError) -> bool {
-    let eintr = std::io::Error::from_raw_os_error(nix::libc::EINTR).to_string();
-    err.is_io_error() && err.to_string().contains(&eintr)
-}
-
-/// rustls needs a process-wide crypto provider before the first TLS connect,
-/// or it panics; lockrun uses ring.
-fn install_crypto_provider() {
-    static INSTALL: Once = Once::new();
-    INSTALL.call_once(|| {
-        // Fails only when a provider is installed already, which is as good.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    });
-}
-
-/// `url` with any password (`user:pass@` or `?pass=`) replaced by `***`.
-pub fn redact(url: &str) -> String {
-    let Some(mut parsed) = redis::parse_redis_url(url) else {
-        // Unparsable: show only the scheme, since the rest may hold a password.
-        let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
-        return format!("{scheme}://...");
-    };
-    if parsed.password().is_some() {
-        let _ = parsed.set_password(Some("***"));
+/// Waits a moment before the next try, if the deadline leaves time for one.
+fn pause(deadline: Deadline) -> bool {
+    if deadline.remaining() <= FOLLOW_PAUSE {
+        return false;
     }
-    if parsed.query_pairs().any(|(key, _)| key == "pass") {
-        let pairs: Vec<(String, String)> = parsed
-            .query_pairs()
-            .map(|(key, value)| {
-                let value = if key == "pass" {
-                    "***".into()
-                } else {
-                    value.into_owned()
-                };
-                (key.into_owned(), value)
-            })
-            .collect();
-        parsed.query_pairs_mut().clear().extend_pairs(pairs);
-    }
-    parsed.to_string().replace("%2A%2A%2A", "***")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn passwords_are_redacted_in_every_url_form() {
-        assert_eq!(
-            redact("redis://user:s3cret@example.com:6380/2"),
-            "redis://user:***@example.com:6380/2"
-        );
-        assert_eq!(redact("rediss://:s3cret@h"), "rediss://:***@h");
-        assert_eq!(
-            redact("redis+unix:///run/redis.sock?db=1&pass=s3cret"),
-            "redis+unix:///run/redis.sock?db=1&pass=***"
-        );
-        assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
-        assert_eq!(redact("http://user:s3cret@x"), "http://...");
-        assert!(!redact("not a url s3cret").contains("s3cret"));
-    }
-
-    #[test]
-    fn a_bad_url_is_unavailable_at_once_without_the_secret() {
-        let Err(err) = Link::new("redis://:s3cret@host:notaport") else {
-            panic!("accepted a bad port");
-        };
-        assert_eq!(err.kind(), Kind::Permanent);
-        assert!(!err.to_string().contains("s3cret"), "{err}");
-    }
+    thread::sleep(FOLLOW_PAUSE);
+    true
 }

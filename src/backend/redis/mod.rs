@@ -1,26 +1,33 @@
 //! The Redis backend (README: "Redis backend"): leases as slot keys with a PX
 //! TTL kept by the server, a waiting line as a sorted set by ticket, changed
 //! only by atomic Lua scripts that check tokens; a release wakes the one
-//! waiter the freed slot is for, through a list it BLPOPs.
+//! waiter the freed slot is for, through a list it BLPOPs. Where the server
+//! is (one node, Sentinel's primary, a Cluster's node) is the link's business.
 
+mod cluster;
 mod link;
+mod node;
+mod replicas;
 mod scripts;
+mod sentinel;
+mod slot;
+mod url;
 
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::{Duration, SystemTime};
 
 use super::record::{HolderRecord, WaiterRecord, local_ahead, sort, waiting};
-use super::{
-    Abilities, Attempt, Common, Entry, Line, Owner, Released, Renewal, Request, Slot, Store, Waited,
-};
+use super::{Abilities, Attempt, Common, Entry, Line, Owner, Request, Store, Waited};
 use crate::error::{Error, Result};
 use crate::identity::epoch_millis;
 use crate::name::Name;
 use crate::platform::clock::Moment;
-use crate::timing::{FREE_CALL, Plan};
-use link::Link;
+use crate::timing::FREE_CALL;
+use link::{Link, Route};
+use replicas::Replicas;
 use scripts::{Keys, Scripts};
+use slot::RedisSlot;
 
 /// Its command-line options (a group of their own is not needed: clap flattens them).
 #[derive(Debug, clap::Args)]
@@ -28,22 +35,30 @@ use scripts::{Keys, Scripts};
 pub struct Options {
     #[arg(
         long,
-        help = "Redis server: redis://[user:pass@]host:port[/db], rediss:// (TLS) or redis+unix:///path",
+        help = "Redis: redis://[user:pass@]host:port[/db], rediss:// (TLS), redis+unix:///path, redis+sentinel://[user:pass@]HOST:PORT[,HOST:PORT...]/PRIMARY[/db] or redis+cluster://[user:pass@]HOST:PORT[,HOST:PORT...]",
         env = "LOCKRUN_REDIS_URL",
         default_value = "redis://127.0.0.1:6379",
         value_name = "URL",
         hide_env_values = true
     )]
     pub redis_url: String,
+
+    /// Replicas that must acknowledge an acquisition or renewal (WAIT) before it counts [default: 1 with redis+sentinel://, else 0]
+    #[arg(long, env = "LOCKRUN_REDIS_REPLICAS", value_name = "N")]
+    pub redis_replicas: Option<u32>,
 }
 
 impl Options {
     pub fn open(&self, common: &Common) -> Result<Box<dyn Store>> {
+        let link = Link::new(&self.redis_url)?;
+        // A Sentinel deployment fails over to a replica: a grant it lacks would be granted twice.
+        let replicas = self.redis_replicas.unwrap_or(u32::from(link.is_sentinel()));
         Ok(Box::new(RedisStore {
-            link: Rc::new(RefCell::new(Link::new(&self.redis_url)?)),
-            location: format!("Redis at {}", link::redact(&self.redis_url)),
+            location: format!("Redis at {}", link.shown()),
+            link: Rc::new(RefCell::new(link)),
             prefix: common.prefix.to_owned(),
             scripts: Rc::new(Scripts::new()),
+            replicas: Replicas::new(replicas),
             since: None,
         }))
     }
@@ -53,6 +68,8 @@ impl Options {
 /// place, earliest holder PTTL, and the records of holders and the waiter ahead on our host.
 type Reply = (i64, i64, i64, Vec<String>, Vec<String>);
 
+/// What an acquisition is called in messages.
+const ACQUIRING: &str = "acquiring a slot";
 /// How long a wake-up waits in its list for its waiter: long enough to cover
 /// a waiter between its look at the line and its BLPOP.
 const WAKE_TTL: Duration = Duration::from_secs(2);
@@ -65,6 +82,7 @@ struct RedisStore {
     location: String,
     prefix: String,
     scripts: Rc<Scripts>,
+    replicas: Replicas,
     /// When our first look at the line was: a waiter's record says it began waiting then.
     since: Option<u64>,
 }
@@ -78,8 +96,9 @@ impl RedisStore {
         Keys::new(&self.prefix, name)
     }
 
-    /// The holders in `keys` (slot keys) and their leases' ends, read in one round trip.
-    fn read_holders(&self, keys: &[String]) -> Result<Vec<Entry>> {
+    /// The holders in `keys` (slot keys, all on the server of `route`) and
+    /// their leases' ends, read in one round trip.
+    fn read_holders(&self, route: Route<'_>, keys: &[String]) -> Result<Vec<Entry>> {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
@@ -90,7 +109,7 @@ impl RedisStore {
         let replies: Vec<(Option<String>, i64)> =
             self.link
                 .borrow_mut()
-                .call_idempotent("reading holders", FREE_CALL, |c| pipe.query(c))?;
+                .call(route, "reading holders", FREE_CALL, |c| pipe.query(c))?;
         let now = now_millis();
         Ok(keys
             .iter()
@@ -106,15 +125,13 @@ impl RedisStore {
 
     /// The live waiters of the line at `keys`, in line order.
     fn read_line(&self, keys: &Keys) -> Result<Vec<Entry>> {
+        let line = keys.line();
+        let route = Route::Key(&line);
         let tokens: Vec<String> =
             self.link
                 .borrow_mut()
-                .call_idempotent("reading the line", FREE_CALL, |c| {
-                    redis::cmd("ZRANGE")
-                        .arg(keys.line())
-                        .arg(0)
-                        .arg(-1)
-                        .query(c)
+                .call(route, "reading the line", FREE_CALL, |c| {
+                    redis::cmd("ZRANGE").arg(&line).arg(0).arg(-1).query(c)
                 })?;
         if tokens.is_empty() {
             return Ok(Vec::new());
@@ -127,7 +144,7 @@ impl RedisStore {
         let replies: Vec<(Option<String>, i64)> =
             self.link
                 .borrow_mut()
-                .call_idempotent("reading waiters", FREE_CALL, |c| pipe.query(c))?;
+                .call(route, "reading waiters", FREE_CALL, |c| pipe.query(c))?;
         let now = now_millis();
         let records: Vec<(WaiterRecord, i64)> = replies
             .into_iter()
@@ -143,15 +160,16 @@ impl RedisStore {
         })))
     }
 
-    /// Every key matching `pattern`, by SCAN (never KEYS, which blocks the server).
-    fn scan(&self, pattern: &str) -> Result<Vec<String>> {
+    /// Every key matching `pattern` on the server of `route`, by SCAN (never
+    /// KEYS, which blocks the server).
+    fn scan(&self, route: Route<'_>, pattern: &str) -> Result<Vec<String>> {
         let mut keys = Vec::new();
         let mut cursor = 0u64;
         loop {
             let (next, batch): (u64, Vec<String>) =
                 self.link
                     .borrow_mut()
-                    .call_idempotent("listing lock keys", FREE_CALL, |c| {
+                    .call(route, "listing lock keys", FREE_CALL, |c| {
                         redis::cmd("SCAN")
                             .arg(cursor)
                             .arg("MATCH")
@@ -171,23 +189,33 @@ impl RedisStore {
         Ok(keys)
     }
 
-    /// Warnings about the server's setup that can break locks (shown with `-v`).
+    /// Every primary (one, outside a Cluster).
+    fn primaries(&self, what: &str) -> Result<Vec<String>> {
+        Ok(self.link.borrow_mut().primaries(what)?)
+    }
+
+    /// Warnings about the servers' setup that can break locks (shown with `-v`).
     fn eviction_warning(&self) -> Result<Option<String>> {
-        let mut link = self.link.borrow_mut();
-        let info: String = link.call("reading the server's settings", FREE_CALL, |c| {
-            redis::cmd("INFO").arg("memory").query(c)
-        })?;
-        let policy = info
-            .lines()
-            .find_map(|line| line.strip_prefix("maxmemory_policy:"))
-            .map(str::trim);
-        Ok(match policy {
-            Some("noeviction") | None => None,
-            Some(policy) => Some(format!(
-                "Redis at {} has maxmemory-policy {policy}: when it runs out of memory it may evict lock keys, letting a second holder in; use noeviction",
-                link.shown()
-            )),
-        })
+        for at in self.primaries("reading the server's settings")? {
+            let mut link = self.link.borrow_mut();
+            let info: String = link.call(
+                Route::Primary(&at),
+                "reading the server's settings",
+                FREE_CALL,
+                |c| redis::cmd("INFO").arg("memory").query(c),
+            )?;
+            let policy = info
+                .lines()
+                .find_map(|line| line.strip_prefix("maxmemory_policy:"))
+                .map(str::trim);
+            if let Some(policy) = policy.filter(|policy| *policy != "noeviction") {
+                return Ok(Some(format!(
+                    "Redis at {} has maxmemory-policy {policy}: when it runs out of memory it may evict lock keys, letting a second holder in; use noeviction",
+                    link.shown()
+                )));
+            }
+        }
+        Ok(None)
     }
 }
 
@@ -217,7 +245,8 @@ impl Store for RedisStore {
             owner: owner.clone(),
             since,
         })?;
-        let mut invocation = self.scripts.acquire.key(keys.fence());
+        let fence = keys.fence();
+        let mut invocation = self.scripts.acquire.key(&fence);
         invocation.key(keys.line()).key(keys.ticket());
         for slot in keys.slots(request.parallelism) {
             invocation.key(slot);
@@ -232,22 +261,32 @@ impl Store for RedisStore {
             .arg(&owner.process.boot_id)
             .arg(WAKE_TTL.as_millis() as u64);
         let sent = Moment::now();
-        // Safe to repeat after a lost reply: a second run finds our slot taken, or our place kept.
-        let (taken, first, second, holders, before): Reply = self
+        // Safe to repeat after a lost reply: a second run finds our slot ours, or our place kept.
+        let replicas = self.replicas;
+        let ((taken, first, second, holders, before), acknowledged): (Reply, u32) = self
             .link
             .borrow_mut()
-            .call_idempotent("acquiring a slot", FREE_CALL, |c| invocation.invoke(c))?;
+            .call(Route::Key(&fence), ACQUIRING, FREE_CALL, |c| {
+                replicas.invoke(c, &invocation, FREE_CALL)
+            })?;
         if taken == 1 {
-            return Ok(Attempt::Taken(Box::new(RedisSlot {
+            let slot = RedisSlot {
                 link: Rc::clone(&self.link),
                 scripts: Rc::clone(&self.scripts),
+                replicas,
                 keys,
                 slot: first as u32,
                 fence: second as u64,
                 token: owner.token.clone(),
                 plan: request.plan,
                 taken_at: sent,
-            })));
+            };
+            if let Some(short) = replicas.short(acknowledged) {
+                // A grant the replicas may lack is given back, and asked for again.
+                let _ = slot.give_back();
+                return Err(self.link.borrow().failure(ACQUIRING, &short).into());
+            }
+            return Ok(Attempt::Taken(Box::new(slot)));
         }
         let owners = |records: Vec<String>| -> Vec<Owner> {
             records
@@ -269,7 +308,8 @@ impl Store for RedisStore {
 
     fn evict(&mut self, request: &Request, owners: &[Owner]) -> Result<()> {
         let keys = self.keys(&request.name);
-        let mut invocation = self.scripts.evict.key(keys.line());
+        let line = keys.line();
+        let mut invocation = self.scripts.evict.key(&line);
         for slot in keys.slots(request.parallelism) {
             invocation.key(slot);
         }
@@ -277,10 +317,12 @@ impl Store for RedisStore {
         for owner in owners {
             invocation.arg(&owner.token);
         }
-        let _: i64 =
-            self.link
-                .borrow_mut()
-                .call_idempotent("dropping dead entries", FREE_CALL, |c| invocation.invoke(c))?;
+        let _: i64 = self.link.borrow_mut().call(
+            Route::Key(&line),
+            "dropping dead entries",
+            FREE_CALL,
+            |c| invocation.invoke(c),
+        )?;
         Ok(())
     }
 
@@ -292,15 +334,17 @@ impl Store for RedisStore {
         let wake = self.keys(&request.name).wake(&request.owner.token);
         // BLPOP's own timeout ends the wait; the socket's only catches a server that went silent.
         let socket_timeout = block + FREE_CALL;
-        let woken: Option<Option<(String, String)>> =
-            self.link
-                .borrow_mut()
-                .wait_for("waiting for a release", socket_timeout, |c| {
-                    redis::cmd("BLPOP")
-                        .arg(&wake)
-                        .arg(format!("{:.3}", block.as_secs_f64()))
-                        .query(c)
-                })?;
+        let woken: Option<Option<(String, String)>> = self.link.borrow_mut().wait_for(
+            Route::Key(&wake),
+            "waiting for a release",
+            socket_timeout,
+            |c| {
+                redis::cmd("BLPOP")
+                    .arg(&wake)
+                    .arg(format!("{:.3}", block.as_secs_f64()))
+                    .query(c)
+            },
+        )?;
         // Cut short (None) or woken (Some(Some(_))): look again; Some(None): BLPOP timed out.
         Ok(match woken {
             Some(None) => Waited::Quiet,
@@ -314,38 +358,44 @@ impl Store for RedisStore {
     }
 
     fn list(&mut self, name: Option<&Name>) -> Result<Vec<Entry>> {
-        let mut entries = if let Some(name) = name {
+        let mut entries = Vec::new();
+        if let Some(name) = name {
             let keys = self.keys(name);
-            let mut entries = self.read_holders(&self.scan(&keys.slot_pattern())?)?;
+            let line = keys.line();
+            let route = Route::Key(&line);
+            entries.extend(self.read_holders(route, &self.scan(route, &keys.slot_pattern())?)?);
             entries.extend(self.read_line(&keys)?);
-            entries
         } else {
-            let mut entries =
-                self.read_holders(&self.scan(&scripts::every_name(&self.prefix, "slot:*"))?)?;
-            for line in self.scan(&scripts::every_name(&self.prefix, "line"))? {
-                let base = line.strip_suffix("line").unwrap_or(&line);
-                entries.extend(self.read_line(&Keys::from_base(base))?);
+            // A Cluster spreads the names over its primaries: each is read.
+            for at in self.primaries("listing lock keys")? {
+                let route = Route::Primary(&at);
+                let slots = self.scan(route, &scripts::every_name(&self.prefix, "slot:*"))?;
+                entries.extend(self.read_holders(route, &slots)?);
+                for line in self.scan(route, &scripts::every_name(&self.prefix, "line"))? {
+                    let base = line.strip_suffix("line").unwrap_or(&line);
+                    entries.extend(self.read_line(&Keys::from_base(base))?);
+                }
             }
-            entries
-        };
+        }
         sort(&mut entries);
         Ok(entries)
     }
 
     fn break_slots(&mut self, name: &Name, slot: Option<u32>) -> Result<Vec<Entry>> {
         let keys = self.keys(name);
+        let line = keys.line();
         let wanted: Vec<String> = match slot {
             Some(slot) => vec![keys.slot(slot)],
-            None => self.scan(&keys.slot_pattern())?,
+            None => self.scan(Route::Key(&line), &keys.slot_pattern())?,
         };
         let mut broken = Vec::new();
         for key in wanted {
-            let value: Option<String> =
-                self.link
-                    .borrow_mut()
-                    .call_idempotent("reading a holder", FREE_CALL, |c| {
-                        redis::cmd("GET").arg(&key).query(c)
-                    })?;
+            let value: Option<String> = self.link.borrow_mut().call(
+                Route::Key(&key),
+                "reading a holder",
+                FREE_CALL,
+                |c| redis::cmd("GET").arg(&key).query(c),
+            )?;
             let Some(record) = value.and_then(|v| serde_json::from_str::<HolderRecord>(&v).ok())
             else {
                 continue;
@@ -375,67 +425,10 @@ impl Store for RedisStore {
     }
 }
 
-/// A slot of the Redis backend: a key with a PX TTL.
-struct RedisSlot {
-    link: Rc<RefCell<Link>>,
-    scripts: Rc<Scripts>,
-    keys: Keys,
-    slot: u32,
-    fence: u64,
-    token: String,
-    plan: Plan,
-    taken_at: Moment,
-}
-
-impl Slot for RedisSlot {
-    fn number(&self) -> u32 {
-        self.slot
-    }
-
-    fn fence(&self) -> u64 {
-        self.fence
-    }
-
-    fn taken_at(&self) -> Moment {
-        self.taken_at
-    }
-
-    fn renew(&mut self, within: Duration) -> Result<Renewal> {
-        let mut invocation = self.scripts.renew.key(self.keys.slot(self.slot));
-        invocation
-            .arg(&self.token)
-            .arg(self.plan.ttl().as_millis() as u64);
-        let timeout = self.plan.holder_call().min(within);
-        let renewed: i64 =
-            self.link
-                .borrow_mut()
-                .call_idempotent("renewing the lease", timeout, |c| invocation.invoke(c))?;
-        Ok(Renewal::confirmed(renewed == 1))
-    }
-
-    fn release(self: Box<Self>, keep_until: Option<SystemTime>) -> Result<Released> {
-        // A duration from now, not a time: only the server's clock decides expiry.
-        let keep = keep_until
-            .and_then(|until| until.duration_since(SystemTime::now()).ok())
-            .filter(|keep| keep.as_millis() > 0)
-            .unwrap_or_default();
-        let ours = release(
-            &self.link,
-            &self.scripts,
-            &self.keys,
-            &self.keys.slot(self.slot),
-            &self.token,
-            keep,
-            self.plan.holder_call(),
-        )?;
-        Ok(Released::ours(ours))
-    }
-}
-
 /// Frees the slot at `key` if it is held with `token` (or keeps it taken for
 /// `keep`), waking the head of the line. False when the slot was not (any
 /// longer) held with it.
-fn release(
+pub(super) fn release(
     link: &RefCell<Link>,
     scripts: &Scripts,
     keys: &Keys,
@@ -452,9 +445,11 @@ fn release(
         .arg(epoch_millis(SystemTime::now() + keep))
         .arg(keys.base())
         .arg(WAKE_TTL.as_millis() as u64);
-    let released: i64 = link
-        .borrow_mut()
-        .call_idempotent("releasing the lock", timeout, |c| invocation.invoke(c))?;
+    let released: i64 =
+        link.borrow_mut()
+            .call(Route::Key(key), "releasing the lock", timeout, |c| {
+                invocation.invoke(c)
+            })?;
     Ok(released == 1)
 }
 

@@ -125,13 +125,20 @@ local function take(key, fence_key, meta, ttl)
   return fence
 end
 
--- The numbers of the free slots among `keys[first..]`, slot 0 first.
-local function free_slots(keys, first)
-  local free = {}
+-- The numbers of the free slots among `keys[first..]`, slot 0 first, and
+-- the one `token` holds already, if any.
+local function free_slots(keys, first, token)
+  local free, mine = {}, nil
+  local marker = '"token":"' .. token .. '"'
   for i = first, #keys do
-    if redis.call('EXISTS', keys[i]) == 0 then table.insert(free, i - first) end
+    local value = redis.call('GET', keys[i])
+    if not value then
+      table.insert(free, i - first)
+    elseif string.find(value, marker, 1, true) then
+      mine = i - first
+    end
   end
-  return free
+  return free, mine
 end
 
 -- Drops the waiters at the head of the line whose places lapsed (they stopped
@@ -169,7 +176,9 @@ if redis.replicate_commands then redis.replicate_commands() end
 
 /// KEYS: fence, line, ticket, slot 0 .. slot N-1. ARGV: token, holder JSON,
 /// waiter JSON, TTL ms, 1 to join the line (0: only look), key base, our boot
-/// id, wake TTL ms. Takes a free slot when nobody waits ahead of us: returns {1, slot, fence}
+/// id, wake TTL ms. A slot our token holds already (our last answer was lost)
+/// is ours again, for another TTL: {1, slot, its fence}. Else takes a free slot
+/// when nobody waits ahead of us: returns {1, slot, fence}
 /// (and wakes the next waiter if another slot is free). Else joins (or stays
 /// in) the line, keeping our place for another TTL, and returns {0, place (0:
 /// not in line), PTTL or -1, {records of holders}, {record of the head}}, the
@@ -179,7 +188,13 @@ if redis.replicate_commands then redis.replicate_commands() end
 const ACQUIRE: &str = r#"
 local token, base, ttl = ARGV[1], ARGV[6], ARGV[4]
 local line = KEYS[2]
-local free = free_slots(KEYS, 4)
+local free, mine = free_slots(KEYS, 4, token)
+-- Asked again after a lost answer (a connection cut, a failover): the slot is ours already.
+if mine then
+  local value = redis.call('GET', KEYS[mine + 4])
+  redis.call('PEXPIRE', KEYS[mine + 4], ttl)
+  return {1, mine, decoded(value).fence, {}, {}}
+end
 -- Places of waiters that stopped asking lapse here, before anyone counts them.
 head(line, base)
 local rank = redis.call('ZRANK', line, token)

@@ -1,0 +1,108 @@
+//! The primary as Redis Sentinel names it (README: "Redis as deployed"): the
+//! Sentinels are asked in turn (`SENTINEL get-master-addr-by-name`), the one
+//! that answered last first, and a node they name counts only once it says
+//! itself that it is the primary (`ROLE`), as Sentinel's client guidelines
+//! ask. A Sentinel that does not answer, or names a node that is not the
+//! primary (yet), is trouble that passes with the failover; only Sentinels
+//! that all answer that they know no such primary are a mistake.
+
+use redis::{ConnectionInfo, Value};
+
+use super::node::{Node, sort};
+use super::url::Nodes;
+use crate::backend::net::{Deadline, Failure, Kind};
+
+pub struct Sentinels {
+    /// Each Sentinel's address and connection.
+    asked: Vec<(String, Node)>,
+    primary: String,
+    nodes: Nodes,
+    /// The Sentinel that answered last: asked first next time.
+    first: usize,
+}
+
+impl Sentinels {
+    pub fn new(sentinels: Vec<ConnectionInfo>, primary: String, nodes: Nodes) -> Self {
+        Self {
+            asked: sentinels
+                .into_iter()
+                .map(|info| (info.addr().to_string(), Node::new(info)))
+                .collect(),
+            primary,
+            nodes,
+            first: 0,
+        }
+    }
+
+    /// The primary, connected, as a Sentinel names it and it confirms, before `deadline`.
+    pub fn primary(&mut self, deadline: Deadline) -> Result<Node, Failure> {
+        let count = self.asked.len();
+        let mut unknown = 0;
+        let mut trouble = Vec::new();
+        for asked in 0..count {
+            let at = (self.first + asked) % count;
+            let within = deadline.share((count - asked) as u32);
+            let (address, sentinel) = &mut self.asked[at];
+            let named: Option<(String, u16)> = match sentinel.call(within.io_timeout(), |c| {
+                redis::cmd("SENTINEL")
+                    .arg("get-master-addr-by-name")
+                    .arg(&self.primary)
+                    .query(c)
+            }) {
+                Ok(named) => named,
+                Err(err) => {
+                    let (kind, why) = sort(&err);
+                    // A refused password will not pass; a Sentinel that is down may.
+                    if kind == Kind::Permanent {
+                        return Err(Failure::new(kind, format!("Sentinel {address}: {why}")));
+                    }
+                    trouble.push(format!("Sentinel {address}: {why}"));
+                    continue;
+                }
+            };
+            let Some((host, port)) = named else {
+                unknown += 1;
+                continue;
+            };
+            let mut node = Node::new(self.nodes.at(&host, port));
+            match node.call(within.io_timeout(), |c| {
+                redis::cmd("ROLE").query::<Value>(c)
+            }) {
+                Ok(role) if is_primary(&role) => {
+                    self.first = at;
+                    return Ok(node);
+                }
+                Ok(_) => trouble.push(format!(
+                    "Sentinel {address} names {host}:{port}, which is not the primary (yet)"
+                )),
+                Err(err) => {
+                    let (kind, why) = sort(&err);
+                    if kind == Kind::Permanent {
+                        return Err(Failure::new(kind, format!("{host}:{port}: {why}")));
+                    }
+                    trouble.push(format!(
+                        "Sentinel {address} names {host}:{port}, which gave no answer: {why}"
+                    ));
+                }
+            }
+        }
+        if unknown == count {
+            return Err(Failure::new(
+                Kind::Permanent,
+                format!("no Sentinel knows a primary named {}", self.primary),
+            ));
+        }
+        Err(Failure::new(
+            Kind::Unreachable,
+            format!("no primary found: {}", trouble.join("; ")),
+        ))
+    }
+}
+
+/// Whether a `ROLE` reply says "master".
+fn is_primary(role: &Value) -> bool {
+    let Value::Array(fields) = role else {
+        return false;
+    };
+    matches!(fields.first(), Some(Value::BulkString(role)) if role == b"master")
+}
