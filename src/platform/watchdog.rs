@@ -115,7 +115,11 @@ impl Watchdog {
                 // group (a SIGSTOP, a SIGKILL) must not reach the guard, even before it ran.
                 // The guard leaves the session too, when it gets to run first.
                 let _ = setpgid(child, child);
-                Ok(Self { tell, answers, pid: child })
+                Ok(Self {
+                    tell,
+                    answers,
+                    pid: child,
+                })
             }
         }
     }

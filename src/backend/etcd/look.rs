@@ -208,6 +208,7 @@ impl Look {
             local_ahead: local_ahead(me, position, holding, just_ahead),
             // A lease that runs out deletes its keys, and the watch sees it.
             moves_by: None,
+            other_parallelism: None,
         }
     }
 }

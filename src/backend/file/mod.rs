@@ -228,6 +228,7 @@ impl Store for FileStore {
             position: (ahead.len() - dead + 1) as u32,
             local_ahead: Vec::new(),
             moves_by,
+            other_parallelism: None,
         }))
     }
 

@@ -264,6 +264,7 @@ impl Store for RedisStore {
             moves_by: u64::try_from(second)
                 .ok()
                 .map(|pttl| sent + Duration::from_millis(pttl + 1)),
+            other_parallelism: None,
         }))
     }
 
