@@ -230,7 +230,8 @@ impl Store for RedisStore {
             .arg(u8::from(request.queue))
             .arg(keys.base())
             .arg(&owner.process.boot_id)
-            .arg(WAKE_TTL.as_millis() as u64);
+            .arg(WAKE_TTL.as_millis() as u64)
+            .arg(request.parallelism);
         let sent = Moment::now();
         // Safe to repeat after a lost reply: a second run finds our slot taken, or our place kept.
         let (taken, first, second, holders, before): Reply = self
@@ -248,6 +249,9 @@ impl Store for RedisStore {
                 plan: request.plan,
                 taken_at: sent,
             })));
+        }
+        if taken == 2 {
+            return Ok(Attempt::Waiting(Line::refused(first as u32)));
         }
         let owners = |records: Vec<String>| -> Vec<Owner> {
             records
