@@ -36,7 +36,7 @@ complete -c lockrun -n "__fish_lockrun_needs_command" -l db -d 'SQLite database 
 complete -c lockrun -n "__fish_lockrun_needs_command" -l redis-url -d 'Redis server: redis://[user:pass@]host:port[/db], rediss:// (TLS) or redis+unix:///path' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l postgres-url -d 'PostgreSQL server: postgres://[user[:pass]@]host[:port]/db[?sslmode=...] or a key=value conninfo string [default: libpq\'s: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l etcd-endpoints -d 'etcd v3 endpoints, comma-separated: http://[user:pass@]host:port, https:// for TLS' -r
-complete -c lockrun -n "__fish_lockrun_needs_command" -s p -l parallelism -d 'How many holders at once (slots), 1 to 1024' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -s p -l parallelism -d 'How many holders at once (slots), 1 to 1024; the same for every run of a name while it is held or waited for' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -s w -l timeout -d 'Longest wait for a slot; inf waits forever' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l initial-delay -d 'First retry delay when polling' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l max-delay -d 'Cap on the retry delay' -r

@@ -66,7 +66,7 @@ pub struct RunArgs {
     #[command(flatten)]
     pub store: StoreArgs,
 
-    /// How many holders at once (slots), 1 to 1024
+    /// How many holders at once (slots), 1 to 1024; the same for every run of a name while it is held or waited for
     #[arg(short = 'p', long, env = "LOCKRUN_PARALLELISM", default_value_t = DEFAULT_PARALLELISM,
           value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_PARALLELISM)))]
     pub parallelism: u32,

@@ -119,6 +119,7 @@ fn reference(command: &Command, readme: &Readme) -> Roff {
     for (heading, section) in [
         ("THE COMMAND", "What the command gets"),
         ("SIGNALS", "Signals and the process group"),
+        ("SLOTS", "Slots"),
         ("THE WAITING LINE", "The waiting line"),
         ("EXIT STATUS", "Exit status"),
         ("FILES", "Files"),
