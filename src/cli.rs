@@ -128,7 +128,7 @@ pub struct RunArgs {
     // Everything from its first word on is the command's; before it, a word with
     // a dash is an option (a mistyped one is an error, with clap's suggestion), so
     // a command that starts with a dash needs `--`.
-    #[arg(value_name = "COMMAND", trailing_var_arg = true)]
+    #[arg(value_name = "COMMAND", trailing_var_arg = true, value_hint = clap::ValueHint::CommandWithArguments)]
     pub command: Vec<OsString>,
 }
 
