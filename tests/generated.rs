@@ -88,7 +88,7 @@ fn after_dashes(shell: Shell, script: Vec<u8>) -> Vec<u8> {
         ),
         Shell::Zsh => (
             "    local ret=1\n",
-            r#"    # Past `--` the words are the command's: complete them as zsh would.
+            r"    # Past `--` the words are the command's: complete them as zsh would.
     local dashes=${words[(i)--]}
     if (( dashes < CURRENT )); then
         shift $dashes words
@@ -96,7 +96,7 @@ fn after_dashes(shell: Shell, script: Vec<u8>) -> Vec<u8> {
         _normal
         return
     fi
-"#,
+",
         ),
         Shell::Fish => (
             "    set -e cmd[1]\n",
@@ -110,7 +110,7 @@ fn after_dashes(shell: Shell, script: Vec<u8>) -> Vec<u8> {
     let mut script = format!("{head}{at}{code}{tail}");
     if shell == Shell::Fish {
         script.push_str(
-            r#"
+            r"
 # Past `--` the words are the command's: complete them as fish would.
 function __fish_lockrun_after_dashes
     set -l words (commandline -opc) (commandline -ct)
@@ -118,7 +118,7 @@ function __fish_lockrun_after_dashes
     __fish_complete_subcommand --commandline $words[(math $dashes + 1)..-1]
 end
 complete -c lockrun -n 'contains -- -- (commandline -opc)' -f -a '(__fish_lockrun_after_dashes)'
-"#,
+",
         );
     }
     script.into_bytes()
