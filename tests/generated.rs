@@ -184,6 +184,9 @@ fn reference(command: &Command, readme: &Readme) -> Roff {
         ("SLOTS", "Slots"),
         ("THE WAITING LINE", "The waiting line"),
         ("EXIT STATUS", "Exit status"),
+        ("STATUS", "Who holds a lock"),
+        ("RELEASE", "Breaking a dead lease"),
+        ("EVENTS", "Feeding the events to a log pipeline"),
         ("FILES", "Files"),
         ("EXAMPLES", "Recipes"),
     ] {
@@ -395,6 +398,33 @@ fn zsh_completes_the_command_after_dashes() {
     // One command starts with "printen": <Tab> writes it out whole.
     shell.send("lockrun --name x -- printen\t");
     shell.wait_for("printenv");
+}
+
+#[test]
+fn the_manual_is_the_full_reference() {
+    let (_, page) = generated()
+        .into_iter()
+        .find(|(path, _)| path.ends_with("lockrun.1"))
+        .expect("lockrun(1)");
+    let page = String::from_utf8(page).expect("roff is text");
+    for needle in [
+        ".SH SLOTS",
+        // status: its columns, its JSON keys and its exit statuses
+        ".SH STATUS",
+        "EXPIRES",
+        "waiting_since",
+        "It exits 0, or 69",
+        // release and its exit statuses
+        ".SH RELEASE",
+        "exits 0 when it released something",
+        // every event
+        ".SH EVENTS",
+        "transient\\-error",
+        "renewed",
+        "lost",
+    ] {
+        assert!(page.contains(needle), "lockrun(1) lacks {needle:?}");
+    }
 }
 
 #[test]
