@@ -573,7 +573,8 @@ pub fn many_names(backend: &str, store: &Store) {
             let entries: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
             entries.as_array().map_or(0, Vec::len)
         } else {
-            stdout(&output).lines().count().saturating_sub(1)
+            // After the line that says where the locks are, and the header.
+            stdout(&output).lines().count().saturating_sub(2)
         };
         let peak = stderr(&output)
             .lines()
