@@ -1,6 +1,19 @@
 _lockrun() {
     local i cur prev opts cmd
     COMPREPLY=()
+    # Past `--` the words are the command's: complete them as bash would.
+    local dashes
+    for (( dashes = 1; dashes < COMP_CWORD; dashes++ )); do
+        [[ ${COMP_WORDS[dashes]} == -- ]] || continue
+        if declare -F _command_offset >/dev/null; then
+            _command_offset $((dashes + 1))
+        elif (( COMP_CWORD == dashes + 1 )); then
+            COMPREPLY=($(compgen -c -- "${COMP_WORDS[COMP_CWORD]}"))
+        else
+            COMPREPLY=($(compgen -f -- "${COMP_WORDS[COMP_CWORD]}"))
+        fi
+        return 0
+    done
     if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
         cur="$2"
     else

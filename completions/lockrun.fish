@@ -7,6 +7,8 @@ function __fish_lockrun_needs_command
     # Figure out if the current invocation already has a command.
     set -l cmd (commandline -opc)
     set -e cmd[1]
+    # Past `--` the words are the command's (below), not lockrun's.
+    contains -- -- $cmd; and return 1
     argparse -s (__fish_lockrun_global_optspecs) -- $cmd 2>/dev/null
     or return
     if set -q argv[1]
@@ -37,7 +39,7 @@ complete -c lockrun -n "__fish_lockrun_needs_command" -l redis-url -d 'Redis: re
 complete -c lockrun -n "__fish_lockrun_needs_command" -l redis-replicas -d 'Replicas that must acknowledge an acquisition or renewal (WAIT) before it counts [default: 1 with redis+sentinel://, else 0]' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l postgres-url -d 'PostgreSQL server: postgres://[user[:pass]@]host[:port]/db[?sslmode=...] or a key=value conninfo string [default: libpq\'s: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l etcd-endpoints -d 'etcd v3 endpoints, comma-separated: http://[user:pass@]host:port, https:// for TLS' -r
-complete -c lockrun -n "__fish_lockrun_needs_command" -s p -l parallelism -d 'How many holders at once (slots), 1 to 1024' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -s p -l parallelism -d 'How many holders at once (slots), 1 to 1024; the same for every run of a name while it is held or waited for' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -s w -l timeout -d 'Longest wait for a slot; inf waits forever' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l initial-delay -d 'First retry delay when polling' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l max-delay -d 'Cap on the retry delay' -r
@@ -98,3 +100,11 @@ complete -c lockrun -n "__fish_lockrun_using_subcommand release" -s h -l help -d
 complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from status release help" -f -a "status" -d 'List who holds a lock (every name when NAME is omitted)'
 complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from status release help" -f -a "release" -d 'Break a lease that is known to be dead (every backend but file)'
 complete -c lockrun -n "__fish_lockrun_using_subcommand help; and not __fish_seen_subcommand_from status release help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+
+# Past `--` the words are the command's: complete them as fish would.
+function __fish_lockrun_after_dashes
+    set -l words (commandline -opc) (commandline -ct)
+    set -l dashes (contains -i -- -- $words)
+    __fish_complete_subcommand --commandline $words[(math $dashes + 1)..-1]
+end
+complete -c lockrun -n 'contains -- -- (commandline -opc)' -f -a '(__fish_lockrun_after_dashes)'

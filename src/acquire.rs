@@ -99,6 +99,9 @@ impl Waiter<'_> {
                 }
             };
             self.reached = true;
+            if let Some(theirs) = line.other_parallelism {
+                return Err(self.other_parallelism(theirs));
+            }
             let dead: Vec<Owner> = line
                 .local_ahead
                 .iter()
@@ -281,6 +284,15 @@ impl Waiter<'_> {
             ),
             exit_code: self.policy.conflict_exit_code,
         })
+    }
+
+    /// A name's slot count is part of the lock (README: "Slots"): a run
+    /// with another `-p` than the name's holders or waiters is a mistake.
+    fn other_parallelism(&self, theirs: u32) -> Error {
+        Error::Usage(format!(
+            "{} is held or waited for with -p {theirs}; this run asked for -p {}: a name's slot count is part of the lock",
+            self.request.name, self.request.parallelism
+        ))
     }
 
     fn busy(&mut self, trouble: Option<&Error>) -> Error {

@@ -66,7 +66,7 @@ pub struct RunArgs {
     #[command(flatten)]
     pub store: StoreArgs,
 
-    /// How many holders at once (slots), 1 to 1024
+    /// How many holders at once (slots), 1 to 1024; the same for every run of a name while it is held or waited for
     #[arg(short = 'p', long, env = "LOCKRUN_PARALLELISM", default_value_t = DEFAULT_PARALLELISM,
           value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_PARALLELISM)))]
     pub parallelism: u32,
@@ -128,7 +128,7 @@ pub struct RunArgs {
     // Everything from its first word on is the command's; before it, a word with
     // a dash is an option (a mistyped one is an error, with clap's suggestion), so
     // a command that starts with a dash needs `--`.
-    #[arg(value_name = "COMMAND", trailing_var_arg = true)]
+    #[arg(value_name = "COMMAND", trailing_var_arg = true, value_hint = clap::ValueHint::CommandWithArguments)]
     pub command: Vec<OsString>,
 }
 

@@ -20,6 +20,7 @@ pub mod run;
 pub mod supervisor;
 pub mod timestamp;
 pub mod timing;
+pub mod width;
 
 use std::ffi::OsString;
 

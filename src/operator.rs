@@ -16,6 +16,7 @@ use crate::escape::escape_controls;
 use crate::identity::epoch_millis;
 use crate::name::Name;
 use crate::timestamp::{rfc3339, rfc3339_seconds};
+use crate::width::display_width;
 
 pub fn status(args: &StatusArgs) -> Result<u8> {
     let (entries, place) = match args.store.open(false) {
@@ -181,10 +182,10 @@ fn table(
         "COMMAND",
     ]
     .map(str::to_owned);
-    let mut widths = header.each_ref().map(|cell| cell.chars().count());
+    let mut widths = header.each_ref().map(|cell| display_width(cell));
     for entry in entries {
         for (width, cell) in widths.iter_mut().zip(row(entry, now_millis)) {
-            *width = (*width).max(cell.chars().count());
+            *width = (*width).max(display_width(&cell));
         }
     }
     let mut write_row = |cells: &[String; 11]| {
@@ -193,7 +194,7 @@ fn table(
             if column + 1 == cells.len() {
                 line.push_str(cell);
             } else {
-                let pad = widths[column] - cell.chars().count();
+                let pad = widths[column] - display_width(cell);
                 let _ = write!(line, "{cell}{}  ", " ".repeat(pad));
             }
         }

@@ -11,14 +11,13 @@ use std::time::Duration;
 
 use crate::backend::Entry;
 use crate::platform::clock::Moment;
-use crate::platform::terminal;
+use crate::platform::{interrupt, terminal};
 use crate::report::in_line;
 
 /// The line appears after this long and is redrawn this often.
 const EVERY: Duration = Duration::from_secs(1);
 
-/// Erases the current terminal line: back to column 0, clear to its end.
-const ERASE: &str = "\r\x1b[K";
+const ERASE: &str = terminal::ERASE_LINE;
 
 pub struct Progress {
     /// `None` when stderr is not a terminal or diagnostics are not for people.
@@ -59,6 +58,9 @@ impl Progress {
             in_line(position, holders)
         ));
         put(&format!("{ERASE}{text}"));
+        if live.shown.is_none() {
+            interrupt::erase_line_first();
+        }
         live.shown = Some(text);
     }
 
@@ -80,6 +82,7 @@ impl Progress {
             && live.shown.take().is_some()
         {
             put(ERASE);
+            interrupt::leave_the_line();
         }
     }
 }

@@ -42,6 +42,7 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
                 Process::current_without_liveness()
             },
             command: program.display(),
+            parallelism: Some(args.parallelism),
         },
         queue: policy.timeout != Some(Duration::ZERO),
         deadline: policy.timeout.map(|timeout| Moment::now() + timeout),

@@ -30,6 +30,7 @@ macro_rules! backend_tests {
             core::status_shows_the_holder,
             core::names_never_reach_each_other,
             core::one_thread_while_waiting_and_running,
+            core::another_parallelism_is_refused,
             sessions::status_on_a_store_not_made_yet_says_nothing_is_held,
             sessions::a_lease_found_lost_at_release_gives_76,
             sessions::a_run_that_would_wait_for_its_own_ancestor_fails_at_once,
@@ -378,6 +379,69 @@ pub fn busy_with_no_wait_and_timeout(store: &Store) {
 
 pub fn exclusion_one_slot(store: &Store) {
     exclusion(store, 1);
+}
+
+/// A name's slot count is part of the lock: a run whose `-p` differs from
+/// that of the name's holders or waiters exits 64 naming both numbers, at
+/// once, without running its command; once the name is free, any `-p` works.
+pub fn another_parallelism_is_refused(store: &Store) {
+    let scratch = Scratch::new();
+    let ran = scratch.path("ran");
+    let refused = |parallelism: &str, wait: &[&str], theirs: &str| {
+        let touch = format!("touch '{}'", ran.display());
+        let output = run(store
+            .lockrun()
+            .args(["--name", "counted", "-p", parallelism])
+            .args(wait)
+            .args(["-c", &touch]));
+        assert_status(&output, 64);
+        let err = stderr(&output);
+        assert!(
+            err.contains(&format!("with -p {theirs};"))
+                && err.contains(&format!("asked for -p {parallelism}"))
+                && err.lines().count() == 1,
+            "{err}"
+        );
+        assert!(!ran.exists(), "the refused run's command ran");
+    };
+    let holds = |extra: &[&str]| {
+        let scratch = Scratch::new();
+        let holder = hold(store, &scratch, "counted", extra);
+        (scratch, holder)
+    };
+    let release = |(scratch, mut holder): (Scratch, Running)| {
+        fs::write(scratch.path("release"), "").unwrap();
+        assert_eq!(wait(&mut holder).code(), Some(0));
+    };
+    // Beside a -p 1 holder, a -p 3 run takes none of the two slots it would see free.
+    let one = holds(&[]);
+    refused("3", &["-n"], "1");
+    refused("3", &["-w", "60"], "1");
+    release(one);
+    // A -p 1 run takes no slot 0 left free by a -p 3 holder while another holds slot 1.
+    let first = holds(&["-p", "3"]);
+    let second = holds(&["-p", "3"]);
+    release(first);
+    refused("1", &["-n"], "3");
+    // Nor does it wait behind -p 3 holders and waiters.
+    let third = holds(&["-p", "3"]);
+    let fourth = holds(&["-p", "3"]);
+    let waiter = line_up(store, &scratch, "counted", 1, &["-p", "3"]);
+    refused("1", &["-w", "60"], "3");
+    for holder in [second, third, fourth] {
+        release(holder);
+    }
+    for waiter in waiter {
+        assert_status(&finish(waiter), 0);
+    }
+    // Free again: any -p.
+    for parallelism in ["2", "1"] {
+        let output =
+            run(store
+                .lockrun()
+                .args(["--name", "counted", "-n", "-p", parallelism, "true"]));
+        assert_status(&output, 0);
+    }
 }
 
 pub fn exclusion_three_slots(store: &Store) {

@@ -50,6 +50,7 @@ fn generated() -> Vec<(PathBuf, Vec<u8>)> {
     ] {
         let mut script = Vec::new();
         clap_complete::generate(shell, &mut command, "lockrun", &mut script);
+        let script = after_dashes(shell, script);
         let file_name = match shell {
             Shell::Bash => "lockrun.bash",
             Shell::Zsh => "_lockrun",
@@ -60,6 +61,67 @@ fn generated() -> Vec<(PathBuf, Vec<u8>)> {
         files.push((PathBuf::from("completions").join(file_name), script));
     }
     files
+}
+
+/// The script of `shell`, made to complete the words after `--` as the
+/// shell completes a command line of its own: they are the command's, not
+/// lockrun's (clap's scripts would offer lockrun's options there).
+fn after_dashes(shell: Shell, script: Vec<u8>) -> Vec<u8> {
+    let script = String::from_utf8(script).expect("a script is text");
+    let (at, code) = match shell {
+        Shell::Bash => (
+            "    COMPREPLY=()\n",
+            r#"    # Past `--` the words are the command's: complete them as bash would.
+    local dashes
+    for (( dashes = 1; dashes < COMP_CWORD; dashes++ )); do
+        [[ ${COMP_WORDS[dashes]} == -- ]] || continue
+        if declare -F _command_offset >/dev/null; then
+            _command_offset $((dashes + 1))
+        elif (( COMP_CWORD == dashes + 1 )); then
+            COMPREPLY=($(compgen -c -- "${COMP_WORDS[COMP_CWORD]}"))
+        else
+            COMPREPLY=($(compgen -f -- "${COMP_WORDS[COMP_CWORD]}"))
+        fi
+        return 0
+    done
+"#,
+        ),
+        Shell::Zsh => (
+            "    local ret=1\n",
+            r"    # Past `--` the words are the command's: complete them as zsh would.
+    local dashes=${words[(i)--]}
+    if (( dashes < CURRENT )); then
+        shift $dashes words
+        (( CURRENT -= dashes ))
+        _normal
+        return
+    fi
+",
+        ),
+        Shell::Fish => (
+            "    set -e cmd[1]\n",
+            "    # Past `--` the words are the command's (below), not lockrun's.\n    contains -- -- $cmd; and return 1\n",
+        ),
+        _ => return script.into_bytes(),
+    };
+    let (head, tail) = script
+        .split_once(at)
+        .unwrap_or_else(|| panic!("clap's {shell} script has no {at:?}"));
+    let mut script = format!("{head}{at}{code}{tail}");
+    if shell == Shell::Fish {
+        script.push_str(
+            r"
+# Past `--` the words are the command's: complete them as fish would.
+function __fish_lockrun_after_dashes
+    set -l words (commandline -opc) (commandline -ct)
+    set -l dashes (contains -i -- -- $words)
+    __fish_complete_subcommand --commandline $words[(math $dashes + 1)..-1]
+end
+complete -c lockrun -n 'contains -- -- (commandline -opc)' -f -a '(__fish_lockrun_after_dashes)'
+",
+        );
+    }
+    script.into_bytes()
 }
 
 /// One of `Man::render_*_section`: a section of clap's page.
@@ -119,8 +181,12 @@ fn reference(command: &Command, readme: &Readme) -> Roff {
     for (heading, section) in [
         ("THE COMMAND", "What the command gets"),
         ("SIGNALS", "Signals and the process group"),
+        ("SLOTS", "Slots"),
         ("THE WAITING LINE", "The waiting line"),
         ("EXIT STATUS", "Exit status"),
+        ("STATUS", "Who holds a lock"),
+        ("RELEASE", "Breaking a dead lease"),
+        ("EVENTS", "Feeding the events to a log pipeline"),
         ("FILES", "Files"),
         ("EXAMPLES", "Recipes"),
     ] {
@@ -246,6 +312,119 @@ fn bash_completes_subcommands_and_options() {
     );
     let status = complete("lockrun status --");
     assert!(status.lines().any(|w| w == "--json"), "{status}");
+}
+
+/// The generated script of `file_name`, written to a new directory.
+fn script_in_a_directory(file_name: &str) -> (tempfile::TempDir, PathBuf) {
+    // The script as generated now: the first test checks that the committed one is the same.
+    let (_, script) = generated()
+        .into_iter()
+        .find(|(path, _)| path.ends_with(file_name))
+        .expect("a generated script");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join(file_name);
+    fs::write(&path, script).expect("write the script");
+    (dir, path)
+}
+
+#[test]
+fn bash_completes_the_command_after_dashes() {
+    let (_dir, script) = script_in_a_directory("lockrun.bash");
+    // Drives the completion function the way bash does on <Tab>, without bash-completion.
+    let complete = |words: &[&str]| {
+        let program = format!(
+            "source '{}'; COMP_WORDS=({}); COMP_CWORD={}; COMP_LINE=\"${{COMP_WORDS[*]}}\"; \
+             COMP_POINT=${{#COMP_LINE}}; _lockrun lockrun '{}' '{}'; printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+            script.display(),
+            words.join(" "),
+            words.len() - 1,
+            words[words.len() - 1],
+            words[words.len() - 2],
+        );
+        let output = std::process::Command::new("bash")
+            .args(["--norc", "-c", &program])
+            .output()
+            .expect("run bash");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let commands = complete(&["lockrun", "--name", "x", "--", "ec"]);
+    assert!(commands.lines().any(|w| w == "echo"), "{commands}");
+    assert!(!commands.contains("--"), "lockrun's options: {commands}");
+    let options = complete(&["lockrun", "--name", "x", "--", "echo", "--time"]);
+    assert!(!options.contains("--timeout"), "{options}");
+}
+
+#[test]
+fn fish_completes_the_command_after_dashes() {
+    if !crate::support::program_installed("fish", "fish's completion") {
+        return;
+    }
+    let (dir, script) = script_in_a_directory("lockrun.fish");
+    let complete = |line: &str| {
+        let program = format!("source '{}'; complete -C '{line}'", script.display());
+        // fish's own completions (for the command's options) load; no user's configuration does.
+        let output = std::process::Command::new("fish")
+            .env("XDG_CONFIG_HOME", dir.path())
+            .args(["-c", &program])
+            .output()
+            .expect("run fish");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let commands = complete("lockrun --name x -- ech");
+    assert!(
+        commands.lines().any(|w| w.starts_with("echo")),
+        "{commands}"
+    );
+    assert!(!commands.contains("status"), "{commands}");
+    // The command's own options, as fish knows them.
+    let options = complete("lockrun --name x -- ls --all");
+    assert!(options.lines().any(|w| w.starts_with("--all")), "{options}");
+    let own = complete("lockrun --time");
+    assert!(own.starts_with("--timeout"), "{own:?}");
+}
+
+#[test]
+fn zsh_completes_the_command_after_dashes() {
+    if !crate::support::program_installed("zsh", "zsh's completion") {
+        return;
+    }
+    let (dir, _) = script_in_a_directory("_lockrun");
+    let mut shell = crate::support::pty::Shell::zsh();
+    shell.send(&format!(
+        "fpath=({} $fpath); autoload -U compinit; compinit -u -D; echo ready\n",
+        dir.path().display()
+    ));
+    shell.wait_for("ready\r\n");
+    // One command starts with "printen": <Tab> writes it out whole.
+    shell.send("lockrun --name x -- printen\t");
+    shell.wait_for("printenv");
+}
+
+#[test]
+fn the_manual_is_the_full_reference() {
+    let (_, page) = generated()
+        .into_iter()
+        .find(|(path, _)| path.ends_with("lockrun.1"))
+        .expect("lockrun(1)");
+    let page = String::from_utf8(page).expect("roff is text");
+    for needle in [
+        ".SH SLOTS",
+        // status: its columns, its JSON keys and its exit statuses
+        ".SH STATUS",
+        "EXPIRES",
+        "waiting_since",
+        "It exits 0, or 69",
+        // release and its exit statuses
+        ".SH RELEASE",
+        "exits 0 when it released something",
+        // every event
+        ".SH EVENTS",
+        "transient\\-error",
+        "renewed",
+        "lost",
+    ] {
+        assert!(page.contains(needle), "lockrun(1) lacks {needle:?}");
+    }
 }
 
 #[test]

@@ -84,6 +84,23 @@ fn status_prints_an_aligned_table_of_real_holders() {
 }
 
 #[test]
+fn status_aligns_wide_characters_by_the_columns_they_take() {
+    let store = Store::file();
+    let first = Scratch::new();
+    let second = Scratch::new();
+    // Six columns each: wider than NAME, as wide as each other.
+    let wide = hold(&store, &first, "备份🔒", &[]);
+    let narrow = hold(&store, &second, "backup", &[]);
+    let text = stdout(&run(&mut store.status()));
+    let lines: Vec<&str> = text.lines().skip(1).collect();
+    assert!(lines[0].starts_with("NAME    STATE"), "{text}");
+    assert!(lines[1].starts_with("backup  holding"), "{text}");
+    assert!(lines[2].starts_with("备份🔒  holding"), "{text}");
+    let_go(&first, wide);
+    let_go(&second, narrow);
+}
+
+#[test]
 fn status_json_has_exactly_the_spec_keys() {
     let store = Store::file();
     let scratch = Scratch::new();

@@ -299,15 +299,49 @@ fn the_schema_is_made_once_and_foreign_or_newer_ones_are_left_alone() {
 
     // A newer lockrun's schema is refused too.
     admin
-        .batch_execute("COMMENT ON TABLE lockrun.holders IS 'lockrun schema version 2'")
+        .batch_execute("COMMENT ON TABLE lockrun.holders IS 'lockrun schema version 3'")
         .unwrap();
     let failure =
         create_or_check(&mut session, &lockrun, true, CALL).expect_err("a newer lockrun's schema");
     assert_eq!(failure.kind(), Kind::Permanent, "{failure}");
     assert!(
-        failure.to_string().contains("schema version 2"),
+        failure.to_string().contains("schema version 3"),
         "{failure}"
     );
+}
+
+#[test]
+fn a_version_1_schema_is_brought_up_to_date_by_a_run_only() {
+    let Some(server) = PostgresServer::start() else {
+        return;
+    };
+    let lockrun = Schema::new("lockrun").unwrap();
+    let mut session = connect(&server.url()).expect("connect");
+    create_or_check(&mut session, &lockrun, true, CALL).expect("the schema");
+    let mut admin = server.client();
+    // Without the rows' -p: a look leaves it so, a run brings it up to date.
+    admin
+        .batch_execute(
+            "ALTER TABLE lockrun.holders DROP COLUMN parallelism;
+             ALTER TABLE lockrun.waiters DROP COLUMN parallelism;
+             COMMENT ON TABLE lockrun.holders IS 'lockrun schema version 1'",
+        )
+        .unwrap();
+    let columns = |admin: &mut postgres::Client| -> i64 {
+        admin
+            .query_one(
+                "SELECT count(*) FROM information_schema.columns
+                  WHERE table_schema = 'lockrun' AND column_name = 'parallelism'",
+                &[],
+            )
+            .unwrap()
+            .get(0)
+    };
+    assert!(create_or_check(&mut session, &lockrun, false, CALL).expect("a look"));
+    assert_eq!(columns(&mut admin), 0, "a look changed the schema");
+    create_or_check(&mut session, &lockrun, true, CALL).expect("brought up to date");
+    assert_eq!(columns(&mut admin), 2);
+    assert!(create_or_check(&mut session, &lockrun, true, CALL).expect("up to date"));
 }
 
 /// Takes slot 0 of `name` for `ttl_ms` by the server's clock; returns the lease's length as stored.

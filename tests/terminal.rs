@@ -77,3 +77,29 @@ fn bring_to_foreground_and_type(shell: &mut Shell, scratch: &Scratch) {
         std::fs::read_to_string(scratch.path("out")).is_ok_and(|out| out == "got:typed after fg\n")
     });
 }
+
+#[test]
+fn ctrl_c_while_waiting_clears_the_live_line() {
+    let scratch = Scratch::new();
+    let locks = scratch.path("locks");
+    let store = Store::file_in(&locks);
+    let holder = crate::core::hold(&store, &scratch, "tty", &[]);
+    let mut shell = Shell::bash();
+    shell.send(&format!(
+        "lockrun --dir {} --name tty true\n",
+        locks.display()
+    ));
+    shell.wait_for("waiting for tty");
+    shell.send("\x03");
+    // A job ended by SIGINT ends its command list too: its status is asked for on a line of its own.
+    shell.send("echo \"exit=$?\"\n");
+    shell.wait_for("exit=130");
+    let screen = shell.screen();
+    let after_the_line = &screen[screen.rfind("waiting for tty").unwrap()..];
+    assert!(
+        after_the_line.contains("\r\x1b[K"),
+        "the line was left on the terminal: {after_the_line:?}"
+    );
+    std::fs::write(scratch.path("release"), "").unwrap();
+    assert_status(&finish(holder), 0);
+}

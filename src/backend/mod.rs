@@ -168,6 +168,26 @@ pub struct Line {
     pub local_ahead: Vec<Owner>,
     /// When the line moves by itself at the latest (a lease running out), without anyone telling us.
     pub moves_by: Option<Moment>,
+    /// The `-p` of the name's holders or waiters, when it is not ours: then
+    /// we neither hold a slot nor stand in line (README: "Slots").
+    pub other_parallelism: Option<u32>,
+}
+
+impl Line {
+    /// The line of a store that let us in neither as a holder nor as a
+    /// waiter: the name is held or waited for with `-p parallelism`.
+    pub fn refused(parallelism: u32) -> Self {
+        Self {
+            other_parallelism: Some(parallelism),
+            ..Self::default()
+        }
+    }
+}
+
+/// Whether an entry recorded with `-p theirs` keeps a run with `-p ours`
+/// out: only a known, different count does.
+pub fn refuses(theirs: Option<u32>, ours: u32) -> bool {
+    theirs.is_some_and(|theirs| theirs != ours)
 }
 
 /// How a wait ended.

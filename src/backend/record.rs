@@ -17,6 +17,10 @@ pub struct Owner {
     pub process: Process,
     /// The command line, quoted as a shell would need it.
     pub command: String,
+    /// Its `-p`: a name's slot count is part of the lock (README: "Slots").
+    /// `None` in records of older lockruns, which are never refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallelism: Option<u32>,
 }
 
 /// What a store keeps of a holder, where it keeps a document (a slot file, a key's value).
@@ -187,6 +191,7 @@ pub fn line(me: &Process, position: u32, holders: &[Ahead], just_ahead: Option<&
             just_ahead.map(|waiter| waiter.owner),
         ),
         moves_by,
+        other_parallelism: None,
     }
 }
 

@@ -14,6 +14,7 @@ compile_error!(
 pub mod alarm;
 pub mod clock;
 pub mod doorbell;
+pub mod interrupt;
 pub mod proc;
 pub mod signals;
 pub mod spawn;

@@ -98,7 +98,7 @@ pub fn unblock_all() -> nix::Result<()> {
 }
 
 /// True when the signal's disposition is "ignore" (inherited from the parent).
-fn is_ignored(signal: Signal) -> bool {
+pub fn is_ignored(signal: Signal) -> bool {
     let mut current = std::mem::MaybeUninit::<nix::libc::sigaction>::uninit();
     // SAFETY: a null new action only reads the current one into `current`.
     let read =

@@ -11,6 +11,9 @@ use std::os::unix::fs::OpenOptionsExt;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::{Pid, getpgrp, tcgetpgrp, tcsetpgrp};
 
+/// Erases the current terminal line: back to column 0, clear to its end.
+pub const ERASE_LINE: &str = "\r\x1b[K";
+
 pub struct Terminal {
     tty: File,
 }

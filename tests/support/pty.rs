@@ -31,11 +31,20 @@ pub struct Shell {
 impl Shell {
     /// `bash -i` as the session leader of a new terminal, with lockrun on its `PATH`.
     pub fn bash() -> Self {
+        Self::start("bash", &["--norc", "--noprofile", "-i"])
+    }
+
+    /// `zsh -i` without startup files, as [`Shell::bash`].
+    pub fn zsh() -> Self {
+        Self::start("zsh", &["-f", "-i"])
+    }
+
+    fn start(shell: &str, args: &[&str]) -> Self {
         let pty = open(None);
         let slave = |fd: &OwnedFd| Stdio::from(fd.try_clone().expect("dup pty slave"));
-        let mut command = Command::new("bash");
+        let mut command = Command::new(shell);
         command
-            .args(["--norc", "--noprofile", "-i"])
+            .args(args)
             .env("PS1", "$ ")
             .env("TERM", "dumb")
             .env("HISTFILE", "/dev/null")
@@ -65,7 +74,7 @@ impl Shell {
                 Ok(())
             });
         }
-        let child = command.spawn().expect("spawn bash");
+        let child = command.spawn().expect("spawn the shell");
         drop(pty.slave);
         let master = File::from(pty.master);
         let screen = Arc::new(Mutex::new(Vec::new()));
@@ -73,7 +82,7 @@ impl Shell {
         let sink = Arc::clone(&screen);
         thread::spawn(move || {
             let mut buffer = [0u8; 4096];
-            // Ends with EIO once bash and every process on the terminal are gone.
+            // Ends with EIO once the shell and every process on the terminal are gone.
             while let Ok(n @ 1..) = reader.read(&mut buffer) {
                 sink.lock()
                     .expect("screen lock")

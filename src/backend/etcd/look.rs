@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use super::client::{KeyValue, Listing};
 use super::keys::{Kind, NameKeys};
 use crate::backend::record::{HolderRecord, WaiterRecord, local_ahead};
-use crate::backend::{Entry, Line, Owner, Request};
+use crate::backend::{Entry, Line, Owner, Request, refuses};
 use crate::identity::Process;
 
 /// What a place's key holds: a holder's record with its slot, or a waiter's.
@@ -133,6 +133,19 @@ impl Look {
         }
     }
 
+    /// Another `-p` than `ours` that a place ahead of the owner of `lease`
+    /// (every place, when it has none) was let in with. Places behind came
+    /// later and looked at ours; a place let in with another `-p` saw none
+    /// ahead of it, so the places ahead agree with each other.
+    pub fn other_parallelism(&self, lease: i64, ours: u32) -> Option<u32> {
+        self.places
+            .iter()
+            .take_while(|place| place.lease != lease)
+            .map(|place| place.owner().and_then(|owner| owner.parallelism))
+            .find(|&theirs| refuses(theirs, ours))
+            .flatten()
+    }
+
     /// The lowest slot without a holder.
     pub fn free_slot(&self, parallelism: u32) -> Option<u32> {
         (0..parallelism).find(|slot| !self.slots.contains_key(slot))
@@ -208,6 +221,7 @@ impl Look {
             local_ahead: local_ahead(me, position, holding, just_ahead),
             // A lease that runs out deletes its keys, and the watch sees it.
             moves_by: None,
+            other_parallelism: None,
         }
     }
 }

@@ -89,10 +89,9 @@ impl Waiter {
         let taking = matches!(woken, Some(Woken::Freed(_)));
         let refresh_after = request.plan.refresh_place_after(taking);
         let lease = self.keep_lease(request, refresh_after, within)?.id;
+        let newcomer = !self.lease.as_ref().is_some_and(|mine| mine.in_line);
         let mut look = match woken {
-            _ if !self.lease.as_ref().is_some_and(|mine| mine.in_line) => {
-                self.claim(keys, request, request.queue, within)?
-            }
+            _ if newcomer => self.claim(keys, request, request.queue, within)?,
             // The place ahead of ours at the head is gone, so ours is the
             // oldest: with one slot, that is what holds it (etcd's own lock
             // recipe). No call stands between the release and our command;
@@ -110,6 +109,11 @@ impl Waiter {
             Some(Woken::Freed(slot)) => self.take(keys, slot, request, within)?,
             _ => self.look_ahead(keys, request, within)?,
         };
+        if newcomer && let Some(theirs) = look.other_parallelism(lease, parallelism) {
+            // Our place, if the claim put one, goes with our lease (README: "Slots").
+            self.leave(within)?;
+            return Ok(Attempt::Waiting(Line::refused(theirs)));
+        }
         // A take fails only when another new holder took that slot first: the next look decides.
         for _ in 0..=parallelism {
             match look.stand(lease, parallelism) {

@@ -204,7 +204,7 @@ fn tickets(dir: &Path, stem: &str, suffix: &str) -> Result<Vec<String>> {
         .collect())
 }
 
-fn waiter_path(dir: &Path, stem: &str, ticket: &str) -> PathBuf {
+pub fn waiter_path(dir: &Path, stem: &str, ticket: &str) -> PathBuf {
     ticket_path(dir, stem, ticket, WAIT_SUFFIX)
 }
 

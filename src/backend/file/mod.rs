@@ -3,6 +3,7 @@
 //! in order. Nothing polls: waiters sleep in the kernel (or on inotify, for
 //! more than one slot) and wake when the line moves.
 
+mod admit;
 mod dir;
 mod fence;
 mod line;
@@ -64,9 +65,21 @@ struct Head {
 }
 
 /// What looking at the slots found, when none was ours.
+#[derive(Default)]
 struct NoSlot {
     /// The earliest a `--min-hold` lets a slot go.
     kept_until: Option<SystemTime>,
+    /// A free slot was given back: a holder has this other `-p`.
+    other_parallelism: Option<u32>,
+}
+
+impl NoSlot {
+    fn refused(theirs: u32) -> Self {
+        Self {
+            other_parallelism: Some(theirs),
+            ..Self::default()
+        }
+    }
 }
 
 impl FileStore {
@@ -85,15 +98,20 @@ impl FileStore {
                         let _ = file.unlock();
                         // The head of the line may be watching this very file.
                         let _ = file.set_modified(SystemTime::now());
-                        return Ok(Err(NoSlot { kept_until: None }));
+                        return Ok(Err(NoSlot::default()));
                     }
-                    return self.take(request, stem, slot, file).map(Ok);
+                    return Ok(self
+                        .take(request, stem, slot, file)?
+                        .map_err(NoSlot::refused));
                 }
                 Probe::Held => {}
                 Probe::Kept(until) => kept_until = Some(earliest(kept_until, until)),
             }
         }
-        Ok(Err(NoSlot { kept_until }))
+        Ok(Err(NoSlot {
+            kept_until,
+            ..NoSlot::default()
+        }))
     }
 
     /// At the head of the line: takes a free slot if there is one.
@@ -105,10 +123,13 @@ impl FileStore {
         if request.parallelism == 1 {
             let path = slots::slot_path(self.dir.path(), stem, 0);
             return match slots::probe(self.dir.open_lock_file(&path)?, &path)? {
-                Probe::Free(file) => self.take(request, stem, 0, file).map(Ok),
-                Probe::Held => Ok(Err(NoSlot { kept_until: None })),
+                Probe::Free(file) => {
+                    Ok(self.take(request, stem, 0, file)?.map_err(NoSlot::refused))
+                }
+                Probe::Held => Ok(Err(NoSlot::default())),
                 Probe::Kept(until) => Ok(Err(NoSlot {
                     kept_until: Some(until),
+                    ..NoSlot::default()
                 })),
             };
         }
@@ -144,24 +165,34 @@ impl FileStore {
             }
         }
         match free {
-            Some((slot, locked)) => self.take(request, stem, slot, locked).map(Ok),
-            None => Ok(Err(NoSlot { kept_until })),
+            Some((slot, locked)) => Ok(self
+                .take(request, stem, slot, locked)?
+                .map_err(NoSlot::refused)),
+            None => Ok(Err(NoSlot {
+                kept_until,
+                ..NoSlot::default()
+            })),
         }
     }
 
+    /// Takes the slot whose lock `file` holds, unless a holder has another
+    /// `-p` (returned, the slot given back).
     fn take(
         &mut self,
         request: &Request,
         stem: &str,
         slot: u32,
         file: File,
-    ) -> Result<Box<dyn Slot>> {
-        let mut taken = slots::take(&self.dir, stem, slot, file, request)?;
+    ) -> Result<Result<Box<dyn Slot>, u32>> {
+        let mut taken = match slots::take(&self.dir, stem, slot, file, request)? {
+            Ok(taken) => taken,
+            Err(theirs) => return Ok(Err(theirs)),
+        };
         // The directory's watch is closed only once the slot is released:
         // closing an inotify instance waits for the kernel's grace period
         // (from 0.1 ms to over 10 ms), which would hold up the command.
         taken.keep(self.leave_line());
-        Ok(Box::new(taken))
+        Ok(Ok(Box::new(taken)))
     }
 
     /// Leaves the line, the one behind us woken first; returns the directory's
@@ -195,11 +226,27 @@ impl Store for FileStore {
                 Ok(slot) => return Ok(Attempt::Taken(slot)),
                 Err(no_slot) => no_slot,
             };
+            if let Some(theirs) = no_slot.other_parallelism {
+                return Ok(Attempt::Waiting(Line::refused(theirs)));
+            }
             if !request.queue {
-                return Ok(Attempt::Waiting(Line {
-                    moves_by: no_slot.kept_until.map(moment_of),
-                    ..Line::default()
+                // Busy, unless busy with another -p: that is a mistake to say.
+                let other =
+                    admit::other_parallelism(&self.dir, &stem, None, request.parallelism, true)?;
+                return Ok(Attempt::Waiting(match other {
+                    Some(theirs) => Line::refused(theirs),
+                    None => Line {
+                        moves_by: no_slot.kept_until.map(moment_of),
+                        ..Line::default()
+                    },
                 }));
+            }
+            // Let into the line under the counter's lock, as into a slot.
+            let counter = fence::Counter::lock(&self.dir, &stem, request.deadline)?;
+            if let Some(theirs) =
+                admit::other_parallelism(&self.dir, &stem, None, request.parallelism, true)?
+            {
+                return Ok(Attempt::Waiting(Line::refused(theirs)));
             }
             let record = WaiterRecord {
                 name: request.name.to_string(),
@@ -207,6 +254,7 @@ impl Store for FileStore {
                 since: epoch_millis(SystemTime::now()),
             };
             self.place = Some(Place::join(&self.dir, &stem, &record, request.deadline)?);
+            drop(counter);
         }
         let ahead = self
             .place
@@ -221,6 +269,10 @@ impl Store for FileStore {
         if self.ahead.is_none() {
             match self.take_as_head(request, &stem)? {
                 Ok(slot) => return Ok(Attempt::Taken(slot)),
+                Err(NoSlot {
+                    other_parallelism: Some(theirs),
+                    ..
+                }) => return Ok(Attempt::Waiting(Line::refused(theirs))),
                 Err(no_slot) => moves_by = no_slot.kept_until.map(moment_of),
             }
         }
@@ -228,6 +280,7 @@ impl Store for FileStore {
             position: (ahead.len() - dead + 1) as u32,
             local_ahead: Vec::new(),
             moves_by,
+            other_parallelism: None,
         }))
     }
 
@@ -269,7 +322,11 @@ impl Store for FileStore {
             return Ok(Waited::Quiet);
         }
         match slots::free_or_kept(file) {
-            Probe::Free(file) => self.take(request, &stem, 0, file).map(Waited::Taken),
+            Probe::Free(file) => Ok(match self.take(request, &stem, 0, file)? {
+                Ok(slot) => Waited::Taken(slot),
+                // The next look says why.
+                Err(_) => Waited::Moved,
+            }),
             Probe::Kept(kept_until) => {
                 thread::sleep(moment_of(kept_until).min(until).remaining());
                 Ok(Waited::Moved)

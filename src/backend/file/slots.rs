@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use super::dir::LockDir;
-use super::fence;
+use super::{admit, fence};
 use crate::backend::record::HolderRecord;
 use crate::backend::{Released, Renewal, Request, Slot};
 use crate::error::{Error, Result};
@@ -86,34 +86,47 @@ pub fn first_json_value<T: serde::de::DeserializeOwned>(file: &File) -> Option<T
         .ok()
 }
 
-/// Makes the slot whose lock `file` holds ours for `request`: numbers the
-/// acquisition (waiting for the fence no later than its deadline), writes our record.
+/// Makes the slot whose lock `file` holds ours for `request`, under the fence
+/// counter's lock (waited for no later than its deadline): unless a holder has
+/// another `-p` (then the slot is given back and that `-p` returned), numbers
+/// the acquisition and writes our record.
 pub fn take(
     dir: &LockDir,
     stem: &str,
     slot: u32,
     file: File,
     request: &Request,
-) -> Result<FileSlot> {
+) -> Result<Result<FileSlot, u32>> {
     let taken_at = Moment::now();
     let last_of_slot = read_record(&file).map_or(0, |record| record.fence);
+    let counter = fence::Counter::lock(dir, stem, request.deadline)?;
+    if let Some(theirs) =
+        admit::other_parallelism(dir, stem, Some(slot), request.parallelism, false)?
+    {
+        let _ = file.unlock();
+        // Touched, so that a waiter watching the directory looks again.
+        let _ = file.set_modified(SystemTime::now());
+        return Ok(Err(theirs));
+    }
     let record = HolderRecord {
         name: request.name.to_string(),
         owner: request.owner.clone(),
         acquired_at: epoch_millis(SystemTime::now()),
-        fence: fence::next(dir, stem, last_of_slot, request.deadline)?,
+        fence: counter.next(last_of_slot)?,
         kept_until: None,
     };
     let path = slot_path(dir.path(), stem, slot);
+    // Written under the counter's lock: whoever is let in next sees our -p.
     write_record(&file, &record, &path)?;
-    Ok(FileSlot {
+    drop(counter);
+    Ok(Ok(FileSlot {
         file,
         path,
         slot,
         record,
         taken_at,
         watch: None,
-    })
+    }))
 }
 
 fn write_record(file: &File, record: &HolderRecord, path: &Path) -> Result<()> {
@@ -168,8 +181,10 @@ impl Slot for FileSlot {
             self.record.kept_until = Some(epoch_millis(until));
         } else {
             // Nobody holds it from now on: the file keeps the fence for the next
-            // holder, not the command line, which may carry a password.
+            // holder, not the command line, which may carry a password, nor
+            // a -p that would keep others out.
             self.record.owner.command.clear();
+            self.record.owner.parallelism = None;
         }
         let written = write_record(&self.file, &self.record, &self.path);
         // Unlocked rather than closed: the watchdog shares this open file until it exits.

@@ -31,6 +31,8 @@ pub struct Look {
     pub began_listening: bool,
     /// When to look again at the latest, if sooner than the line says.
     pub moves_by: Option<Moment>,
+    /// Another `-p` that a holder or waiter has: we were let in neither as a holder nor as a waiter.
+    other_parallelism: Option<u32>,
     holders: Vec<Seen>,
     just_ahead: Option<Seen>,
     /// When the answer came: `left_ms` counts from then.
@@ -196,11 +198,15 @@ impl Look {
                 .map_err(bad)?,
             answered: Moment::now(),
             moves_by: None,
+            other_parallelism: row.get::<_, Option<i32>>(4).map(i32::cast_unsigned),
         })
     }
 
     /// Where `me` stands, for the waiting loop.
     pub fn line(&self, me: &Process) -> Line {
+        if let Some(theirs) = self.other_parallelism {
+            return Line::refused(theirs);
+        }
         let holders: Vec<Ahead> = self
             .holders
             .iter()

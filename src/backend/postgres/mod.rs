@@ -299,6 +299,8 @@ fn entries(rows: &[Row]) -> Vec<Entry> {
             host: row.get("host"),
         },
         command: row.get("command"),
+        // Not shown by `status`.
+        parallelism: None,
     };
     let millis = |row: &Row, column: &str| row.get::<_, i64>(column) as u64;
     let mut holders = Vec::new();

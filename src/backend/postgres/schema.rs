@@ -18,7 +18,14 @@ use crate::backend::net::{Failure, Kind};
 use crate::error::Error;
 
 /// Bumped when the tables change, so that a later lockrun can migrate them.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
+/// Version 1 had no `-p` in its rows: `status` and `release` read it as it
+/// is, a run brings it up to date with this.
+const VERSION_2: &str = "
+ALTER TABLE {schema}.holders ADD COLUMN IF NOT EXISTS parallelism integer;
+ALTER TABLE {schema}.waiters ADD COLUMN IF NOT EXISTS parallelism integer;
+COMMENT ON TABLE {schema}.holders IS '{marker}';
+";
 /// The comment that marks the `holders` table (and so the schema) as lockrun's.
 const MARK: &str = "lockrun schema version ";
 /// The tables, with `{schema}` and `{marker}` to fill in.
@@ -92,11 +99,24 @@ pub fn create_or_check(
     if found == Found::Room && !create {
         return Ok(false);
     }
-    if found == Found::Room {
-        let tables = TABLES
+    let version_1 = Found::Lockrun {
+        version: 1,
+        complete: true,
+    };
+    if found == version_1 && !create {
+        return Ok(true);
+    }
+    if found == Found::Room || found == version_1 {
+        let (what, sql) = if found == Found::Room {
+            ("create the schema", TABLES)
+        } else {
+            ("bring the schema up to date", VERSION_2)
+        };
+        let sql = sql
             .replace("{schema}", &schema.quoted)
             .replace("{marker}", &format!("{MARK}{SCHEMA_VERSION}"));
-        found = session.transaction("create the schema", within, async |client: &Client| {
+        let before = found.clone();
+        found = session.transaction(what, within, async |client: &Client| {
             client
                 .query_typed(
                     "SELECT pg_advisory_xact_lock($1, hashtext($2))",
@@ -104,11 +124,18 @@ pub fn create_or_check(
                 )
                 .await?;
             let found = inspect(client, name).await?;
-            if found == Found::Room {
-                client.batch_execute(&tables).await?;
+            if found == before {
+                client.batch_execute(&sql).await?;
             }
             Ok(found)
         })?;
+        if found == version_1 {
+            // Brought up to date above.
+            found = Found::Lockrun {
+                version: SCHEMA_VERSION,
+                complete: true,
+            };
+        }
     }
     let refuse = |why: String| {
         Failure::new(

@@ -34,7 +34,9 @@ CREATE TABLE {schema}.holders (
     acquired_at timestamptz NOT NULL,
     expires_at timestamptz NOT NULL,
     kept boolean NOT NULL DEFAULT false,
-    PRIMARY KEY (name, slot)
+    PRIMARY KEY (name, slot),
+    -- Its -p (a name's slot count is part of the lock); NULL from lockruns before version 2.
+    parallelism integer
 );
 
 -- The waiting line: first come (lowest ticket), first served. A waiter keeps
@@ -50,7 +52,8 @@ CREATE TABLE {schema}.waiters (
     host text NOT NULL,
     command text NOT NULL,
     since timestamptz NOT NULL,
-    expires_at timestamptz NOT NULL
+    expires_at timestamptz NOT NULL,
+    parallelism integer
 );
 CREATE INDEX waiters_in_line ON {schema}.waiters (name, ticket);
 

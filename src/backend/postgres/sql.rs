@@ -30,12 +30,14 @@ pub struct Sql {
     pub purge: String,
     /// $1 name, $2 token, $3 parallelism, $4 TTL ms, $5-$9 pid, start time,
     /// boot id, host, command. Takes the first free slot (a lapsed lease's
-    /// is free) when nobody waits ahead of us, leaving the line, or finds the
+    /// is free) when nobody waits ahead of us and no holder or waiter has
+    /// another `-p` (README: "Slots"), leaving the line, or finds the
     /// slot ours already (a repeat after a lost reply) and renews it: (slot,
     /// fence), or no row.
     pub take: String,
-    /// $1 name, $2 token, $4 TTL ms, $5-$9 as for `take`, $10 whether to join.
-    /// Unless we hold a slot now: joins the line at its end, or keeps our place for another TTL.
+    /// $1 name, $2 token, $3 parallelism, $4 TTL ms, $5-$9 as for `take`, $10
+    /// whether to join. Unless we hold a slot now, or a holder or waiter has
+    /// another `-p`: joins the line at its end, or keeps our place for another TTL.
     pub join: String,
     /// $2 token, $4 TTL ms. Keeps our place in line for another TTL, if it has not lapsed.
     pub keep_place: String,
@@ -47,7 +49,8 @@ pub struct Sql {
     pub wake: String,
     /// $1 name, $2 token, $3 parallelism. Where we stand: our place (0: not
     /// in line), whether a slot is free, the live holders and the waiter just
-    /// ahead as JSON (owner, `kept`, `left_ms` until the lease or place ends).
+    /// ahead as JSON (owner, `kept`, `left_ms` until the lease or place ends),
+    /// and another `-p` that a holder or waiter has, if one does.
     pub report: String,
     /// $1 name, $2 tokens. Drops dead holders (not kept ones) and waiters.
     pub evict: String,
@@ -77,6 +80,14 @@ impl Sql {
         let locks = schema.table("locks");
         let owner_json = "'token', token, 'pid', pid, 'start_time', start_time, \
                           'boot_id', boot_id, 'host', host, 'command', command";
+        // A live holder or waiter whose -p is not $3: older lockruns' NULL never is.
+        let other_parallelism = format!(
+            "SELECT parallelism FROM {holders}
+              WHERE name = $1 AND expires_at > now() AND parallelism <> $3
+             UNION ALL
+             SELECT parallelism FROM {waiters}
+              WHERE name = $1 AND expires_at > now() AND parallelism <> $3"
+        );
         let list_columns = "token, pid, start_time, boot_id, host, command, \
                             (extract(epoch FROM expires_at) * 1000)::bigint AS expires_ms";
         Self {
@@ -107,6 +118,7 @@ impl Sql {
                        WHERE w.name = $1 AND w.expires_at > now() AND w.ticket < coalesce(
                          (SELECT ticket FROM {waiters} WHERE token = $2 AND expires_at > now()),
                          9223372036854775807))
+                     AND NOT EXISTS ({other_parallelism})
                    HAVING min(s) IS NOT NULL
                  ), fence AS (
                    UPDATE {locks} SET fence = greatest(
@@ -116,16 +128,16 @@ impl Sql {
                  ), taken AS (
                    -- A lapsed holder's row in the slot is taken over.
                    INSERT INTO {holders} AS h (name, slot, token, fence, pid, start_time, boot_id,
-                                               host, command, acquired_at, expires_at)
+                                               host, command, acquired_at, expires_at, parallelism)
                    SELECT $1, free.slot, $2, fence.fence, $5, $6, $7, $8, $9,
-                          now(), now() + $4 * interval '1 millisecond'
+                          now(), now() + $4 * interval '1 millisecond', $3
                    FROM free, fence
                    ON CONFLICT (name, slot) DO UPDATE SET
                      token = excluded.token, fence = excluded.fence, pid = excluded.pid,
                      start_time = excluded.start_time, boot_id = excluded.boot_id,
                      host = excluded.host, command = excluded.command,
                      acquired_at = excluded.acquired_at, expires_at = excluded.expires_at,
-                     kept = false
+                     kept = false, parallelism = excluded.parallelism
                    WHERE h.expires_at <= now()
                    RETURNING slot, fence
                  ), left_line AS (
@@ -136,9 +148,10 @@ impl Sql {
             ),
             join: format!(
                 "INSERT INTO {waiters} (name, token, pid, start_time, boot_id, host, command,
-                                        since, expires_at)
-                 SELECT $1, $2, $5, $6, $7, $8, $9, now(), now() + $4 * interval '1 millisecond'
+                                        since, expires_at, parallelism)
+                 SELECT $1, $2, $5, $6, $7, $8, $9, now(), now() + $4 * interval '1 millisecond', $3
                  WHERE $10 AND NOT EXISTS (SELECT FROM {holders} WHERE name = $1 AND token = $2)
+                   AND NOT EXISTS ({other_parallelism})
                  ON CONFLICT (token) DO UPDATE SET expires_at = excluded.expires_at"
             ),
             keep_place: format!(
@@ -172,7 +185,8 @@ impl Sql {
                                                            'left_ms', {LEFT_MS}))
                          FROM live)::text,
                         (SELECT json_build_object({owner_json}, 'kept', false, 'left_ms', {LEFT_MS})
-                         FROM ahead ORDER BY ticket DESC LIMIT 1)::text"
+                         FROM ahead ORDER BY ticket DESC LIMIT 1)::text,
+                        ({other_parallelism} LIMIT 1)"
             ),
             evict: format!(
                 "WITH dead AS (

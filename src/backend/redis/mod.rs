@@ -259,7 +259,8 @@ impl Store for RedisStore {
             .arg(u8::from(request.queue))
             .arg(keys.base())
             .arg(&owner.process.boot_id)
-            .arg(WAKE_TTL.as_millis() as u64);
+            .arg(WAKE_TTL.as_millis() as u64)
+            .arg(request.parallelism);
         let sent = Moment::now();
         // Safe to repeat after a lost reply: a second run finds our slot ours, or our place kept.
         let replicas = self.replicas;
@@ -288,6 +289,9 @@ impl Store for RedisStore {
             }
             return Ok(Attempt::Taken(Box::new(slot)));
         }
+        if taken == 2 {
+            return Ok(Attempt::Waiting(Line::refused(first as u32)));
+        }
         let owners = |records: Vec<String>| -> Vec<Owner> {
             records
                 .iter()
@@ -303,6 +307,7 @@ impl Store for RedisStore {
             moves_by: u64::try_from(second)
                 .ok()
                 .map(|pttl| sent + Duration::from_millis(pttl + 1)),
+            other_parallelism: None,
         }))
     }
 

@@ -8,6 +8,8 @@
 //! - `PREFIX:{STEM}:fence`: the fence counter, without TTL;
 //! - `PREFIX:{STEM}:line`: the waiting line, a sorted set of waiters' tokens by ticket;
 //! - `PREFIX:{STEM}:ticket`: the ticket counter;
+//! - `PREFIX:{STEM}:widest`: the largest `-p` a run of the name took or waited
+//!   with, without TTL: every holder's slot is below it;
 //! - `PREFIX:{STEM}:waiter:TOKEN`: a waiter's JSON record, with a PX TTL its waiter refreshes;
 //! - `PREFIX:{STEM}:wake:TOKEN`: a short-lived list a waiter BLPOPs, pushed to when it may go.
 
@@ -170,15 +172,31 @@ local function wake_front(line, base, wake_ttl)
   for _, token in ipairs(redis.call('ZRANGE', line, 0, 1)) do push(base, token, wake_ttl) end
 end
 
+-- The `-p` that the name's holders and waiters recorded, if any did (older
+-- lockruns did not). They all agree, as this script lets in no other, so the
+-- first one found says it. Every holder's slot lies below `widest`.
+local function parallelism_in_use(base, line, widest)
+  for slot = 0, widest - 1 do
+    local theirs = decoded(redis.call('GET', base .. 'slot:' .. slot) or '').parallelism
+    if theirs then return theirs end
+  end
+  for _, token in ipairs(redis.call('ZRANGE', line, 0, -1)) do
+    local theirs = decoded(redis.call('GET', base .. 'waiter:' .. token) or '').parallelism
+    if theirs then return theirs end
+  end
+end
+
 -- Redis before 5 replicates scripts, not their effects, and refuses writes after TIME.
 if redis.replicate_commands then redis.replicate_commands() end
 "#;
 
 /// KEYS: fence, line, ticket, slot 0 .. slot N-1. ARGV: token, holder JSON,
 /// waiter JSON, TTL ms, 1 to join the line (0: only look), key base, our boot
-/// id, wake TTL ms. A slot our token holds already (our last answer was lost)
-/// is ours again, for another TTL: {1, slot, its fence}. Else takes a free slot
-/// when nobody waits ahead of us: returns {1, slot, fence}
+/// id, wake TTL ms, our `-p`. A newcomer whose `-p` is not that of the name's
+/// holders and waiters gets {2, theirs} and changes nothing (README: "Slots").
+/// A slot our token holds already (our last answer was lost) is ours again,
+/// for another TTL: {1, slot, its fence}. Else takes a free slot when nobody
+/// waits ahead of us: returns {1, slot, fence}
 /// (and wakes the next waiter if another slot is free). Else joins (or stays
 /// in) the line, keeping our place for another TTL, and returns {0, place (0:
 /// not in line), PTTL or -1, {records of holders}, {record of the head}}, the
@@ -198,6 +216,13 @@ end
 -- Places of waiters that stopped asking lapse here, before anyone counts them.
 head(line, base)
 local rank = redis.call('ZRANK', line, token)
+if not rank then
+  local ours = tonumber(ARGV[9])
+  local widest = tonumber(redis.call('GET', base .. 'widest') or '0')
+  local theirs = parallelism_in_use(base, line, math.max(widest, ours))
+  if theirs and theirs ~= ours then return {2, theirs, 0, {}, {}} end
+  if ours > widest then redis.call('SET', base .. 'widest', ours) end
+end
 local ahead = rank or redis.call('ZCARD', line)
 if ahead == 0 and #free > 0 then
   if rank then

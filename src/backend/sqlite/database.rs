@@ -16,7 +16,7 @@ use crate::backoff::{self, Backoff};
 use crate::error::{Error, Result, Trouble};
 
 /// Bumped when the tables change, so a later lockrun can migrate (stored in `PRAGMA user_version`).
-const SCHEMA_VERSION: u32 = 2;
+const SCHEMA_VERSION: u32 = 3;
 /// Marks the file as lockrun's in the SQLite header (`PRAGMA application_id`): "LKRN".
 const APPLICATION_ID: u32 = 0x4c4b_524e;
 
@@ -70,6 +70,16 @@ CREATE TABLE waiters (
 );
 CREATE INDEX waiters_by_name ON waiters (name, ticket);
 ";
+
+/// Version 3: each holder's and waiter's `-p`, as a name's slot count is part
+/// of the lock (README: "Slots"); NULL in rows of older lockruns.
+const PARALLELISM: &str = "
+ALTER TABLE holders ADD COLUMN parallelism INTEGER;
+ALTER TABLE waiters ADD COLUMN parallelism INTEGER;
+";
+
+/// The first version whose rows say their `-p`.
+pub const PARALLELISM_SINCE: u32 = 3;
 
 /// An open lockrun database.
 pub struct Database {
@@ -312,10 +322,15 @@ fn initialize(conn: &mut Connection, path: &Path) -> Result<()> {
         .map_err(fail)?;
     match (application_id, version) {
         (APPLICATION_ID, SCHEMA_VERSION) => return Ok(()),
-        (APPLICATION_ID, 1) => tx.execute_batch(WAITERS).map_err(fail)?,
+        (APPLICATION_ID, 1) => {
+            tx.execute_batch(WAITERS).map_err(fail)?;
+            tx.execute_batch(PARALLELISM).map_err(fail)?;
+        }
+        (APPLICATION_ID, 2) => tx.execute_batch(PARALLELISM).map_err(fail)?,
         (0, 0) if objects == 0 => {
             tx.execute_batch(SCHEMA).map_err(fail)?;
             tx.execute_batch(WAITERS).map_err(fail)?;
+            tx.execute_batch(PARALLELISM).map_err(fail)?;
             tx.pragma_update(None, "application_id", APPLICATION_ID)
                 .map_err(fail)?;
         }
@@ -413,6 +428,28 @@ mod tests {
     }
 
     #[test]
+    fn a_version_2_database_is_brought_up_to_date() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("locks.sqlite3");
+        let old = Connection::open(&path).unwrap();
+        old.execute_batch(SCHEMA).unwrap();
+        old.execute_batch(WAITERS).unwrap();
+        old.pragma_update(None, "application_id", APPLICATION_ID)
+            .unwrap();
+        old.pragma_update(None, "user_version", 2).unwrap();
+        drop(old);
+        let db = open(Some(&path), true).unwrap();
+        let version: u32 = db
+            .conn
+            .query_row("PRAGMA user_version", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
+        db.conn
+            .prepare("SELECT h.parallelism, w.parallelism FROM holders h, waiters w")
+            .unwrap();
+    }
+
+    #[test]
     fn a_database_from_a_newer_lockrun_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("locks.sqlite3");
@@ -426,7 +463,7 @@ mod tests {
         let Err(err) = open(Some(&path), true) else {
             panic!("a newer database was opened");
         };
-        assert!(err.to_string().contains("schema version 3"), "{err}");
+        assert!(err.to_string().contains("schema version 4"), "{err}");
         assert_eq!(std::fs::read(&path).unwrap(), before);
     }
 }

@@ -15,14 +15,15 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::record::{Ahead, line, sort, waiting};
 use super::{
-    Abilities, Attempt, Common, Entry, Line, Owner, Released, Renewal, Request, Slot, Store, Waited,
+    Abilities, Attempt, Common, Entry, Line, Owner, Released, Renewal, Request, Slot, Store,
+    Waited, refuses,
 };
 use crate::error::Result;
 use crate::identity::{Process, epoch_millis};
 use crate::name::Name;
 use crate::platform::clock::Moment;
 use crate::platform::doorbell::{self, Doorbell};
-use database::{BUSY_TIMEOUT, Database};
+use database::{BUSY_TIMEOUT, Database, PARALLELISM_SINCE};
 
 /// Its command-line options (a group of their own is not needed: clap flattens them).
 #[derive(Debug, clap::Args)]
@@ -107,8 +108,8 @@ impl Look {
             )
             .optional()?;
         Ok(Self {
-            holders: live_holders(tx, Some(name), now)?,
-            ahead: live_waiters(tx, Some(name), ticket, now)?,
+            holders: live_holders(tx, Some(name), now, true)?,
+            ahead: live_waiters(tx, Some(name), ticket, now, true)?,
             ticket,
             data_version: tx.query_row("PRAGMA data_version", [], |row| row.get(0))?,
         })
@@ -120,6 +121,16 @@ impl Look {
         (0..parallelism)
             .find(|slot| !taken.contains(slot))
             .filter(|_| self.ahead.is_empty())
+    }
+
+    /// The `-p` of a holder or a waiter ahead of us, when it is not ours.
+    fn other_parallelism(&self, ours: u32) -> Option<u32> {
+        let holders = self.holders.iter().map(|row| row.owner.parallelism);
+        let waiters = self.ahead.iter().map(|row| row.owner.parallelism);
+        holders
+            .chain(waiters)
+            .find(|&theirs| refuses(theirs, ours))
+            .flatten()
     }
 
     fn line(&self, request: &Request, in_line: bool) -> Line {
@@ -162,6 +173,9 @@ impl SqliteStore {
             let now = now_millis();
             purge_expired(tx, name, now)?;
             let look = Look::take(tx, name, &owner.token, now)?;
+            if look.other_parallelism(request.parallelism).is_some() {
+                return Ok((look, None, Vec::new()));
+            }
             let Some(slot) = look.free_slot(request.parallelism) else {
                 match look.ticket {
                     Some(_) => refresh_waiter(tx, &owner.token, now + ttl)?,
@@ -181,8 +195,8 @@ impl SqliteStore {
             let process = &owner.process;
             tx.execute(
                 "INSERT INTO holders (name, slot, token, fence, pid, start_time, boot_id, host,
-                                      command, acquired_at, expires_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                                      command, acquired_at, expires_at, parallelism)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
                 params![
                     name,
                     slot,
@@ -195,6 +209,7 @@ impl SqliteStore {
                     owner.command,
                     now,
                     now + ttl,
+                    owner.parallelism,
                 ],
             )?;
             Ok((look, Some((slot, fence)), front(tx, name, now)?))
@@ -210,6 +225,10 @@ impl SqliteStore {
                 ttl: request.plan.ttl(),
                 taken_at: sent,
             })));
+        }
+        if let Some(theirs) = look.other_parallelism(request.parallelism) {
+            self.in_line = look.ticket.is_some();
+            return Ok(Attempt::Waiting(Line::refused(theirs)));
         }
         let in_line = look.ticket.is_some() || request.queue;
         self.in_line = in_line;
@@ -308,12 +327,13 @@ impl Store for SqliteStore {
         let (holders, waiters) = self.db.read("list the holders", |tx| {
             let version: u32 = tx.query_row("PRAGMA user_version", [], |row| row.get(0))?;
             // A database from before the waiting line has no waiters.
+            let counted = version >= PARALLELISM_SINCE;
             let waiters = if version >= 2 {
-                live_waiters(tx, name, None, now)?
+                live_waiters(tx, name, None, now, counted)?
             } else {
                 Vec::new()
             };
-            Ok((live_holders(tx, name, now)?, waiters))
+            Ok((live_holders(tx, name, now, counted)?, waiters))
         })?;
         let mut entries: Vec<Entry> = holders
             .iter()
@@ -334,7 +354,7 @@ impl Store for SqliteStore {
 
     fn break_slots(&mut self, name: &Name, slot: Option<u32>) -> Result<Vec<Entry>> {
         let (broken, front) = self.db.write("break the leases", BUSY_TIMEOUT, |tx| {
-            let mut broken = live_holders(tx, Some(name.as_str()), now_millis())?;
+            let mut broken = live_holders(tx, Some(name.as_str()), now_millis(), true)?;
             broken.retain(|row| slot.is_none_or(|slot| slot == row.slot));
             for row in &broken {
                 tx.execute(
@@ -436,8 +456,9 @@ fn join(
 ) -> rusqlite::Result<()> {
     let process = &owner.process;
     tx.execute(
-        "INSERT INTO waiters (name, token, pid, start_time, boot_id, host, command, since, expires_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        "INSERT INTO waiters (name, token, pid, start_time, boot_id, host, command, since, expires_at,
+                              parallelism)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
         params![
             name,
             owner.token,
@@ -447,7 +468,8 @@ fn join(
             process.host,
             owner.command,
             now,
-            expires_at
+            expires_at,
+            owner.parallelism
         ],
     )?;
     Ok(())
@@ -491,13 +513,20 @@ fn refresh_waiter(tx: &Connection, token: &str, expires_at: u64) -> rusqlite::Re
     Ok(())
 }
 
-/// The holders of `name` (or of every name) whose leases have not expired, by name and slot.
-fn live_holders(tx: &Connection, name: Option<&str>, now: u64) -> rusqlite::Result<Vec<HolderRow>> {
-    tx.prepare(
+/// The holders of `name` (or of every name) whose leases have not expired, by
+/// name and slot; with their `-p` when `counted` (the database has it).
+fn live_holders(
+    tx: &Connection,
+    name: Option<&str>,
+    now: u64,
+    counted: bool,
+) -> rusqlite::Result<Vec<HolderRow>> {
+    tx.prepare(&format!(
         "SELECT name, slot, token, fence, pid, start_time, boot_id, host, command,
-                acquired_at, expires_at, released
+                acquired_at, expires_at, released, {}
          FROM holders WHERE (?1 IS NULL OR name = ?1) AND expires_at > ?2 ORDER BY name, slot",
-    )?
+        parallelism(counted)
+    ))?
     .query_map(params![name, now], |row| {
         Ok(HolderRow {
             name: row.get("name")?,
@@ -513,19 +542,21 @@ fn live_holders(tx: &Connection, name: Option<&str>, now: u64) -> rusqlite::Resu
 }
 
 /// The waiters of `name` (or of every name) whose places have not lapsed, in
-/// line order; only those ahead of `before` when given.
+/// line order; only those ahead of `before` when given; with their `-p` when `counted`.
 fn live_waiters(
     tx: &Connection,
     name: Option<&str>,
     before: Option<i64>,
     now: u64,
+    counted: bool,
 ) -> rusqlite::Result<Vec<WaiterRow>> {
-    tx.prepare(
-        "SELECT name, token, pid, start_time, boot_id, host, command, since, expires_at
+    tx.prepare(&format!(
+        "SELECT name, token, pid, start_time, boot_id, host, command, since, expires_at, {}
          FROM waiters
          WHERE (?1 IS NULL OR name = ?1) AND (?2 IS NULL OR ticket < ?2) AND expires_at > ?3
          ORDER BY name, ticket",
-    )?
+        parallelism(counted)
+    ))?
     .query_map(params![name, before, now], |row| {
         Ok(WaiterRow {
             name: row.get("name")?,
@@ -547,7 +578,18 @@ fn owner(row: &rusqlite::Row) -> rusqlite::Result<Owner> {
             host: row.get("host")?,
         },
         command: row.get("command")?,
+        parallelism: row.get("parallelism")?,
     })
+}
+
+/// The `parallelism` column, or NULL in a database older than it, which
+/// `status` reads without bringing it up to date (it never writes).
+fn parallelism(counted: bool) -> &'static str {
+    if counted {
+        "parallelism"
+    } else {
+        "NULL AS parallelism"
+    }
 }
 
 fn now_millis() -> u64 {
