@@ -1,0 +1,232 @@
+//! (a), (d) and (e): one uncontended run at a time. Wall time of `true` under the lock against
+//! flock(1) and bare `true`, each networked backend against the file backend with its server's
+//! work per run, and peak RSS.
+
+use std::fmt::Write as _;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::lockers::{Locker, run_ok};
+use crate::report::Outcome;
+use crate::servers::{Networked, Server, locker, work_unit};
+use crate::stats::{median, mib, ms};
+use crate::{Bench, RSS_RUNS, SINGLE_RUNS, WARMUP};
+
+impl Bench {
+    /// (a) `lockrun --name x -- true` against `flock FILE true` and bare `true`, both builds.
+    pub(crate) fn single(&mut self) {
+        let mut lockers = vec![Locker::Bare, self.flock.clone(), self.file.clone()];
+        lockers.extend(self.file_static.clone());
+        let medians = interleaved_medians(&lockers, "x", SINGLE_RUNS);
+        let (bare, flock) = (medians[0], medians[1]);
+        println!(
+            "\n(a) one run of `true`, median of {SINGLE_RUNS}: bare {}, flock(1) {}, lockrun {}{}",
+            ms(bare),
+            ms(flock),
+            ms(medians[2]),
+            medians
+                .get(3)
+                .map(|s| format!(", lockrun static {}", ms(*s)))
+                .unwrap_or_default()
+        );
+        let what = |build: &str| {
+            format!(
+                "(a) wall time of `true` under the lock, {build} (bare `true`: {})",
+                ms(bare)
+            )
+        };
+        self.ratio(what("default build"), medians[2], flock, 1.15);
+        match &self.file_static {
+            Ok(_) => self.ratio(what("static opt-in build"), medians[3], flock, 1.10),
+            Err(why) => self.outcomes.push(Outcome::not_measured(
+                what("static opt-in build"),
+                "≤ 1.10× flock(1)",
+                &why.clone(),
+            )),
+        }
+    }
+
+    /// (d) each networked backend's wall time against the file backend's, and
+    /// its server's work per run. PostgreSQL also counts its round trips per run,
+    /// through a counting proxy (tests/support), in runs of their own.
+    pub(crate) fn networked_against_file(&mut self) {
+        for (backend, limit) in [
+            ("redis", Some(1.30)),
+            ("postgres", Some(1.50)),
+            ("etcd", None),
+        ] {
+            let what = format!("(d) {backend} backend wall time against the file backend");
+            let target =
+                limit.map_or_else(|| "-".to_owned(), |limit| format!("≤ {limit:.2}× file"));
+            let served = match backend {
+                "redis" => &self.redis,
+                "postgres" => &self.postgres,
+                _ => &self.etcd,
+            };
+            let served = match served {
+                Ok(served) => served,
+                Err(why) => {
+                    println!("(d) {backend}: not measured: {why}");
+                    let why = why.clone();
+                    self.outcomes
+                        .push(Outcome::not_measured(what, &target, &why));
+                    continue;
+                }
+            };
+            let before = served.server.work();
+            let medians = interleaved_medians(
+                &[self.file.clone(), served.locker.clone()],
+                "d",
+                SINGLE_RUNS,
+            );
+            let after = served.server.work();
+            let [file, measured] = medians[..] else {
+                unreachable!()
+            };
+            let per_run: Vec<String> = after
+                .iter()
+                .filter_map(|(kind, count)| {
+                    let delta = count - before.get(kind).copied().unwrap_or(0);
+                    // Runs include the warm-up, hence the division by the runs actually made.
+                    (delta > 0).then(|| {
+                        format!("{kind} {:.2}", delta as f64 / (SINGLE_RUNS + WARMUP) as f64)
+                    })
+                })
+                .collect();
+            let mut work = format!(
+                "{} per run: {}",
+                work_unit(backend),
+                if per_run.is_empty() {
+                    "none".to_owned()
+                } else {
+                    per_run.join(", ")
+                }
+            );
+            if let Some(trips) = round_trips(served) {
+                let _ = write!(
+                    work,
+                    "; round trips per run, connecting included: {trips:.1}"
+                );
+            }
+            println!(
+                "(d) median of {SINGLE_RUNS}: file {}, {backend} {}; {work}",
+                ms(file),
+                ms(measured)
+            );
+            let ratio = measured.as_secs_f64() / file.as_secs_f64();
+            self.outcomes.push(Outcome {
+                what: format!("{what} ({work})"),
+                measured: ms(measured),
+                baseline: format!("{} (file)", ms(file)),
+                ratio: format!("{ratio:.2}×"),
+                target,
+                pass: limit.map(|limit| ratio <= limit),
+            });
+        }
+    }
+
+    /// (e) peak RSS of lockrun (and of flock(1) beside it), the largest of a few runs.
+    pub(crate) fn peak_rss(&mut self) {
+        let flock = max_rss(&self.flock);
+        let lockers = vec![
+            ("file", Ok(self.file.clone())),
+            ("sqlite", self.sqlite.clone()),
+            ("redis", locker(&self.redis)),
+            ("postgres", locker(&self.postgres)),
+            ("etcd", locker(&self.etcd)),
+        ];
+        for (backend, locker) in lockers {
+            let what = format!("(e) peak RSS, {backend}, largest of {RSS_RUNS} runs");
+            let target = "≤ 8 MiB";
+            match locker {
+                Ok(locker) => {
+                    let rss = max_rss(&locker);
+                    println!("(e) peak RSS, lockrun {backend}: {rss} KiB (flock(1): {flock} KiB)");
+                    self.outcomes.push(Outcome {
+                        what,
+                        measured: mib(rss),
+                        baseline: mib(flock),
+                        ratio: format!("{:.2}×", rss as f64 / flock as f64),
+                        target: target.into(),
+                        pass: Some(rss <= 8 * 1024),
+                    });
+                }
+                Err(why) => {
+                    println!("(e) {backend}: not measured: {why}");
+                    self.outcomes
+                        .push(Outcome::not_measured(what, target, &why));
+                }
+            }
+        }
+    }
+}
+
+/// Median wall time of `true` under each locker, runs interleaved so that load
+/// from elsewhere on the machine falls on every contender alike.
+pub(crate) fn interleaved_medians(lockers: &[Locker], name: &str, runs: usize) -> Vec<Duration> {
+    let mut samples = vec![Vec::with_capacity(runs); lockers.len()];
+    for round in 0..WARMUP + runs {
+        for (locker, samples) in lockers.iter().zip(&mut samples) {
+            let mut command = locker.command(name, &["true"]);
+            let started = Instant::now();
+            run_ok(&mut command);
+            if round >= WARMUP {
+                samples.push(started.elapsed());
+            }
+        }
+    }
+    samples.into_iter().map(median).collect()
+}
+
+/// PostgreSQL's round trips per uncontended run, counted by a proxy in front
+/// of the server (without TLS, which the proxy cannot read); `None` elsewhere.
+fn round_trips(served: &Networked) -> Option<f64> {
+    #[cfg(feature = "postgres")]
+    if let Server::Postgres(server) = &served.server {
+        const RUNS: usize = 20;
+        let proxy = crate::support::postgres::Proxy::start(server, true);
+        let Locker::Lockrun { build, .. } = &served.locker else {
+            return None;
+        };
+        let through = Locker::Lockrun {
+            build: build.clone(),
+            backend: "postgres",
+            flags: vec![
+                "--backend".into(),
+                "postgres".into(),
+                "--postgres-url".into(),
+                proxy.url().into(),
+            ],
+        };
+        for _ in 0..RUNS {
+            let status = through.command("probe", &["true"]).status().ok()?;
+            status.success().then_some(())?;
+        }
+        return Some(proxy.turns() as f64 / RUNS as f64);
+    }
+    let _ = served;
+    None
+}
+
+/// Peak RSS in KiB of `locker` running `true`, the largest over `RSS_RUNS` runs.
+fn max_rss(locker: &Locker) -> u64 {
+    let own = std::env::current_exe().expect("the benchmark's own path");
+    (0..RSS_RUNS)
+        .map(|_| {
+            let command = locker.command("rss", &["true"]);
+            let output = Command::new(&own)
+                .arg("rss")
+                .arg(command.get_program())
+                .args(command.get_args())
+                .stdin(Stdio::null())
+                .stderr(Stdio::inherit())
+                .output()
+                .expect("run the RSS wrapper");
+            String::from_utf8_lossy(&output.stdout)
+                .trim()
+                .parse()
+                .unwrap_or(0)
+        })
+        .max()
+        .unwrap_or(0)
+}
