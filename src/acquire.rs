@@ -22,7 +22,7 @@ const LIVENESS_POLL: Duration = Duration::from_millis(100);
 /// not the minutes a waiting run may take (README: "When the server has trouble").
 pub const NO_WAIT_RIDE_OUT: Duration = Duration::from_secs(10);
 
-pub struct Policy {
+pub struct WaitPolicy {
     /// `None` waits forever.
     pub timeout: Option<Duration>,
     pub backoff: backoff::Policy,
@@ -32,11 +32,11 @@ pub struct Policy {
 pub fn acquire(
     store: &mut dyn Store,
     request: &Request,
-    policy: &Policy,
+    policy: &WaitPolicy,
     reporter: &Reporter,
 ) -> Result<Box<dyn Slot>> {
     let started = Moment::now();
-    let mut waiter = Waiter {
+    let mut waiter = WaitLoop {
         store,
         request,
         policy,
@@ -67,10 +67,10 @@ pub fn acquire(
     Ok(slot)
 }
 
-struct Waiter<'a> {
+struct WaitLoop<'a> {
     store: &'a mut dyn Store,
     request: &'a Request,
-    policy: &'a Policy,
+    policy: &'a WaitPolicy,
     reporter: &'a Reporter,
     progress: Progress,
     started: Moment,
@@ -87,7 +87,7 @@ struct Waiter<'a> {
     reported: Option<u32>,
 }
 
-impl Waiter<'_> {
+impl WaitLoop<'_> {
     fn wait_for_slot(&mut self) -> Result<Box<dyn Slot>> {
         loop {
             let line = match self.store.attempt(self.request) {

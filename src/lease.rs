@@ -14,12 +14,12 @@ use crate::timing::Plan;
 /// A slot that is ours, with its lease if it has one.
 pub struct Held {
     slot: Box<dyn Slot>,
-    lease: Option<Lease>,
+    lease: Option<LeaseClock>,
 }
 
 /// What [`Held::check`] decided.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
+pub enum LeaseVerdict {
     Keep,
     /// The lease cannot be kept: stop the command now, and kill it after `grace`
     /// (it must be gone before another holder can have the slot).
@@ -36,7 +36,7 @@ impl Held {
     pub fn new(slot: Box<dyn Slot>, plan: Option<Plan>, grace: Duration) -> Self {
         let lease = plan.map(|plan| {
             let plan = slot.granted_ttl().map_or(plan, Plan::new);
-            Lease::new(slot.taken_at(), plan, grace)
+            LeaseClock::new(slot.taken_at(), plan, grace)
         });
         Self { slot, lease }
     }
@@ -57,22 +57,22 @@ impl Held {
 
     /// When the command gets SIGTERM if no renewal is confirmed before.
     pub fn stop_at(&self) -> Option<Moment> {
-        self.lease.as_ref().map(Lease::stop_at)
+        self.lease.as_ref().map(LeaseClock::stop_at)
     }
 
     /// When the command must be gone: another holder may have the slot from then on.
     pub fn deadline(&self) -> Option<Moment> {
-        self.lease.as_ref().map(Lease::deadline)
+        self.lease.as_ref().map(LeaseClock::deadline)
     }
 
     /// Renews the lease when a renewal is due and says whether the command may go on.
-    pub fn check(&mut self, reporter: &Reporter) -> Verdict {
+    pub fn check(&mut self, reporter: &Reporter) -> LeaseVerdict {
         let Some(lease) = &mut self.lease else {
-            return Verdict::Keep;
+            return LeaseVerdict::Keep;
         };
         if lease.deadline().has_passed() {
             // Paused (SIGSTOP, a frozen VM, a stopped job) past the deadline: another holder may run already.
-            return Verdict::Stop {
+            return LeaseVerdict::Stop {
                 reason: "its deadline passed while lockrun was paused",
                 grace: Duration::ZERO,
             };
@@ -87,7 +87,7 @@ impl Held {
             ) {
                 Ok(Renewal::Renewed) => {}
                 Ok(Renewal::Lost) => {
-                    return Verdict::Stop {
+                    return LeaseVerdict::Stop {
                         reason: "it was broken or expired",
                         // Another holder may have the slot already: never past the old deadline.
                         grace: lease.grace.min(lease.deadline().remaining()),
@@ -103,17 +103,17 @@ impl Held {
         }
         // Checked even when no renewal was due: a failed one is retried later than the stop may be.
         if lease.deadline().has_passed() {
-            Verdict::Stop {
+            LeaseVerdict::Stop {
                 reason: "its deadline passed before a renewal was confirmed",
                 grace: Duration::ZERO,
             }
         } else if lease.stop_at().has_passed() {
-            Verdict::Stop {
+            LeaseVerdict::Stop {
                 reason: "no renewal was confirmed in time",
                 grace: lease.deadline().remaining(),
             }
         } else {
-            Verdict::Keep
+            LeaseVerdict::Keep
         }
     }
 
@@ -121,20 +121,20 @@ impl Held {
     /// answer came late: a database busy for a while) is renewed now, even past
     /// its deadline, as nothing runs under it yet. `Keep` once it is confirmed.
     /// One merely due for renewal is renewed once the command runs, as ever.
-    pub fn confirm(&mut self, reporter: &Reporter) -> Verdict {
+    pub fn confirm(&mut self, reporter: &Reporter) -> LeaseVerdict {
         let Some(lease) = &mut self.lease else {
-            return Verdict::Keep;
+            return LeaseVerdict::Keep;
         };
         if lease.stop_at().remaining() >= lease.plan.confirm_margin() {
-            return Verdict::Keep;
+            return LeaseVerdict::Keep;
         }
         let within = lease.plan.renew_every();
         let reason = match renew(self.slot.as_mut(), lease, within, reporter) {
-            Ok(Renewal::Renewed) => return Verdict::Keep,
+            Ok(Renewal::Renewed) => return LeaseVerdict::Keep,
             Ok(Renewal::Lost) => "it was broken or expired",
             Err(_) => "no renewal was confirmed in time",
         };
-        Verdict::Stop {
+        LeaseVerdict::Stop {
             reason,
             grace: Duration::ZERO,
         }
@@ -149,7 +149,7 @@ impl Held {
 /// Renews `slot`'s `lease`, waiting `within` for the answer, and keeps the time of a confirmed renewal.
 fn renew(
     slot: &mut dyn Slot,
-    lease: &mut Lease,
+    lease: &mut LeaseClock,
     within: Duration,
     reporter: &Reporter,
 ) -> Result<Renewal> {
@@ -166,14 +166,14 @@ fn renew(
 
 /// The lease's clock, on the monotonic clock of this host.
 #[derive(Debug)]
-struct Lease {
+struct LeaseClock {
     plan: Plan,
     grace: Duration,
     confirmed_until: Moment,
     next_renewal: Moment,
 }
 
-impl Lease {
+impl LeaseClock {
     /// A lease whose acquisition was sent at `sent` (it cannot run longer than from then).
     fn new(sent: Moment, plan: Plan, grace: Duration) -> Self {
         Self {
@@ -220,7 +220,7 @@ mod tests {
     #[test]
     fn renewal_is_due_at_a_third_of_the_ttl() {
         let start = Moment::now();
-        let lease = Lease::new(start, TTL, GRACE);
+        let lease = LeaseClock::new(start, TTL, GRACE);
         assert_eq!(lease.renewal_due() - start, Duration::from_secs(10));
         assert_eq!(lease.deadline() - start, TTL.ttl());
         assert_eq!(lease.stop_at() - start, Duration::from_secs(20));
@@ -229,7 +229,7 @@ mod tests {
     #[test]
     fn a_renewal_extends_from_when_it_was_sent() {
         let start = Moment::now();
-        let mut lease = Lease::new(start, TTL, GRACE);
+        let mut lease = LeaseClock::new(start, TTL, GRACE);
         lease.renewed(start + Duration::from_secs(10));
         assert_eq!(lease.deadline() - start, Duration::from_secs(40));
         assert_eq!(lease.renewal_due() - start, Duration::from_secs(20));
@@ -238,7 +238,7 @@ mod tests {
     #[test]
     fn failures_retry_soon_without_moving_the_deadline() {
         let start = Moment::now();
-        let mut lease = Lease::new(start, TTL, GRACE);
+        let mut lease = LeaseClock::new(start, TTL, GRACE);
         lease.renewal_failed(start + Duration::from_secs(10));
         assert_eq!(lease.renewal_due() - start, Duration::from_secs(11));
         assert_eq!(lease.deadline() - start, TTL.ttl());

@@ -109,8 +109,8 @@ fn program(shell_command: Option<OsString>, command: Vec<OsString>) -> Result<Pr
     }
 }
 
-fn wait_policy(args: &RunArgs) -> acquire::Policy {
-    acquire::Policy {
+fn wait_policy(args: &RunArgs) -> acquire::WaitPolicy {
+    acquire::WaitPolicy {
         timeout: if args.no_wait {
             Some(Duration::ZERO)
         } else {

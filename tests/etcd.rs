@@ -6,7 +6,7 @@ use std::fs;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockrun::backend::etcd::client::{Client, Endpoints, Keys, Op, Txn};
+use lockrun::backend::etcd::link::{Client, Endpoints, Keys, Op, Txn};
 
 use crate::core::{
     hold_recording, losing_the_server_stops_the_holder, start_holding,

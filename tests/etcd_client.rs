@@ -5,7 +5,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use lockrun::backend::etcd::client::{Client, Endpoints, EventKind, Keys, Lease, Op, Txn};
+use lockrun::backend::etcd::link::{Client, Endpoints, EventKind, GrantedLease, Keys, Op, Txn};
 use lockrun::backend::net::{Deadline, Kind};
 
 use crate::support::etcd::{EtcdCluster, EtcdServer, Tls};
@@ -17,7 +17,7 @@ fn etcd(endpoints: &str) -> Client {
     Client::new(Endpoints::parse(endpoints).expect("endpoints"))
 }
 
-fn grant(client: &mut Client) -> Lease {
+fn grant(client: &mut Client) -> GrantedLease {
     client
         .lease_grant(Duration::from_secs(10), TIMEOUT)
         .expect("lease grant")

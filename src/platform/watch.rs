@@ -9,11 +9,11 @@ use std::time::Duration;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 
-pub struct Watch {
+pub struct DirWatch {
     inotify: Inotify,
 }
 
-impl Watch {
+impl DirWatch {
     /// Watches the directory `dir` for files closed after writing and files whose attributes changed.
     pub fn closed_or_touched_in(dir: &Path) -> nix::Result<Self> {
         Self::new(

@@ -63,7 +63,7 @@ const ANSWER_WITHIN: Duration = Duration::from_secs(1);
 
 /// What the watchdog did about the group at the moments lockrun gave it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub enum GroupEnd {
     /// Its moment to stop the group has not come.
     NotYet,
     /// When its moment came, before the lease's end, nothing in the group was
@@ -73,7 +73,7 @@ pub enum Outcome {
     Stopped,
 }
 
-impl Outcome {
+impl GroupEnd {
     fn byte(self) -> u8 {
         match self {
             Self::NotYet => b'n',
@@ -153,7 +153,7 @@ impl Watchdog {
 
     /// What the watchdog did about the group; `None` when it does not answer
     /// (it was killed). Asked only after lockrun was late to act itself.
-    pub fn outcome(&self) -> Option<Outcome> {
+    pub fn outcome(&self) -> Option<GroupEnd> {
         write(&self.tell, &[ASK]).ok()?;
         let mut fds = [PollFd::new(self.answers.as_fd(), PollFlags::POLLIN)];
         let within = PollTimeout::try_from(ANSWER_WITHIN).unwrap_or(PollTimeout::MAX);
@@ -162,7 +162,7 @@ impl Watchdog {
         }
         let mut byte = [0u8; 1];
         match read(&self.answers, &mut byte) {
-            Ok(1) => Outcome::from_byte(byte[0]),
+            Ok(1) => GroupEnd::from_byte(byte[0]),
             _ => None,
         }
     }
@@ -203,7 +203,7 @@ fn guard(listen: &OwnedFd, answer: &OwnedFd) -> ! {
     let mut group = None;
     let mut terminate_at = None;
     let mut kill_at = None;
-    let mut outcome = Outcome::NotYet;
+    let mut outcome = GroupEnd::NotYet;
     let mut pending = Vec::new();
     loop {
         let now = Moment::now().since_boot();
@@ -215,15 +215,15 @@ fn guard(listen: &OwnedFd, answer: &OwnedFd) -> ! {
                 // a group with nothing running ended in time on its own.
                 let in_time = kill_at.is_some_and(|kill_at| now <= kill_at);
                 if in_time && group.is_some_and(|group| !proc::group_has_live_process(group)) {
-                    outcome = Outcome::EndedInTime;
+                    outcome = GroupEnd::EndedInTime;
                     kill_at = None;
                     continue;
                 }
-                outcome = Outcome::Stopped;
+                outcome = GroupEnd::Stopped;
                 signal(group, Signal::SIGTERM);
                 signal(group, Signal::SIGCONT);
             } else if kill_at.take().is_some() {
-                outcome = Outcome::Stopped;
+                outcome = GroupEnd::Stopped;
                 signal(group, Signal::SIGKILL);
             }
             continue;

@@ -14,14 +14,14 @@ use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{Pid, getpgid, getpid};
 
 use crate::error::{Error, Result, status};
-use crate::lease::{Held, Verdict};
+use crate::lease::{Held, LeaseVerdict};
 use crate::platform::clock::Moment;
 use crate::report::{Event, Reporter};
 
 pub use crate::platform::signals::{Signals, reset_inherited};
 use crate::platform::spawn;
 use crate::platform::terminal::Terminal;
-use crate::platform::watchdog::{Outcome, Watchdog};
+use crate::platform::watchdog::{GroupEnd, Watchdog};
 
 mod shebang;
 
@@ -117,7 +117,7 @@ pub fn supervise(
     reporter: &Reporter,
 ) -> Result<Ending> {
     // Never a command under a lease whose stop has passed (the watchdog would stop it at once).
-    if let Verdict::Stop { reason, .. } = held.confirm(reporter) {
+    if let LeaseVerdict::Stop { reason, .. } = held.confirm(reporter) {
         reporter.event(&Event::Lost { reason });
         return Ok(Ending::LostBeforeStart(reason.to_owned()));
     }
@@ -404,9 +404,9 @@ impl Run<'_> {
         }
         let deadline_passed = self.held.deadline().is_some_and(Moment::has_passed);
         let stopped = match self.watchdog.outcome() {
-            Some(Outcome::Stopped) => true,
-            Some(Outcome::EndedInTime) => false,
-            Some(Outcome::NotYet) | None => deadline_passed,
+            Some(GroupEnd::Stopped) => true,
+            Some(GroupEnd::EndedInTime) => false,
+            Some(GroupEnd::NotYet) | None => deadline_passed,
         };
         if stopped {
             let reason =
@@ -431,7 +431,7 @@ impl Run<'_> {
     }
 
     fn keep_lease(&mut self) {
-        if let Verdict::Stop { reason, grace } = self.held.check(self.reporter) {
+        if let LeaseVerdict::Stop { reason, grace } = self.held.check(self.reporter) {
             self.lose_lease(reason, grace);
         }
         self.tell_watchdog();

@@ -7,7 +7,7 @@
 //! - `/PREFIX/STEM/slot/N`: slot N taken, attached to its holder's lease, so
 //!   that two holders never take one slot.
 
-use super::client::Keys;
+use super::link::Keys;
 use crate::name::Name;
 
 /// The keys of one name.
@@ -19,7 +19,7 @@ pub struct NameKeys {
 
 /// What a key under a name's base is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
+pub enum KeyKind {
     Place,
     Slot(u32),
 }
@@ -56,13 +56,13 @@ impl NameKeys {
     }
 
     /// What `key` is, if it is one of this name's.
-    pub fn kind(&self, key: &[u8]) -> Option<Kind> {
+    pub fn kind(&self, key: &[u8]) -> Option<KeyKind> {
         let rest = key.strip_prefix(self.base.as_bytes())?;
         if rest.starts_with(b"line/") {
-            return Some(Kind::Place);
+            return Some(KeyKind::Place);
         }
         let slot = std::str::from_utf8(rest.strip_prefix(b"slot/")?).ok()?;
-        slot.parse().ok().map(Kind::Slot)
+        slot.parse().ok().map(KeyKind::Slot)
     }
 }
 
@@ -90,13 +90,13 @@ mod tests {
         let keys = NameKeys::new("app", &name);
         let place = keys.place(0x1f);
         assert_eq!(place, b"/app/nightly%2Fline%2Fx/line/000000000000001f");
-        assert_eq!(keys.kind(&place), Some(Kind::Place));
-        assert_eq!(keys.kind(&keys.slot(3)), Some(Kind::Slot(3)));
+        assert_eq!(keys.kind(&place), Some(KeyKind::Place));
+        assert_eq!(keys.kind(&keys.slot(3)), Some(KeyKind::Slot(3)));
         let short = NameKeys::new("app", &Name::parse("nightly").unwrap());
         assert_eq!(short.kind(&place), None);
         assert!(!place.starts_with(&short.all().key));
         let of = owner_of("app", &place).unwrap();
-        assert_eq!(of.kind(&place), Some(Kind::Place));
+        assert_eq!(of.kind(&place), Some(KeyKind::Place));
         assert!(owner_of("ap", &place).is_none());
     }
 }

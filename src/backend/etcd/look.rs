@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::client::{KeyValue, Listing};
-use super::keys::{Kind, NameKeys};
+use super::keys::{KeyKind, NameKeys};
+use super::link::{KeyValue, Listing};
 use crate::backend::record::{HolderRecord, WaiterRecord, local_ahead};
 use crate::backend::{Entry, Line, Owner, Request, refuses};
 use crate::identity::Process;
@@ -90,7 +90,7 @@ pub enum Stand {
     Absent,
 }
 
-pub struct Look {
+pub struct LineView {
     /// The store's revision at the look.
     pub revision: i64,
     /// The line, oldest first.
@@ -99,15 +99,15 @@ pub struct Look {
     slots: BTreeMap<u32, i64>,
 }
 
-impl Look {
+impl LineView {
     /// The look that `listing` of a name's keys (every key, oldest first) gives.
     pub fn new(keys: &NameKeys, listing: Listing) -> Self {
         let mut places = Vec::new();
         let mut slots = BTreeMap::new();
         for kv in listing.kvs {
             match keys.kind(&kv.key) {
-                Some(Kind::Place) => places.push(Place::new(kv)),
-                Some(Kind::Slot(slot)) => {
+                Some(KeyKind::Place) => places.push(Place::new(kv)),
+                Some(KeyKind::Slot(slot)) => {
                     slots.insert(slot, kv.lease);
                 }
                 None => {}

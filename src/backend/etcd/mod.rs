@@ -4,8 +4,8 @@
 //! places hold the slots, each taking a slot key of its own, and a waiter
 //! watches what must change for it to move up ([`watching`]).
 
-pub mod client;
 mod keys;
+pub mod link;
 mod look;
 mod recipe;
 mod slot;
@@ -24,9 +24,9 @@ use crate::identity::epoch_millis;
 use crate::name::Name;
 use crate::platform::clock::Moment;
 use crate::timing::FREE_CALL;
-use client::{Client, Endpoints};
 use keys::NameKeys;
-use look::{Holding, Look, Record};
+use link::{Client, Endpoints};
+use look::{Holding, LineView, Record};
 use waiter::Waiter;
 
 /// Its command-line options (a group of their own is not needed: clap flattens them).
@@ -81,12 +81,12 @@ impl EtcdStore {
         };
         let listing = client.range(&range, FREE_CALL)?;
         // Each name's keys, in create order.
-        let mut names: BTreeMap<NameKeys, client::Listing> = BTreeMap::new();
+        let mut names: BTreeMap<NameKeys, link::Listing> = BTreeMap::new();
         for kv in listing.kvs {
             if let Some(keys) = keys::owner_of(&self.prefix, &kv.key) {
                 names
                     .entry(keys)
-                    .or_insert_with(|| client::Listing {
+                    .or_insert_with(|| link::Listing {
                         kvs: Vec::new(),
                         revision: listing.revision,
                     })
@@ -97,7 +97,7 @@ impl EtcdStore {
         let now = now_millis();
         let mut entries = Vec::new();
         for (keys, listing) in names {
-            let look = Look::new(&keys, listing);
+            let look = LineView::new(&keys, listing);
             // When each place's lease ends; one gone since the range took the place with it.
             let mut ends = HashMap::new();
             for place in look.places.iter().filter(|place| waiters || place.holds()) {
@@ -148,7 +148,7 @@ impl Store for EtcdStore {
         let within = FREE_CALL;
         let keys = NameKeys::new(&self.prefix, &request.name);
         let mut client = self.client.borrow_mut();
-        let look = Look::new(&keys, client.range(&keys.all(), within)?);
+        let look = LineView::new(&keys, client.range(&keys.all(), within)?);
         // Revoking a dead owner's lease deletes its place and slot at once;
         // a place kept by --min-hold has no process to judge by.
         for place in look.places.iter().filter(|place| !place.kept()) {
@@ -181,7 +181,7 @@ impl Store for EtcdStore {
     fn break_slots(&mut self, name: &Name, slot: Option<u32>) -> Result<Vec<Entry>> {
         let keys = NameKeys::new(&self.prefix, name);
         let mut client = self.client.borrow_mut();
-        let look = Look::new(&keys, client.range(&keys.all(), FREE_CALL)?);
+        let look = LineView::new(&keys, client.range(&keys.all(), FREE_CALL)?);
         let mut broken = Vec::new();
         for place in &look.places {
             let Some(Record::Holding(holding)) = place.record() else {

@@ -3,9 +3,9 @@
 //! look; each checks what an earlier try of it would have changed, so that
 //! the client may send it twice (README: "etcd backend").
 
-use super::client::{Keys, Op, Txn};
 use super::json;
 use super::keys::NameKeys;
+use super::link::{Keys, Op, Txn};
 use super::look::{Holding, Record};
 
 /// Takes slot 0 for the owner of `lease` if the line is empty; else, with

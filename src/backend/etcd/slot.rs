@@ -5,8 +5,8 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::{Duration, SystemTime};
 
-use super::client::{Client, Lease};
 use super::keys::NameKeys;
+use super::link::{Client, GrantedLease};
 use super::look::Holding;
 use super::recipe;
 use crate::backend::{Released, Renewal, Slot};
@@ -18,7 +18,7 @@ use crate::timing::Plan;
 pub struct EtcdSlot {
     pub(super) client: Rc<RefCell<Client>>,
     pub(super) keys: NameKeys,
-    pub(super) lease: Lease,
+    pub(super) lease: GrantedLease,
     /// What our place holds, to keep it for `--min-hold`.
     pub(super) holding: Holding,
     pub(super) fence: u64,

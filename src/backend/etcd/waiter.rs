@@ -6,11 +6,11 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
 
-use super::client::{self, Client, Lease, Op, Outcome, Txn};
 use super::keys::NameKeys;
-use super::look::{Holding, Look, Place, Record, Stand};
+use super::link::{self, Client, GrantedLease, Op, Txn, TxnOutcome};
+use super::look::{Holding, LineView, Place, Record, Stand};
 use super::slot::EtcdSlot;
-use super::watching::{Target, Watcher, Woken};
+use super::watching::{WatchTarget, Watcher, Woken};
 use super::{holding, now_millis, recipe};
 use crate::backend::record::WaiterRecord;
 use crate::backend::{Attempt, Line, Request, Slot};
@@ -29,7 +29,7 @@ pub struct Waiter {
 
 /// Our lease, and whether our place is in line.
 struct Mine {
-    lease: Lease,
+    lease: GrantedLease,
     /// When its last confirmed grant or keep-alive was sent.
     refreshed_at: Moment,
     in_line: bool,
@@ -49,7 +49,7 @@ impl Waiter {
     }
 
     /// One look at the line, and a slot if the line lets us have one.
-    pub fn attempt(&mut self, keys: &NameKeys, request: &Request) -> client::Result<Attempt> {
+    pub fn attempt(&mut self, keys: &NameKeys, request: &Request) -> link::Result<Attempt> {
         match self.look(keys, request) {
             // Our lease ran out between two calls (a pause, a TTL shorter
             // than a round trip), and our place with it: join again.
@@ -63,7 +63,7 @@ impl Waiter {
 
     /// Waits until what our last look said to watch changes, `until` at the
     /// latest; true when the wait ended early (the next look has to see why).
-    pub fn wait(&mut self, until: Moment) -> client::Result<bool> {
+    pub fn wait(&mut self, until: Moment) -> link::Result<bool> {
         self.woken = self
             .watcher
             .wait(&mut self.client.borrow_mut(), until, FREE_CALL)?;
@@ -71,7 +71,7 @@ impl Waiter {
     }
 
     /// Revokes our lease, and with it our place.
-    pub fn leave(&mut self, within: Duration) -> client::Result<()> {
+    pub fn leave(&mut self, within: Duration) -> link::Result<()> {
         self.watcher.stop();
         if let Some(mine) = self.lease.take() {
             self.client
@@ -81,7 +81,7 @@ impl Waiter {
         Ok(())
     }
 
-    fn look(&mut self, keys: &NameKeys, request: &Request) -> client::Result<Attempt> {
+    fn look(&mut self, keys: &NameKeys, request: &Request) -> link::Result<Attempt> {
         let within = FREE_CALL;
         let parallelism = request.parallelism;
         let woken = self.woken.take();
@@ -142,7 +142,7 @@ impl Waiter {
                         mine.revision = look.places[index].revision;
                     }
                     self.watcher
-                        .aim(Target::new(keys, &look, index, parallelism));
+                        .aim(WatchTarget::new(keys, &look, index, parallelism));
                     let me = &request.owner.process;
                     return Ok(Attempt::Waiting(look.line(me, index, parallelism)));
                 }
@@ -163,7 +163,7 @@ impl Waiter {
         request: &Request,
         refresh_after: Duration,
         within: Duration,
-    ) -> client::Result<Lease> {
+    ) -> link::Result<GrantedLease> {
         let mut client = self.client.borrow_mut();
         let sent = Moment::now();
         if let Some(mine) = &mut self.lease {
@@ -191,7 +191,7 @@ impl Waiter {
         request: &Request,
         join: bool,
         within: Duration,
-    ) -> client::Result<Look> {
+    ) -> link::Result<LineView> {
         let since = *self.since.get_or_insert_with(now_millis);
         let waiting = Record::Waiting(WaiterRecord {
             name: request.name.to_string(),
@@ -219,20 +219,20 @@ impl Waiter {
         keys: &NameKeys,
         request: &Request,
         within: Duration,
-    ) -> client::Result<Look> {
+    ) -> link::Result<LineView> {
         let ours = self.lease.as_ref().map_or(0, |mine| mine.revision);
         let mut client = self.client.borrow_mut();
         if ours == 0 || !request.queue {
-            return Ok(Look::new(keys, client.range(&keys.all(), within)?));
+            return Ok(LineView::new(keys, client.range(&keys.all(), within)?));
         }
         let ahead = Txn::new()
             .then(Op::RangeUpTo(keys.line(), ours))
             .then(Op::Range(keys.slots()));
         let outcome = client.txn(&ahead, within)?;
         let kvs = outcome.listings.into_iter().flat_map(|listing| listing.kvs);
-        Ok(Look::new(
+        Ok(LineView::new(
             keys,
-            client::Listing {
+            link::Listing {
                 kvs: kvs.collect(),
                 revision: outcome.revision,
             },
@@ -245,7 +245,7 @@ impl Waiter {
         slot: u32,
         request: &Request,
         within: Duration,
-    ) -> client::Result<Look> {
+    ) -> link::Result<LineView> {
         let lease = self.lease.as_ref().expect("a lease before a take").lease.id;
         let take = recipe::take(keys, lease, &holding(request, slot));
         let outcome = self.client.borrow_mut().txn(&take, within)?;
@@ -285,10 +285,10 @@ impl Waiter {
 }
 
 /// The look a transaction's range gives.
-fn look(keys: &NameKeys, mut outcome: Outcome) -> Look {
-    let listing = outcome.listings.pop().unwrap_or(client::Listing {
+fn look(keys: &NameKeys, mut outcome: TxnOutcome) -> LineView {
+    let listing = outcome.listings.pop().unwrap_or(link::Listing {
         kvs: Vec::new(),
         revision: outcome.revision,
     });
-    Look::new(keys, listing)
+    LineView::new(keys, listing)
 }

@@ -7,14 +7,14 @@
 
 use std::time::Duration;
 
-use super::client::{self, Client, Event, EventKind, Keys, Watch};
 use super::keys::NameKeys;
-use super::look::Look;
+use super::link::{self, Client, EventKind, Keys, Watch, WatchEvent};
+use super::look::LineView;
 use crate::backend::net::Deadline;
 use crate::platform::clock::Moment;
 
 /// What a look says to watch until the next one.
-pub struct Target {
+pub struct WatchTarget {
     keys: Keys,
     deletes_only: bool,
     /// The places whose change concerns us, and the slot to try for when one
@@ -37,9 +37,9 @@ pub enum Woken {
     Broke,
 }
 
-impl Target {
+impl WatchTarget {
     /// For a waiter at `index` of `look`'s line.
-    pub fn new(keys: &NameKeys, look: &Look, index: usize, parallelism: u32) -> Self {
+    pub fn new(keys: &NameKeys, look: &LineView, index: usize, parallelism: u32) -> Self {
         let slots = parallelism as usize;
         let free = look.free_slot(parallelism).unwrap_or(0);
         let waker = |at: usize| {
@@ -72,7 +72,7 @@ impl Target {
         }
     }
 
-    fn judge(&self, event: &Event) -> Option<Woken> {
+    fn judge(&self, event: &WatchEvent) -> Option<Woken> {
         if event.kv.mod_revision <= self.after {
             return None;
         }
@@ -93,7 +93,7 @@ const SET_UP: Duration = Duration::from_millis(20);
 
 #[derive(Default)]
 pub struct Watcher {
-    target: Option<Target>,
+    target: Option<WatchTarget>,
     /// The open watch, and whether it sees deletes only.
     watch: Option<(Keys, bool, Watch)>,
     /// The last wait ended with a broken watch.
@@ -102,7 +102,7 @@ pub struct Watcher {
 
 impl Watcher {
     /// Watches `target` from now on.
-    pub fn aim(&mut self, target: Target) {
+    pub fn aim(&mut self, target: WatchTarget) {
         self.target = Some(target);
     }
 
@@ -120,7 +120,7 @@ impl Watcher {
         client: &mut Client,
         until: Moment,
         within: Duration,
-    ) -> client::Result<Option<Woken>> {
+    ) -> link::Result<Option<Woken>> {
         let Some(target) = self.target.as_ref().filter(|_| until.remaining() >= SET_UP) else {
             std::thread::sleep(until.remaining());
             return Ok(None);

@@ -9,7 +9,7 @@ use std::time::SystemTime;
 
 use super::dir::{LockDir, open_existing};
 use super::line::{waiter_path, waiter_tickets};
-use super::slots::{first_json_value, read_record, slot_path};
+use super::slot::{first_json_value, read_record, slot_path};
 use crate::backend::record::WaiterRecord;
 use crate::backend::refuses;
 use crate::error::{Error, Result};

@@ -27,7 +27,7 @@ const JOINING_SUFFIX: &str = ".joining";
 const LINE_SUFFIX: &str = ".line";
 
 /// Our place in line, held until we take a slot or give up.
-pub struct Place {
+pub struct PlaceInLine {
     ticket: String,
     path: PathBuf,
     /// Our file, locked for as long as we wait.
@@ -36,7 +36,7 @@ pub struct Place {
     _line: File,
 }
 
-impl Place {
+impl PlaceInLine {
     /// Joins the line of the name whose files start with `stem` in `dir`,
     /// waiting for the line's lock briefly and not past `deadline`.
     pub fn join(

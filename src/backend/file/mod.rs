@@ -7,7 +7,7 @@ mod admit;
 mod dir;
 mod fence;
 mod line;
-mod slots;
+mod slot;
 mod wait;
 
 use std::fs::{self, File};
@@ -23,10 +23,10 @@ use crate::identity::epoch_millis;
 use crate::name::Name;
 use crate::platform::clock::Moment;
 use crate::platform::proc::live_flocks;
-use crate::platform::watch::Watch;
+use crate::platform::watch::DirWatch;
 use dir::LockDir;
-use line::Place;
-use slots::Probe;
+use line::PlaceInLine;
+use slot::Probe;
 
 /// Its command-line options (a group of their own is not needed: clap flattens them).
 #[derive(Debug, clap::Args)]
@@ -51,7 +51,7 @@ impl Options {
 struct FileStore {
     dir: LockDir,
     /// Our place in line, once we joined it.
-    place: Option<Place>,
+    place: Option<PlaceInLine>,
     /// The waiter just ahead of us, whose leaving we wait for.
     ahead: Option<File>,
     /// At the head of a line for more than one slot: every slot's file, kept
@@ -60,7 +60,7 @@ struct FileStore {
 }
 
 struct Head {
-    watch: Watch,
+    watch: DirWatch,
     slots: Vec<File>,
 }
 
@@ -91,8 +91,8 @@ impl FileStore {
     ) -> Result<Result<Box<dyn Slot>, NoSlot>> {
         let mut kept_until = None;
         for slot in 0..request.parallelism {
-            let path = slots::slot_path(self.dir.path(), stem, slot);
-            match slots::probe(self.dir.open_lock_file(&path)?, &path)? {
+            let path = slot::slot_path(self.dir.path(), stem, slot);
+            match slot::probe(self.dir.open_lock_file(&path)?, &path)? {
                 Probe::Free(file) => {
                     if line::is_occupied(&self.dir, stem)? {
                         let _ = file.unlock();
@@ -121,8 +121,8 @@ impl FileStore {
         stem: &str,
     ) -> Result<Result<Box<dyn Slot>, NoSlot>> {
         if request.parallelism == 1 {
-            let path = slots::slot_path(self.dir.path(), stem, 0);
-            return match slots::probe(self.dir.open_lock_file(&path)?, &path)? {
+            let path = slot::slot_path(self.dir.path(), stem, 0);
+            return match slot::probe(self.dir.open_lock_file(&path)?, &path)? {
                 Probe::Free(file) => {
                     Ok(self.take(request, stem, 0, file)?.map_err(NoSlot::refused))
                 }
@@ -135,13 +135,13 @@ impl FileStore {
         }
         if self.head.is_none() {
             // Watched before the first look: a slot freed in between still wakes us.
-            let watch = Watch::closed_or_touched_in(self.dir.path()).map_err(|err| {
+            let watch = DirWatch::closed_or_touched_in(self.dir.path()).map_err(|err| {
                 Error::unavailable(format!("cannot watch {}", self.dir.path().display()), err)
             })?;
             let files = (0..request.parallelism)
                 .map(|slot| {
                     self.dir
-                        .open_lock_file(&slots::slot_path(self.dir.path(), stem, slot))
+                        .open_lock_file(&slot::slot_path(self.dir.path(), stem, slot))
                 })
                 .collect::<Result<_>>()?;
             self.head = Some(Head {
@@ -153,9 +153,9 @@ impl FileStore {
         let mut kept_until = None;
         let mut free = None;
         for (slot, open) in head.slots.iter().enumerate() {
-            let path = slots::slot_path(self.dir.path(), stem, slot as u32);
+            let path = slot::slot_path(self.dir.path(), stem, slot as u32);
             // A second descriptor of the same open file: dropping it closes nothing, so wakes nobody.
-            match slots::probe(open.try_clone().map_err(|err| unusable(&path, err))?, &path)? {
+            match slot::probe(open.try_clone().map_err(|err| unusable(&path, err))?, &path)? {
                 Probe::Free(locked) => {
                     free = Some((slot as u32, locked));
                     break;
@@ -184,7 +184,7 @@ impl FileStore {
         slot: u32,
         file: File,
     ) -> Result<Result<Box<dyn Slot>, u32>> {
-        let mut taken = match slots::take(&self.dir, stem, slot, file, request)? {
+        let mut taken = match slot::take(&self.dir, stem, slot, file, request)? {
             Ok(taken) => taken,
             Err(theirs) => return Ok(Err(theirs)),
         };
@@ -197,7 +197,7 @@ impl FileStore {
 
     /// Leaves the line, the one behind us woken first; returns the directory's
     /// watch if we were at the head of a line for more than one slot.
-    fn leave_line(&mut self) -> Option<Watch> {
+    fn leave_line(&mut self) -> Option<DirWatch> {
         if let Some(place) = self.place.take() {
             place.leave();
         }
@@ -253,7 +253,12 @@ impl Store for FileStore {
                 owner: request.owner.clone(),
                 since: epoch_millis(SystemTime::now()),
             };
-            self.place = Some(Place::join(&self.dir, &stem, &record, request.deadline)?);
+            self.place = Some(PlaceInLine::join(
+                &self.dir,
+                &stem,
+                &record,
+                request.deadline,
+            )?);
             drop(counter);
         }
         let ahead = self
@@ -302,7 +307,7 @@ impl Store for FileStore {
         if let Some(head) = &self.head {
             let lock_file = |name: &std::ffi::OsString| {
                 name.to_str()
-                    .and_then(slots::parse_slot_file_name)
+                    .and_then(slot::parse_slot_file_name)
                     .is_some_and(|(s, _)| s == stem)
             };
             while !until.has_passed() {
@@ -316,12 +321,12 @@ impl Store for FileStore {
             return Ok(Waited::Quiet);
         }
         // The head of a one-slot line waits in the kernel for the slot itself, as flock(1) does.
-        let path = slots::slot_path(self.dir.path(), &stem, 0);
+        let path = slot::slot_path(self.dir.path(), &stem, 0);
         let file = self.dir.open_lock_file(&path)?;
         if !wait::lock_until(&file, until, &path)? {
             return Ok(Waited::Quiet);
         }
-        match slots::free_or_kept(file) {
+        match slot::free_or_kept(file) {
             Probe::Free(file) => Ok(match self.take(request, &stem, 0, file)? {
                 Ok(slot) => Waited::Taken(slot),
                 // The next look says why.
@@ -358,7 +363,7 @@ impl Store for FileStore {
                 continue;
             };
             let path = entry.path();
-            if let Some((stem, slot)) = slots::parse_slot_file_name(file_name) {
+            if let Some((stem, slot)) = slot::parse_slot_file_name(file_name) {
                 if wanted.as_deref().is_some_and(|wanted| wanted != stem) {
                     continue;
                 }
@@ -369,7 +374,7 @@ impl Store for FileStore {
                     .metadata()
                     .ok()
                     .and_then(|meta| locked.iter().find(|l| l.is_on(&meta)).map(|l| l.pid));
-                let record = slots::read_record(&file);
+                let record = slot::read_record(&file);
                 if let Some(entry) = holder_entry(stem, slot, record, lock_pid, now) {
                     holders.push(entry);
                 }
@@ -383,7 +388,7 @@ impl Store for FileStore {
                 let live = file
                     .metadata()
                     .is_ok_and(|meta| locked.iter().any(|l| l.is_on(&meta)));
-                let record: Option<WaiterRecord> = slots::first_json_value(&file);
+                let record: Option<WaiterRecord> = slot::first_json_value(&file);
                 if let (true, Some(record)) = (live, record) {
                     let entry = Entry::waiter(&record.name, 0, &record.owner, Some(record.since));
                     waiters.push((stem.to_owned(), ticket.to_owned(), entry));

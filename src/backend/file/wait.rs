@@ -30,21 +30,21 @@ pub fn brief_lock_deadline(deadline: Option<Moment>) -> Moment {
 
 /// Blocks on `file`'s exclusive lock until we get it or `until` passes; true when we got it.
 pub fn lock_until(file: &File, until: Moment, path: &Path) -> Result<bool> {
-    blocking_until(file, Sharing::Exclusive, until, path)
+    blocking_until(file, LockMode::Exclusive, until, path)
 }
 
 /// Blocks on `file`'s shared lock until we get it or `until` passes; true when we got it.
 pub fn lock_shared_until(file: &File, until: Moment, path: &Path) -> Result<bool> {
-    blocking_until(file, Sharing::Shared, until, path)
+    blocking_until(file, LockMode::Shared, until, path)
 }
 
 #[derive(Clone, Copy)]
-enum Sharing {
+enum LockMode {
     Exclusive,
     Shared,
 }
 
-impl Sharing {
+impl LockMode {
     fn try_lock(self, file: &File) -> std::result::Result<(), TryLockError> {
         match self {
             Self::Exclusive => file.try_lock(),
@@ -60,7 +60,7 @@ impl Sharing {
     }
 }
 
-fn blocking_until(file: &File, sharing: Sharing, until: Moment, path: &Path) -> Result<bool> {
+fn blocking_until(file: &File, sharing: LockMode, until: Moment, path: &Path) -> Result<bool> {
     let failed = |err| Error::unavailable(format!("cannot lock {}", path.display()), err);
     // A free lock is taken without arming the alarm (six system calls, for most locks).
     match sharing.try_lock(file) {

@@ -32,7 +32,7 @@ use tokio_postgres::{AsyncMessage, Client, Config, Connection, Notification, Row
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::failure::{CallError, describe};
-use super::resolve::{self, Endpoint};
+use super::resolve::{self, Address};
 use super::target::{SslMode, Target};
 use super::tls;
 use crate::backend::net::{Deadline, Failure, Kind};
@@ -440,10 +440,10 @@ async fn both<A: Future, B: Future>(a: A, b: B) -> (A::Output, B::Output) {
 }
 
 /// tokio-postgres's configuration for one place of `target`'s, with lockrun's keepalives.
-fn config(target: &Target, endpoint: &Endpoint) -> Config {
+fn config(target: &Target, endpoint: &Address) -> Config {
     let mut config = Config::new();
     let (port, ssl_mode) = match endpoint {
-        Endpoint::Tcp {
+        Address::Tcp {
             name,
             address,
             port,
@@ -452,7 +452,7 @@ fn config(target: &Target, endpoint: &Endpoint) -> Config {
             (*port, wire_ssl_mode(target.tls.mode))
         }
         // No TLS on a Unix socket, as in libpq.
-        Endpoint::Socket { dir, port } => {
+        Address::Socket { dir, port } => {
             config.host_path(dir);
             (*port, WireSslMode::Disable)
         }

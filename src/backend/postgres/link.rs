@@ -14,7 +14,7 @@ use crate::backend::net::{Deadline, Failure};
 use crate::error::Result;
 use crate::timing::FREE_CALL;
 
-pub struct Link {
+pub struct PostgresLink {
     connector: Connector,
     schema: Schema,
     /// Whether a missing schema may be made (running), or only looked for.
@@ -26,7 +26,7 @@ pub struct Link {
     listening: bool,
 }
 
-impl Link {
+impl PostgresLink {
     pub fn new(connector: Connector, schema: Schema, create: bool) -> Self {
         Self {
             connector,

@@ -10,7 +10,7 @@ use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
 
 use super::connect::Statement;
-use super::link::Link;
+use super::link::PostgresLink;
 use super::millis;
 use super::sql::{CHANNEL_PREFIX, Sql};
 use crate::backend::record::{Ahead, line};
@@ -20,7 +20,7 @@ use crate::identity::Process;
 use crate::platform::clock::Moment;
 
 /// What a look found.
-pub struct Look {
+pub struct LookReport {
     /// The slot and fence we hold now, after an act.
     pub taken: Option<(u32, u64)>,
     /// Our place, from 1; 0 when not in line.
@@ -33,15 +33,15 @@ pub struct Look {
     pub moves_by: Option<Moment>,
     /// Another `-p` that a holder or waiter has: we were let in neither as a holder nor as a waiter.
     other_parallelism: Option<u32>,
-    holders: Vec<Seen>,
-    just_ahead: Option<Seen>,
+    holders: Vec<Neighbour>,
+    just_ahead: Option<Neighbour>,
     /// When the answer came: `left_ms` counts from then.
     answered: Moment,
 }
 
 /// A holder or the waiter just ahead, as the report gives it.
 #[derive(Deserialize)]
-struct Seen {
+struct Neighbour {
     #[serde(flatten)]
     owner: crate::backend::Owner,
     kept: bool,
@@ -49,7 +49,7 @@ struct Seen {
     left_ms: i64,
 }
 
-impl Seen {
+impl Neighbour {
     fn ahead(&self, answered: Moment) -> Ahead<'_> {
         Ahead {
             owner: &self.owner,
@@ -113,7 +113,7 @@ fn taken(rows: &[Row]) -> Option<(u32, u64)> {
 /// Takes a free slot if the line lets us, under the name's lock, and does
 /// nothing else: for a waiter whose turn it likely is (woken, or at the head
 /// with a slot free), so that the handoff costs as little as it can.
-pub fn take(link: &mut Link, sql: &Sql, request: &Request) -> Result<Option<(u32, u64)>> {
+pub fn take(link: &mut PostgresLink, sql: &Sql, request: &Request) -> Result<Option<(u32, u64)>> {
     let params = Params::new(request);
     let all = params.all();
     let wake = wake_params(&params.name, &params.parallelism, &true);
@@ -128,14 +128,14 @@ pub fn take(link: &mut Link, sql: &Sql, request: &Request) -> Result<Option<(u32
     Ok(taken(&results[1]))
 }
 
-impl Look {
+impl LookReport {
     /// Looks at the line of `request.name`: with `join`, under the name's
     /// lock, takes a free slot when the line lets us, else joins it or keeps
     /// our place; without, keeps our place (for another TTL if `refresh`) and
     /// takes no lock. A look made while we queue listens for wake-ups on our
     /// own channel, in the same transaction, if the session does not yet.
     pub fn take(
-        link: &mut Link,
+        link: &mut PostgresLink,
         sql: &Sql,
         request: &Request,
         join: bool,

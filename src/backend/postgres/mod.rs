@@ -35,8 +35,8 @@ use crate::name::Name;
 use crate::platform::clock::Moment;
 use crate::timing::FREE_CALL;
 use connect::{Connector, Statement};
-use link::Link;
-use look::{Look, wake_params};
+use link::PostgresLink;
+use look::{LookReport, wake_params};
 use schema::Schema;
 use slot::PostgresSlot;
 use sql::{SLOT_FREE, Sql};
@@ -64,7 +64,11 @@ impl Options {
         let connector = Connector::new(target)?;
         Ok(Box::new(PostgresStore {
             sql: Rc::new(Sql::new(&schema)),
-            link: Rc::new(RefCell::new(Link::new(connector, schema, common.create))),
+            link: Rc::new(RefCell::new(PostgresLink::new(
+                connector,
+                schema,
+                common.create,
+            ))),
             in_line: false,
             woken: false,
             look_again: false,
@@ -87,7 +91,7 @@ const MAX_LISTENERS: u32 = 64;
 const PACE_FROM_AFAR: Duration = Duration::from_millis(100);
 
 struct PostgresStore {
-    link: Rc<RefCell<Link>>,
+    link: Rc<RefCell<PostgresLink>>,
     sql: Rc<Sql>,
     /// Whether we joined the line.
     in_line: bool,
@@ -107,12 +111,12 @@ fn millis(duration: Duration) -> i64 {
 }
 
 impl PostgresStore {
-    /// One look at the line (see [`Look::take`]). A waiter far back in line
+    /// One look at the line (see [`LookReport::take`]). A waiter far back in line
     /// then lets its connection go until its next look.
-    fn look(&mut self, request: &Request, join: bool) -> Result<Look> {
+    fn look(&mut self, request: &Request, join: bool) -> Result<LookReport> {
         let refresh = join || self.refresh_due.is_none_or(Moment::has_passed);
         let mut link = self.link.borrow_mut();
-        let mut look = Look::take(&mut link, &self.sql, request, join, refresh)?;
+        let mut look = LookReport::take(&mut link, &self.sql, request, join, refresh)?;
         if refresh {
             self.refresh_due = Some(Moment::now() + request.plan.keep_place_every());
         }
@@ -149,7 +153,7 @@ impl PostgresStore {
 /// its line if a slot of `parallelism` is free for it, and the first two if
 /// the line `moved` (see [`Sql::wake`]); the statements' rows.
 fn change(
-    link: &RefCell<Link>,
+    link: &RefCell<PostgresLink>,
     sql: &Sql,
     what: &str,
     within: Duration,

@@ -16,7 +16,7 @@ use crate::backend::net::Failure;
 
 /// One place to try to connect to.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Endpoint {
+pub enum Address {
     /// An address of the host `name` (the name as given, for TLS).
     Tcp {
         name: String,
@@ -30,18 +30,18 @@ pub enum Endpoint {
 /// Where to try to connect, in order: each of the target's hosts in turn,
 /// a host name's addresses in the order getaddrinfo gives them. A name that
 /// cannot be resolved stands as its failure, so that the others are still tried.
-pub fn endpoints(target: &Target) -> Vec<Result<Endpoint, Failure>> {
+pub fn endpoints(target: &Target) -> Vec<Result<Address, Failure>> {
     let mut endpoints = Vec::new();
     for (index, host) in target.hosts.iter().enumerate() {
         let port = target.port(index);
         match host {
-            Host::Socket(dir) => endpoints.push(Ok(Endpoint::Socket {
+            Host::Socket(dir) => endpoints.push(Ok(Address::Socket {
                 dir: dir.clone(),
                 port,
             })),
             Host::Tcp(name) => match (name.as_str(), port).to_socket_addrs() {
                 Ok(addresses) => endpoints.extend(addresses.map(|address| {
-                    Ok(Endpoint::Tcp {
+                    Ok(Address::Tcp {
                         name: name.clone(),
                         address: address.ip(),
                         port,
@@ -72,13 +72,13 @@ mod tests {
     #[test]
     fn names_become_addresses_that_keep_the_name() {
         let endpoints = endpoints(&target("host=localhost,127.0.0.2,/run/pg port=7,8,9"));
-        let endpoints: Vec<Endpoint> = endpoints.into_iter().map(Result::unwrap).collect();
+        let endpoints: Vec<Address> = endpoints.into_iter().map(Result::unwrap).collect();
         let (sockets, tcp): (Vec<_>, Vec<_>) = endpoints
             .iter()
-            .partition(|endpoint| matches!(endpoint, Endpoint::Socket { .. }));
+            .partition(|endpoint| matches!(endpoint, Address::Socket { .. }));
         assert!(
             tcp.iter().any(
-                |endpoint| matches!(endpoint, Endpoint::Tcp { name, address, port: 7 }
+                |endpoint| matches!(endpoint, Address::Tcp { name, address, port: 7 }
                 if name == "localhost" && address.is_loopback())
             ),
             "{endpoints:?}"
@@ -86,12 +86,12 @@ mod tests {
         assert_eq!(
             endpoints[endpoints.len() - 2..],
             [
-                Endpoint::Tcp {
+                Address::Tcp {
                     name: "127.0.0.2".into(),
                     address: "127.0.0.2".parse().unwrap(),
                     port: 8
                 },
-                Endpoint::Socket {
+                Address::Socket {
                     dir: "/run/pg".into(),
                     port: 9
                 }

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio_postgres::types::{ToSql, Type};
 
-use super::link::Link;
+use super::link::PostgresLink;
 use super::sql::Sql;
 use super::{change, millis};
 use crate::backend::{Released, Renewal, Slot};
@@ -17,7 +17,7 @@ use crate::platform::clock::Moment;
 use crate::timing::Plan;
 
 pub struct PostgresSlot {
-    pub link: Rc<RefCell<Link>>,
+    pub link: Rc<RefCell<PostgresLink>>,
     pub sql: Rc<Sql>,
     pub name: String,
     pub slot: u32,

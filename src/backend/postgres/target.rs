@@ -145,7 +145,7 @@ impl Target {
                 ),
             )
         };
-        let options = Options::parse(spec).map_err(usage)?;
+        let options = ConnOptions::parse(spec).map_err(usage)?;
         let value = |key: &str, var: &str| {
             options
                 .get(key)
@@ -271,9 +271,9 @@ impl fmt::Debug for Target {
 }
 
 /// The connection options a string gives, later ones winning, as libpq does.
-struct Options(Vec<(String, String)>);
+struct ConnOptions(Vec<(String, String)>);
 
-impl Options {
+impl ConnOptions {
     fn parse(spec: &str) -> Result<Self, String> {
         let spec = spec.trim();
         let pairs = if let Some(rest) = spec

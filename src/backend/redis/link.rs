@@ -13,7 +13,7 @@ use redis::{Connection, RedisError};
 use super::cluster::Cluster;
 use super::node::{Node, interrupted, sort};
 use super::sentinel::Sentinels;
-use super::url::{Deployment, Target};
+use super::url::{Deployment, RedisTarget};
 use crate::backend::net::{Deadline, Failure, Kind, Secret};
 use crate::timing::FREE_CALL;
 
@@ -29,7 +29,7 @@ const MAX_AGAIN: u32 = 5;
 pub enum Route<'k> {
     /// The primary that serves this key.
     Key(&'k str),
-    /// One of [`Link::primaries`].
+    /// One of [`RedisLink::primaries`].
     Primary(&'k str),
 }
 
@@ -52,7 +52,7 @@ enum Next {
     Fail,
 }
 
-pub struct Link {
+pub struct RedisLink {
     way: Way,
     /// The URL with its password replaced, for messages.
     shown: String,
@@ -60,14 +60,14 @@ pub struct Link {
     secret: Option<Secret>,
 }
 
-impl Link {
+impl RedisLink {
     /// Reads `url`; connects lazily, on the first call.
     pub fn new(url: &str) -> Result<Self, Failure> {
-        let Target {
+        let RedisTarget {
             deployment,
             shown,
             secret,
-        } = Target::parse(url)?;
+        } = RedisTarget::parse(url)?;
         let way = match deployment {
             Deployment::Single(info) => Way::Single(Node::new(info)),
             Deployment::Sentinel {
@@ -136,7 +136,7 @@ impl Link {
         }
     }
 
-    /// Like [`Link::call`], for a call that waits to be told something
+    /// Like [`RedisLink::call`], for a call that waits to be told something
     /// (BLPOP), made once: `None` when the wait was cut short (lockrun was
     /// stopped and continued, the server went away or handed the key on), so
     /// that the caller looks for itself at once (what it was told may have

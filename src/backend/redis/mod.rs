@@ -24,9 +24,9 @@ use crate::identity::epoch_millis;
 use crate::name::Name;
 use crate::platform::clock::Moment;
 use crate::timing::FREE_CALL;
-use link::{Link, Route};
+use link::{RedisLink, Route};
 use replicas::Replicas;
-use scripts::{Keys, Scripts};
+use scripts::{RedisKeys, Scripts};
 use slot::RedisSlot;
 
 /// Its command-line options (a group of their own is not needed: clap flattens them).
@@ -50,7 +50,7 @@ pub struct Options {
 
 impl Options {
     pub fn open(&self, common: &Common) -> Result<Box<dyn Store>> {
-        let link = Link::new(&self.redis_url)?;
+        let link = RedisLink::new(&self.redis_url)?;
         // A Sentinel deployment fails over to a replica: a grant it lacks would be granted twice.
         let replicas = self.redis_replicas.unwrap_or(u32::from(link.is_sentinel()));
         Ok(Box::new(RedisStore {
@@ -77,7 +77,7 @@ const WAKE_TTL: Duration = Duration::from_secs(2);
 const SCAN_COUNT: usize = 1000;
 
 struct RedisStore {
-    link: Rc<RefCell<Link>>,
+    link: Rc<RefCell<RedisLink>>,
     /// The server, its password redacted.
     location: String,
     prefix: String,
@@ -92,8 +92,8 @@ fn json<T: serde::Serialize>(value: &T) -> Result<String> {
 }
 
 impl RedisStore {
-    fn keys(&self, name: &Name) -> Keys {
-        Keys::new(&self.prefix, name)
+    fn keys(&self, name: &Name) -> RedisKeys {
+        RedisKeys::new(&self.prefix, name)
     }
 
     /// The holders in `keys` (slot keys, all on the server of `route`) and
@@ -124,7 +124,7 @@ impl RedisStore {
     }
 
     /// The live waiters of the line at `keys`, in line order.
-    fn read_line(&self, keys: &Keys) -> Result<Vec<Entry>> {
+    fn read_line(&self, keys: &RedisKeys) -> Result<Vec<Entry>> {
         let line = keys.line();
         let route = Route::Key(&line);
         let tokens: Vec<String> =
@@ -378,7 +378,7 @@ impl Store for RedisStore {
                 entries.extend(self.read_holders(route, &slots)?);
                 for line in self.scan(route, &scripts::every_name(&self.prefix, "line"))? {
                     let base = line.strip_suffix("line").unwrap_or(&line);
-                    entries.extend(self.read_line(&Keys::from_base(base))?);
+                    entries.extend(self.read_line(&RedisKeys::from_base(base))?);
                 }
             }
         }
@@ -434,9 +434,9 @@ impl Store for RedisStore {
 /// `keep`), waking the head of the line. False when the slot was not (any
 /// longer) held with it.
 pub(super) fn release(
-    link: &RefCell<Link>,
+    link: &RefCell<RedisLink>,
     scripts: &Scripts,
-    keys: &Keys,
+    keys: &RedisKeys,
     key: &str,
     token: &str,
     keep: Duration,

@@ -17,12 +17,12 @@ use redis::Script;
 
 use crate::name::Name;
 
-pub struct Keys {
+pub struct RedisKeys {
     /// `PREFIX:{STEM}:`
     base: String,
 }
 
-impl Keys {
+impl RedisKeys {
     pub fn new(prefix: &str, name: &Name) -> Self {
         Self {
             base: format!("{prefix}:{{{}}}:", name.stem()),
@@ -341,7 +341,7 @@ mod tests {
     #[test]
     fn no_name_reaches_another_names_keys() {
         let name = Name::parse("nightly}:slot:7 [x]*?").unwrap();
-        let keys = Keys::new("app*", &name);
+        let keys = RedisKeys::new("app*", &name);
         let slot = keys.slot(12);
         assert_eq!(slot, "app*:{nightly%7D%3Aslot%3A7%20%5Bx%5D%2A%3F}:slot:12");
         assert_eq!(parse_slot_key("app*", &slot), Some((keys.base(), 12)));
@@ -351,7 +351,7 @@ mod tests {
         );
         assert_eq!(every_name("a?", "line"), r"a\?:{*}:line");
         assert_eq!(parse_slot_key("other", &slot), None);
-        let short = Keys::new("p", &Name::parse("x").unwrap());
+        let short = RedisKeys::new("p", &Name::parse("x").unwrap());
         assert!(!keys.slot(0).starts_with(short.base()));
     }
 }

@@ -5,9 +5,9 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::{Duration, SystemTime};
 
-use super::link::{Link, Route};
+use super::link::{RedisLink, Route};
 use super::replicas::Replicas;
-use super::scripts::{Keys, Scripts};
+use super::scripts::{RedisKeys, Scripts};
 use crate::backend::{Released, Renewal, Slot};
 use crate::error::Result;
 use crate::platform::clock::Moment;
@@ -16,10 +16,10 @@ use crate::timing::{FREE_CALL, Plan};
 const RENEWING: &str = "renewing the lease";
 
 pub struct RedisSlot {
-    pub link: Rc<RefCell<Link>>,
+    pub link: Rc<RefCell<RedisLink>>,
     pub scripts: Rc<Scripts>,
     pub replicas: Replicas,
-    pub keys: Keys,
+    pub keys: RedisKeys,
     pub slot: u32,
     pub fence: u64,
     pub token: String,

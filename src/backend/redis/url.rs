@@ -49,7 +49,7 @@ impl Nodes {
 }
 
 /// `--redis-url` read.
-pub struct Target {
+pub struct RedisTarget {
     pub deployment: Deployment,
     /// The URL with its password replaced, for messages.
     pub shown: String,
@@ -61,7 +61,7 @@ const FORMS: &str = "expected redis://[user:pass@]host:port[/db], rediss://..., 
                      redis+sentinel://[user:pass@]HOST:PORT[,HOST:PORT...]/PRIMARY[/db] or \
                      redis+cluster://[user:pass@]HOST:PORT[,HOST:PORT...]";
 
-impl Target {
+impl RedisTarget {
     pub fn parse(url: &str) -> Result<Self, Failure> {
         let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
         let tls = match scheme {
@@ -238,7 +238,7 @@ mod tests {
         assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
         assert_eq!(redact("http://user:s3cret@x"), "http://...");
         assert!(!redact("not a url s3cret").contains("s3cret"));
-        let target = Target::parse("redis+sentinel://u:s3cret@a:1,b:2/main").unwrap();
+        let target = RedisTarget::parse("redis+sentinel://u:s3cret@a:1,b:2/main").unwrap();
         assert_eq!(target.shown, "redis+sentinel://u:***@a:1,b:2/main");
     }
 
@@ -251,7 +251,7 @@ mod tests {
             "redis+cluster://:s3cret@a:1/2",
             "redis+sentinel://u:s3cret@a:1/main/x",
         ] {
-            let Err(err) = Target::parse(url) else {
+            let Err(err) = RedisTarget::parse(url) else {
                 panic!("accepted {url}");
             };
             assert_eq!(err.kind(), Kind::Permanent);
@@ -261,7 +261,7 @@ mod tests {
 
     #[test]
     fn sentinels_name_a_primary_and_a_database() {
-        let target = Target::parse("rediss+sentinel://u:p%40ss@a:1,[::1]:2/main/3").unwrap();
+        let target = RedisTarget::parse("rediss+sentinel://u:p%40ss@a:1,[::1]:2/main/3").unwrap();
         let Deployment::Sentinel {
             sentinels,
             primary,

@@ -4,6 +4,7 @@
 //! clients' wall clocks, so the database belongs on one host's local disk.
 
 mod database;
+mod slot;
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -14,16 +15,14 @@ use std::time::{Duration, SystemTime};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::record::{Ahead, line, sort, waiting};
-use super::{
-    Abilities, Attempt, Common, Entry, Line, Owner, Released, Renewal, Request, Slot, Store,
-    Waited, refuses,
-};
+use super::{Abilities, Attempt, Common, Entry, Line, Owner, Request, Store, Waited, refuses};
 use crate::error::Result;
 use crate::identity::{Process, epoch_millis};
 use crate::name::Name;
 use crate::platform::clock::Moment;
 use crate::platform::doorbell::{self, Doorbell};
 use database::{BUSY_TIMEOUT, Database, PARALLELISM_SINCE};
+use slot::SqliteSlot;
 
 /// Its command-line options (a group of their own is not needed: clap flattens them).
 #[derive(Debug, clap::Args)]
@@ -89,7 +88,7 @@ struct WaiterRow {
 }
 
 /// One look at the line of a name, in one transaction.
-struct Look {
+struct LineRows {
     holders: Vec<HolderRow>,
     /// Our ticket, if our row is there.
     ticket: Option<i64>,
@@ -98,7 +97,7 @@ struct Look {
     data_version: i64,
 }
 
-impl Look {
+impl LineRows {
     fn take(tx: &Connection, name: &str, token: &str, now: u64) -> rusqlite::Result<Self> {
         let ticket: Option<i64> = tx
             .query_row(
@@ -172,7 +171,7 @@ impl SqliteStore {
         let (look, taken, front) = self.db.write("acquire a slot", BUSY_TIMEOUT, |tx| {
             let now = now_millis();
             purge_expired(tx, name, now)?;
-            let look = Look::take(tx, name, &owner.token, now)?;
+            let look = LineRows::take(tx, name, &owner.token, now)?;
             if look.other_parallelism(request.parallelism).is_some() {
                 return Ok((look, None, Vec::new()));
             }
@@ -252,7 +251,7 @@ impl Store for SqliteStore {
         if self.in_line && !self.refresh_due.is_some_and(Moment::has_passed) {
             // A look that changes nothing takes no write lock and wakes nobody.
             let look = self.db.read("look at the line", |tx| {
-                Look::take(
+                LineRows::take(
                     tx,
                     request.name.as_str(),
                     &request.owner.token,
@@ -367,75 +366,6 @@ impl Store for SqliteStore {
         })?;
         ring(&front);
         Ok(broken)
-    }
-}
-
-/// A slot of the SQLite backend: a row with a lease.
-struct SqliteSlot {
-    db: Rc<Database>,
-    name: String,
-    slot: u32,
-    fence: u64,
-    token: String,
-    ttl: Duration,
-    taken_at: Moment,
-}
-
-impl Slot for SqliteSlot {
-    fn number(&self) -> u32 {
-        self.slot
-    }
-
-    fn fence(&self) -> u64 {
-        self.fence
-    }
-
-    fn taken_at(&self) -> Moment {
-        self.taken_at
-    }
-
-    fn renew(&mut self, within: Duration) -> Result<Renewal> {
-        // Short waits for the lock: the supervisor retries soon, and forwards signals in between.
-        let busy = within.min(RENEWAL_BUSY_TIMEOUT);
-        let renewed = self.db.write("renew the lease", busy, |tx| {
-            let now = now_millis();
-            // Only a lease that has not lapsed: a renewal never brings one back.
-            tx.execute(
-                "UPDATE holders SET expires_at = ?1
-                 WHERE name = ?2 AND slot = ?3 AND token = ?4 AND released = 0 AND expires_at > ?5",
-                params![
-                    now + millis(self.ttl),
-                    self.name,
-                    self.slot,
-                    self.token,
-                    now
-                ],
-            )
-        })?;
-        Ok(Renewal::confirmed(renewed == 1))
-    }
-
-    fn release(self: Box<Self>, keep_until: Option<SystemTime>) -> Result<Released> {
-        let keep_until = keep_until.map(epoch_millis);
-        let (ours, front) = self.db.write("release the slot", BUSY_TIMEOUT, |tx| {
-            let now = now_millis();
-            if let Some(until) = keep_until.filter(|&until| until > now) {
-                // The row outlives us until then (--min-hold); a lapsed lease is not revived.
-                let kept = tx.execute(
-                    "UPDATE holders SET expires_at = ?1, released = 1
-                     WHERE name = ?2 AND slot = ?3 AND token = ?4 AND expires_at > ?5",
-                    params![until, self.name, self.slot, self.token, now],
-                )?;
-                return Ok((kept == 1, Vec::new()));
-            }
-            let deleted = tx.execute(
-                "DELETE FROM holders WHERE name = ?1 AND slot = ?2 AND token = ?3",
-                params![self.name, self.slot, self.token],
-            )?;
-            Ok((deleted == 1, front(tx, &self.name, now)?))
-        })?;
-        ring(&front);
-        Ok(Released::ours(ours))
     }
 }
 

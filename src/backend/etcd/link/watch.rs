@@ -10,7 +10,7 @@
 
 use super::error::{AttemptError, Error, Result, code, not_etcd};
 use super::http::Connection;
-use super::wire::{Event, WatchResponse, decode_streamed};
+use super::wire::{WatchEvent, WatchResponse, decode_streamed};
 use crate::backend::net::{Deadline, Kind};
 
 pub struct Watch {
@@ -68,7 +68,7 @@ impl Watch {
     /// The next batch of events, waiting for one until `until`; empty when
     /// none came by then (progress notes are skipped). After an error the
     /// watch is over: read the keys anew and watch again (on any member).
-    pub fn next(&mut self, until: Deadline) -> Result<Vec<Event>> {
+    pub fn next(&mut self, until: Deadline) -> Result<Vec<WatchEvent>> {
         loop {
             let response = match self.message(until) {
                 Ok(response) => response,

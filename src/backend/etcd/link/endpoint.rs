@@ -16,7 +16,7 @@ const DEFAULT_PORT: u16 = 2379;
 
 /// One member's client URL.
 #[derive(Clone, Debug)]
-pub struct Endpoint {
+pub struct Member {
     /// Host (without IPv6 brackets) and port, for name resolution.
     pub(super) host: String,
     pub(super) port: u16,
@@ -28,7 +28,7 @@ pub struct Endpoint {
     shown: String,
 }
 
-impl fmt::Display for Endpoint {
+impl fmt::Display for Member {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.shown)
     }
@@ -44,7 +44,7 @@ pub struct Credentials {
 /// The members to try, in order, and who to authenticate as.
 #[derive(Clone, Debug)]
 pub struct Endpoints {
-    pub(super) members: Vec<Endpoint>,
+    pub(super) members: Vec<Member>,
     pub(super) credentials: Option<Credentials>,
 }
 
@@ -86,7 +86,7 @@ impl fmt::Display for Endpoints {
     }
 }
 
-fn parse_one(text: &str) -> Result<(Endpoint, Option<Credentials>)> {
+fn parse_one(text: &str) -> Result<(Member, Option<Credentials>)> {
     let shown = redact(text);
     let url = Url::parse(text).map_err(|err| usage(&shown, &err.to_string()))?;
     let tls = match url.scheme() {
@@ -113,7 +113,7 @@ fn parse_one(text: &str) -> Result<(Endpoint, Option<Credentials>)> {
         user: decode(url.username()),
         password: Secret::new(url.password().map(decode).unwrap_or_default()),
     });
-    let endpoint = Endpoint {
+    let endpoint = Member {
         host,
         port,
         tls: tls.then_some(server_name),

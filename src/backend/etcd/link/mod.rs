@@ -33,7 +33,7 @@ use rustls::ClientConfig;
 use serde::Serialize;
 
 use crate::backend::net::{Deadline, Kind, Secret};
-use error::{AttemptError, Tally, Verdict, code};
+use error::{AttemptError, Remedy, Tally, code};
 use http::Connection;
 use wire::{
     AuthenticateRequest, AuthenticateResponse, LeaseRequest, LeaseResponse, RangeRequest,
@@ -42,9 +42,9 @@ use wire::{
 
 pub use endpoint::Endpoints;
 pub use error::{Error, Result};
-pub use kv::{Listing, Op, Outcome, Txn};
+pub use kv::{Listing, Op, Txn, TxnOutcome};
 pub use watch::Watch;
-pub use wire::{Event, EventKind, KeyValue, Keys};
+pub use wire::{EventKind, KeyValue, Keys, WatchEvent};
 
 /// etcd's `hasleader` metadata (the gateway passes `Grpc-Metadata-*` headers
 /// on): a member cut off from the others refuses at once, and cancels its
@@ -64,7 +64,7 @@ enum Auth {
 
 /// A lease the cluster granted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Lease {
+pub struct GrantedLease {
     pub id: i64,
     /// What the cluster granted, in whole seconds (it may round up short TTLs).
     pub ttl: Duration,
@@ -101,7 +101,7 @@ impl Client {
 
     /// A new lease of `ttl`, rounded up to whole seconds as etcd counts them
     /// (the cluster may grant more: it has a minimum).
-    pub fn lease_grant(&mut self, ttl: Duration, within: Duration) -> Result<Lease> {
+    pub fn lease_grant(&mut self, ttl: Duration, within: Duration) -> Result<GrantedLease> {
         let request = LeaseRequest {
             id: 0,
             ttl: whole_seconds(ttl),
@@ -114,7 +114,7 @@ impl Client {
                 format!("etcd: lease grant failed: {}", granted.error),
             ));
         }
-        Ok(Lease {
+        Ok(GrantedLease {
             id: granted.id,
             ttl: seconds(granted.ttl),
         })
@@ -161,10 +161,10 @@ impl Client {
 
     /// Runs `txn` at one revision. A put attached to a lease that is gone
     /// fails the whole transaction ([`Error::lease_not_found`]).
-    pub fn txn(&mut self, txn: &Txn, within: Duration) -> Result<Outcome> {
+    pub fn txn(&mut self, txn: &Txn, within: Duration) -> Result<TxnOutcome> {
         let answer: TxnResponse =
             self.call("transaction", "/v3/kv/txn", txn.request(), within, decode)?;
-        Ok(Outcome {
+        Ok(TxnOutcome {
             succeeded: answer.succeeded,
             revision: answer.header.revision,
             listings: answer
@@ -257,12 +257,12 @@ impl Client {
                 };
                 let member = self.endpoints.members[self.current].to_string();
                 match failure.verdict() {
-                    Verdict::StaleToken if !token_renewed => {
+                    Remedy::StaleToken if !token_renewed => {
                         token_renewed = true;
                         self.auth = Auth::Needed;
                         continue;
                     }
-                    Verdict::Transient => {}
+                    Remedy::Transient => {}
                     verdict => {
                         let context = format!("etcd at {member}: {what} failed");
                         return Err(failure.into_error(verdict.kind(), &context));

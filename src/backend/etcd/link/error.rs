@@ -80,7 +80,7 @@ pub(super) mod code {
 
 /// What an error answer from etcd calls for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Verdict {
+pub(super) enum Remedy {
     /// Try another member, or later.
     Transient,
     /// The auth token expired or predates a change of users: authenticate again.
@@ -91,9 +91,9 @@ pub(super) enum Verdict {
 
 /// Sorts an etcd error answer by its code and, where etcd's own client does
 /// the same, by its message (etcd's errors are fixed strings).
-pub(super) fn judge(code: i32, message: &str) -> Verdict {
+pub(super) fn judge(code: i32, message: &str) -> Remedy {
     if message.contains("invalid auth token") || message.contains("revision of auth store is old") {
-        return Verdict::StaleToken;
+        return Remedy::StaleToken;
     }
     match code {
         code::CANCELLED
@@ -101,14 +101,14 @@ pub(super) fn judge(code: i32, message: &str) -> Verdict {
         | code::DEADLINE_EXCEEDED
         | code::RESOURCE_EXHAUSTED
         | code::ABORTED
-        | code::UNAVAILABLE => Verdict::Transient,
-        code::PERMISSION_DENIED | code::UNAUTHENTICATED => Verdict::Refused,
+        | code::UNAVAILABLE => Remedy::Transient,
+        code::PERMISSION_DENIED | code::UNAUTHENTICATED => Remedy::Refused,
         code::INVALID_ARGUMENT
             if message.contains("authentication failed") || message.contains("user name") =>
         {
-            Verdict::Refused
+            Remedy::Refused
         }
-        _ => Verdict::Rejected,
+        _ => Remedy::Rejected,
     }
 }
 
@@ -142,9 +142,9 @@ impl AttemptError {
         }
     }
 
-    pub(super) fn verdict(&self) -> Verdict {
+    pub(super) fn verdict(&self) -> Remedy {
         match self {
-            Self::Io(_) => Verdict::Transient,
+            Self::Io(_) => Remedy::Transient,
             Self::Answer { code, message } => judge(*code, message),
         }
     }
@@ -168,7 +168,7 @@ impl fmt::Display for AttemptError {
     }
 }
 
-impl Verdict {
+impl Remedy {
     /// The kind of error this verdict leaves the caller with: a refusal or
     /// a rejected request is no trouble that waiting could fix.
     pub(super) fn kind(self) -> Kind {

@@ -201,7 +201,7 @@ pub enum CompareValue {
     #[serde(rename = "create_revision", with = "int64")]
     CreateRevision(i64),
     #[serde(rename = "lease", with = "int64")]
-    Lease(i64),
+    GrantedLease(i64),
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -267,11 +267,11 @@ pub struct WatchResponse {
     #[serde(default)]
     pub cancel_reason: String,
     #[serde(default)]
-    pub events: Vec<Event>,
+    pub events: Vec<WatchEvent>,
 }
 
 #[derive(Debug, Deserialize)]
-pub struct Event {
+pub struct WatchEvent {
     /// `PUT` is the zero value, so it is left out.
     #[serde(rename = "type", default)]
     pub kind: EventKind,
@@ -371,7 +371,7 @@ mod tests {
             keys: Keys::prefix(b"/k/"),
             target: "LEASE",
             result: "EQUAL",
-            value: CompareValue::Lease(7),
+            value: CompareValue::GrantedLease(7),
         };
         assert_eq!(
             serde_json::to_string(&compare).unwrap(),

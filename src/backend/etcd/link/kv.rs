@@ -39,7 +39,7 @@ pub struct Txn(TxnRequest);
 
 /// What a transaction did.
 #[derive(Clone, Debug)]
-pub struct Outcome {
+pub struct TxnOutcome {
     /// Whether every condition held.
     pub succeeded: bool,
     /// The revision after the transaction.
@@ -62,7 +62,7 @@ impl Txn {
     /// Holds when `key` exists and is attached to `lease`.
     #[must_use]
     pub fn if_leased(self, key: &[u8], lease: i64) -> Self {
-        self.when(Keys::one(key), "LEASE", CompareValue::Lease(lease))
+        self.when(Keys::one(key), "LEASE", CompareValue::GrantedLease(lease))
     }
 
     #[must_use]

@@ -12,7 +12,7 @@ use std::time::Duration;
 use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
 use socket2::{SockRef, TcpKeepalive};
 
-use super::endpoint::Endpoint;
+use super::endpoint::Member;
 use super::error::not_etcd;
 use crate::backend::net::Deadline;
 
@@ -124,7 +124,7 @@ impl Connection {
     /// Connects to the first of the endpoint's addresses that answers, and
     /// completes the TLS handshake for `https://`, all by `deadline`.
     pub fn open(
-        endpoint: &Endpoint,
+        endpoint: &Member,
         tls: Option<&Arc<ClientConfig>>,
         deadline: Deadline,
     ) -> io::Result<Self> {
@@ -382,7 +382,7 @@ mod tests {
     use std::thread;
 
     use super::*;
-    use crate::backend::etcd::client::Endpoints;
+    use crate::backend::etcd::link::Endpoints;
     use crate::platform::clock::Moment;
 
     const PATIENCE: Duration = Duration::from_secs(5);

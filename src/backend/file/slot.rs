@@ -16,7 +16,7 @@ use crate::backend::{Released, Renewal, Request, Slot};
 use crate::error::{Error, Result};
 use crate::identity::epoch_millis;
 use crate::platform::clock::Moment;
-use crate::platform::watch::Watch;
+use crate::platform::watch::DirWatch;
 
 pub const LOCK_SUFFIX: &str = ".lock";
 /// More than any record lockrun writes: a larger file is not read further.
@@ -147,12 +147,12 @@ pub struct FileSlot {
     record: HolderRecord,
     taken_at: Moment,
     /// The watch its waiter had on the directory, closed only with the slot (see `FileStore::take`).
-    watch: Option<Watch>,
+    watch: Option<DirWatch>,
 }
 
 impl FileSlot {
     /// Keeps `watch` open until the slot is released.
-    pub fn keep(&mut self, watch: Option<Watch>) {
+    pub fn keep(&mut self, watch: Option<DirWatch>) {
         self.watch = watch;
     }
 }
