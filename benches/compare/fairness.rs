@@ -1,10 +1,8 @@
 //! (i): first come, first served. Waiters arriving one at a time and the pairs of them served
 //! out of their arrival order, per backend and for flock(1).
 
-use crate::lockers::Locker;
 use crate::queue::{Arrival, Round};
 use crate::report::Outcome;
-use crate::servers::locker;
 use crate::{Bench, FAIR_ROUNDS, FAIR_SPACING, FAIR_WAITERS};
 
 impl Bench {
@@ -12,14 +10,7 @@ impl Bench {
     /// time, each once the one before it is in line; pairs served out of their
     /// arrival order, per backend and for flock(1).
     pub(crate) fn fairness(&mut self) {
-        let contenders: Vec<(&str, Result<Locker, String>)> = vec![
-            ("flock(1)", Ok(self.flock.clone())),
-            ("file", Ok(self.file.clone())),
-            ("sqlite", self.sqlite.clone()),
-            ("redis", locker(&self.redis)),
-            ("postgres", locker(&self.postgres)),
-            ("etcd", locker(&self.etcd)),
-        ];
+        let contenders = self.every_locker();
         let mut counts: Vec<Result<Vec<usize>, String>> = contenders
             .iter()
             .map(|(_, locker)| locker.as_ref().map(|_| Vec::new()).map_err(Clone::clone))

@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::lockers::Locker;
 use crate::queue::{Arrival, Round};
 use crate::report::Outcome;
-use crate::servers::{locker, work_unit};
+use crate::servers::work_unit;
 use crate::stats::{median, ms};
 use crate::{Bench, FLAT, GROWTH};
 
@@ -15,14 +15,7 @@ impl Bench {
     /// waiting processes' work per acquisition (wake-ups, CPU time; on a
     /// server: its work) should not grow with the line.
     pub(crate) fn growth(&mut self) {
-        let contenders: Vec<(&str, Result<Locker, String>)> = vec![
-            ("flock(1)", Ok(self.flock.clone())),
-            ("file", Ok(self.file.clone())),
-            ("sqlite", self.sqlite.clone()),
-            ("redis", locker(&self.redis)),
-            ("postgres", locker(&self.postgres)),
-            ("etcd", locker(&self.etcd)),
-        ];
+        let contenders = self.every_locker();
         let mut lines: Vec<Result<Vec<Line>, String>> = contenders
             .iter()
             .map(|(_, locker)| locker.as_ref().map(|_| Vec::new()).map_err(Clone::clone))

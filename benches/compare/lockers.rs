@@ -204,3 +204,17 @@ pub(crate) fn run_ok(command: &mut Command) {
     let status = command.status().expect("spawn a benchmarked command");
     assert!(status.success(), "{command:?} failed: {status}");
 }
+
+impl crate::Bench {
+    /// flock(1) and every backend, each with its locker or why it has none.
+    pub(crate) fn every_locker(&self) -> Vec<(&'static str, Result<Locker, String>)> {
+        vec![
+            ("flock(1)", Ok(self.flock.clone())),
+            ("file", Ok(self.file.clone())),
+            ("sqlite", self.sqlite.clone()),
+            ("redis", crate::servers::locker(&self.redis)),
+            ("postgres", crate::servers::locker(&self.postgres)),
+            ("etcd", crate::servers::locker(&self.etcd)),
+        ]
+    }
+}

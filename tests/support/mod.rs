@@ -93,16 +93,7 @@ impl Store {
 
     /// The PostgreSQL backend on `server`, which the store keeps alive.
     pub fn on_postgres(server: &Arc<postgres::PostgresServer>) -> Self {
-        Self {
-            kind: "postgres",
-            args: vec![
-                "--backend".into(),
-                "postgres".into(),
-                "--postgres-url".into(),
-                server.url().into(),
-            ],
-            _keep: Box::new(Arc::clone(server)),
-        }
+        Self::on_postgres_at(&server.url(), Box::new(Arc::clone(server)))
     }
 
     /// The PostgreSQL backend at `url` (a pgbouncer's), keeping `servers` alive.
