@@ -233,7 +233,7 @@ impl WaitLoop<'_> {
             Some(self.started + NO_WAIT_RIDE_OUT)
         };
         if until.is_some_and(Moment::has_passed) {
-            return Err(if self.reached && self.request.queue {
+            return Err(if self.reached {
                 self.busy(Some(&err))
             } else {
                 err
