@@ -10,6 +10,7 @@ use crate::backend::{Attempt, Entry, Line, Owner, Request, Slot, Store, Waited, 
 use crate::backoff::{self, Backoff};
 use crate::duration::display;
 use crate::error::{Error, Result};
+use crate::lease::{Held, LeaseVerdict};
 use crate::platform::clock::Moment;
 use crate::platform::proc::ancestors;
 use crate::progress::Progress;
@@ -29,11 +30,14 @@ pub struct WaitPolicy {
     pub conflict_exit_code: u8,
 }
 
+/// Waits for a slot of `request.name`, keeping the leases of the names
+/// `held` already (README: "Several names") alive meanwhile.
 pub fn acquire(
     store: &mut dyn Store,
     request: &Request,
     policy: &WaitPolicy,
     reporter: &Reporter,
+    held: &mut Held,
 ) -> Result<Box<dyn Slot>> {
     let started = Moment::now();
     let mut waiter = WaitLoop {
@@ -41,6 +45,7 @@ pub fn acquire(
         request,
         policy,
         reporter,
+        held,
         progress: Progress::new(reporter.speaks_to_people(), request.name.as_str(), started),
         started,
         deadline: request.deadline,
@@ -72,6 +77,8 @@ struct WaitLoop<'a> {
     request: &'a Request,
     policy: &'a WaitPolicy,
     reporter: &'a Reporter,
+    /// The slots of the names taken before this one, whose leases must not lapse while we wait.
+    held: &'a mut Held,
     progress: Progress,
     started: Moment,
     deadline: Option<Moment>,
@@ -90,6 +97,7 @@ struct WaitLoop<'a> {
 impl WaitLoop<'_> {
     fn wait_for_slot(&mut self) -> Result<Box<dyn Slot>> {
         loop {
+            self.keep_held()?;
             let line = match self.store.attempt(self.request) {
                 Ok(Attempt::Taken(slot)) => return Ok(slot),
                 Ok(Attempt::Waiting(line)) => line,
@@ -186,6 +194,7 @@ impl WaitLoop<'_> {
             // A waiter's place lapses with its TTL unless it asks again.
             looks.push(Some(Moment::now() + self.request.plan.keep_place_every()));
         }
+        looks.push(self.held.due());
         looks
             .into_iter()
             .flatten()
@@ -247,8 +256,21 @@ impl WaitLoop<'_> {
                 delay: Some(delay),
             });
         });
-        thread::sleep(delay);
+        let renewal = self.held.due().map_or(delay, Moment::remaining);
+        thread::sleep(delay.min(renewal));
         Ok(())
+    }
+
+    /// Renews the leases of the names held already when due; one that is
+    /// lost ends the wait, as nothing may run without it.
+    fn keep_held(&mut self) -> Result<()> {
+        match self.held.check() {
+            LeaseVerdict::Keep => Ok(()),
+            LeaseVerdict::Stop { name, reason, .. } => Err(Error::LeaseLost(format!(
+                "the lease on {name} was lost while waiting for {} ({reason}); the command did not start",
+                self.request.name
+            ))),
+        }
     }
 
     fn remaining(&self) -> Option<Duration> {

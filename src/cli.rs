@@ -59,9 +59,13 @@ const DEFAULT_CONFLICT_EXIT_CODE: u8 = 75;
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// The lock's name: 1 to 200 bytes, no control characters
-    #[arg(long, env = "LOCKRUN_NAME", value_parser = parse_name, required = true)]
-    pub name: Option<Name>,
+    /// The lock's name: 1 to 200 bytes, no control characters; several --name hold them all
+    #[arg(long = "name", env = "LOCKRUN_NAME", value_name = "NAME", value_parser = parse_name, required = true)]
+    pub names: Vec<Name>,
+
+    /// Hold the name in shared mode: shared holders hold it together, an exclusive holder alone; only with -p 1
+    #[arg(short = 's', long)]
+    pub shared: bool,
 
     #[command(flatten)]
     pub store: StoreArgs,

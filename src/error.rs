@@ -41,6 +41,9 @@ pub enum Error {
     /// No slot was acquired; carries the `--conflict-exit-code`.
     #[error("{message}")]
     Busy { message: String, exit_code: u8 },
+    /// A lease held while waiting for a further name was lost: the command never ran.
+    #[error("{0}")]
+    LeaseLost(String),
     /// The command could not be executed (126) or was not found (127).
     #[error("{message}")]
     Spawn { message: String, exit_code: u8 },
@@ -53,6 +56,7 @@ impl Error {
             Self::Unavailable(_) | Self::Missing(_) | Self::Trouble { .. } => status::UNAVAILABLE,
             Self::Internal(_) => status::INTERNAL,
             Self::Output(_) => status::OUTPUT,
+            Self::LeaseLost(_) => status::LEASE_LOST,
             Self::Busy { exit_code, .. } | Self::Spawn { exit_code, .. } => *exit_code,
         }
     }

@@ -11,71 +11,168 @@ use crate::platform::clock::Moment;
 use crate::report::{Event, Reporter};
 use crate::timing::Plan;
 
-/// A slot that is ours, with its lease if it has one.
+/// The slots a run holds, one per name, each with its lease if it has one.
+/// Its moments are those of the lease that ends first; losing any lease
+/// loses the run's right to go on (README: "Several names").
+#[derive(Default)]
 pub struct Held {
+    locks: Vec<HeldLock>,
+}
+
+/// One name's slot, with its lease and the reporter that speaks of it.
+struct HeldLock {
     slot: Box<dyn Slot>,
     lease: Option<LeaseClock>,
+    reporter: Reporter,
 }
 
 /// What [`Held::check`] decided.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LeaseVerdict {
     Keep,
-    /// The lease cannot be kept: stop the command now, and kill it after `grace`
-    /// (it must be gone before another holder can have the slot).
+    /// The lease on `name` cannot be kept: stop the command now, and kill it
+    /// after `grace` (it must be gone before another holder can have the slot).
     Stop {
+        name: String,
         reason: &'static str,
         grace: Duration,
     },
 }
 
 impl Held {
-    /// `slot` with a lease timed by `plan` (when the backend has leases), of
-    /// the TTL the store granted if it differs, whose command gets `grace`
-    /// between SIGTERM and the end of the lease.
-    pub fn new(slot: Box<dyn Slot>, plan: Option<Plan>, grace: Duration) -> Self {
+    /// Adds `slot` of the lock `reporter` speaks of, with a lease timed by
+    /// `plan` (when the backend has leases), of the TTL the store granted if
+    /// it differs, whose command gets `grace` between SIGTERM and the end of the lease.
+    pub fn push(
+        &mut self,
+        slot: Box<dyn Slot>,
+        plan: Option<Plan>,
+        grace: Duration,
+        reporter: Reporter,
+    ) {
         let lease = plan.map(|plan| {
             let plan = slot.granted_ttl().map_or(plan, Plan::new);
             LeaseClock::new(slot.taken_at(), plan, grace)
         });
-        Self { slot, lease }
+        self.locks.push(HeldLock {
+            slot,
+            lease,
+            reporter,
+        });
     }
 
-    pub fn number(&self) -> u32 {
-        self.slot.number()
+    /// Each lock's slot number and fence, in the order they were taken.
+    pub fn slots(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
+        self.locks
+            .iter()
+            .map(|lock| (lock.slot.number(), lock.slot.fence()))
     }
 
-    pub fn fence(&self) -> u64 {
-        self.slot.fence()
+    fn leases(&self) -> impl Iterator<Item = &LeaseClock> {
+        self.locks.iter().filter_map(|lock| lock.lease.as_ref())
     }
 
     /// When [`Held::check`] must run next: a renewal, or the command's stop. `None` without a lease.
     pub fn due(&self) -> Option<Moment> {
-        let lease = self.lease.as_ref()?;
-        Some(lease.renewal_due().min(lease.stop_at()))
+        self.leases()
+            .map(|lease| lease.renewal_due().min(lease.stop_at()))
+            .min()
     }
 
     /// When the command gets SIGTERM if no renewal is confirmed before.
     pub fn stop_at(&self) -> Option<Moment> {
-        self.lease.as_ref().map(LeaseClock::stop_at)
+        self.leases().map(LeaseClock::stop_at).min()
     }
 
-    /// When the command must be gone: another holder may have the slot from then on.
+    /// The name whose lease ends first (the first name without leases): the
+    /// one a stop at [`Held::stop_at`] is for.
+    pub fn ending_first(&self) -> &str {
+        self.locks
+            .iter()
+            .min_by_key(|lock| lock.lease.as_ref().map(LeaseClock::deadline))
+            .map_or("", |lock| lock.reporter.name())
+    }
+
+    /// When the command must be gone: another holder may have a slot from then on.
     pub fn deadline(&self) -> Option<Moment> {
-        self.lease.as_ref().map(LeaseClock::deadline)
+        self.leases().map(LeaseClock::deadline).min()
     }
 
+    /// Renews each lease whose renewal is due and says whether the command may go on.
+    pub fn check(&mut self) -> LeaseVerdict {
+        self.each(HeldLock::check)
+    }
+
+    /// Before the command starts: see [`HeldLock::confirm`].
+    pub fn confirm(&mut self) -> LeaseVerdict {
+        self.each(HeldLock::confirm)
+    }
+
+    /// `verdict` of every lock: the first stop, with the shortest grace any asked for.
+    fn each(&mut self, verdict: fn(&mut HeldLock) -> LeaseVerdict) -> LeaseVerdict {
+        let mut first = LeaseVerdict::Keep;
+        for lock in &mut self.locks {
+            match (&mut first, verdict(lock)) {
+                (_, LeaseVerdict::Keep) => {}
+                (LeaseVerdict::Keep, stop) => first = stop,
+                (LeaseVerdict::Stop { grace, .. }, LeaseVerdict::Stop { grace: other, .. }) => {
+                    *grace = (*grace).min(other);
+                }
+            }
+        }
+        first
+    }
+
+    /// Gives every slot up (see [`Slot::release`]), the last taken first, and
+    /// reports each release.
+    pub fn release(self, keep_until: Option<SystemTime>) -> Releases {
+        let mut releases = Releases::default();
+        for lock in self.locks.into_iter().rev() {
+            let number = lock.slot.number();
+            let name = lock.reporter.name().to_owned();
+            match lock.slot.release(keep_until) {
+                Ok(outcome) => {
+                    lock.reporter.event(&Event::Released { slot: number });
+                    if outcome == Released::Lost {
+                        releases.lost.get_or_insert(name);
+                    }
+                }
+                Err(err) => releases
+                    .failed
+                    .push(format!("could not release {name}: {err}")),
+            }
+        }
+        releases
+    }
+}
+
+/// What releasing a run's slots found.
+#[derive(Debug, Default)]
+pub struct Releases {
+    /// A name whose lease was gone already (expired or broken): another
+    /// holder may have had its slot.
+    pub lost: Option<String>,
+    /// Why each slot that could not be released was not: its lease lapses by itself.
+    pub failed: Vec<String>,
+}
+
+impl HeldLock {
     /// Renews the lease when a renewal is due and says whether the command may go on.
-    pub fn check(&mut self, reporter: &Reporter) -> LeaseVerdict {
+    fn check(&mut self) -> LeaseVerdict {
         let Some(lease) = &mut self.lease else {
             return LeaseVerdict::Keep;
         };
+        let stop = |reason, grace| LeaseVerdict::Stop {
+            name: self.reporter.name().to_owned(),
+            reason,
+            grace,
+        };
         if lease.deadline().has_passed() {
             // Paused (SIGSTOP, a frozen VM, a stopped job) past the deadline: another holder may run already.
-            return LeaseVerdict::Stop {
-                reason: "its deadline passed while lockrun was paused",
-                grace: Duration::ZERO,
-            };
+            return stop(
+                "its deadline passed while lockrun was paused",
+                Duration::ZERO,
+            );
         }
         if lease.renewal_due().has_passed() {
             // An answer after the stop is due would come too late to spare the command.
@@ -83,19 +180,17 @@ impl Held {
                 self.slot.as_mut(),
                 lease,
                 lease.stop_at().remaining(),
-                reporter,
+                &self.reporter,
             ) {
                 Ok(Renewal::Renewed) => {}
                 Ok(Renewal::Lost) => {
-                    return LeaseVerdict::Stop {
-                        reason: "it was broken or expired",
-                        // Another holder may have the slot already: never past the old deadline.
-                        grace: lease.grace.min(lease.deadline().remaining()),
-                    };
+                    // Another holder may have the slot already: never past the old deadline.
+                    let grace = lease.grace.min(lease.deadline().remaining());
+                    return stop("it was broken or expired", grace);
                 }
                 Err(err) => {
                     lease.renewal_failed(Moment::now());
-                    reporter.event(&Event::Notice {
+                    self.reporter.event(&Event::Notice {
                         message: &format!("could not renew the lease: {err}"),
                     });
                 }
@@ -103,15 +198,15 @@ impl Held {
         }
         // Checked even when no renewal was due: a failed one is retried later than the stop may be.
         if lease.deadline().has_passed() {
-            LeaseVerdict::Stop {
-                reason: "its deadline passed before a renewal was confirmed",
-                grace: Duration::ZERO,
-            }
+            stop(
+                "its deadline passed before a renewal was confirmed",
+                Duration::ZERO,
+            )
         } else if lease.stop_at().has_passed() {
-            LeaseVerdict::Stop {
-                reason: "no renewal was confirmed in time",
-                grace: lease.deadline().remaining(),
-            }
+            stop(
+                "no renewal was confirmed in time",
+                lease.deadline().remaining(),
+            )
         } else {
             LeaseVerdict::Keep
         }
@@ -121,7 +216,7 @@ impl Held {
     /// answer came late: a database busy for a while) is renewed now, even past
     /// its deadline, as nothing runs under it yet. `Keep` once it is confirmed.
     /// One merely due for renewal is renewed once the command runs, as ever.
-    pub fn confirm(&mut self, reporter: &Reporter) -> LeaseVerdict {
+    fn confirm(&mut self) -> LeaseVerdict {
         let Some(lease) = &mut self.lease else {
             return LeaseVerdict::Keep;
         };
@@ -129,20 +224,16 @@ impl Held {
             return LeaseVerdict::Keep;
         }
         let within = lease.plan.renew_every();
-        let reason = match renew(self.slot.as_mut(), lease, within, reporter) {
+        let reason = match renew(self.slot.as_mut(), lease, within, &self.reporter) {
             Ok(Renewal::Renewed) => return LeaseVerdict::Keep,
             Ok(Renewal::Lost) => "it was broken or expired",
             Err(_) => "no renewal was confirmed in time",
         };
         LeaseVerdict::Stop {
+            name: self.reporter.name().to_owned(),
             reason,
             grace: Duration::ZERO,
         }
-    }
-
-    /// Gives the slot up; see [`Slot::release`].
-    pub fn release(self, keep_until: Option<SystemTime>) -> Result<Released> {
-        self.slot.release(keep_until)
     }
 }
 

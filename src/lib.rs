@@ -50,7 +50,7 @@ fn run(args: Vec<OsString>) -> u8 {
         Some(Action::Release(args)) => (&args.output, Some(args.name.to_string())),
         None => (
             &cli.run.output,
-            cli.run.name.as_ref().map(ToString::to_string),
+            cli.run.names.first().map(ToString::to_string),
         ),
     };
     let reporter = reporter(output, name.unwrap_or_default());

@@ -141,6 +141,7 @@ fn json_list(out: &mut impl Write, backend: &str, entries: &[Entry]) -> std::io:
             "state": if entry.is_holder() { "holding" } else { "waiting" },
             "slot": entry.slot,
             "position": entry.position,
+            "mode": entry.mode.as_str(),
             "pid": entry.pid,
             "host": entry.host,
             "command": entry.command,
@@ -178,7 +179,7 @@ fn table(
     }
     writeln!(out, "locks{place}")?;
     let header = [
-        "NAME", "STATE", "SLOT", "LINE", "PID", "HOST", "SINCE", "FOR", "EXPIRES", "FENCE",
+        "NAME", "STATE", "MODE", "SLOT", "LINE", "PID", "HOST", "SINCE", "FOR", "EXPIRES", "FENCE",
         "COMMAND",
     ]
     .map(str::to_owned);
@@ -188,7 +189,7 @@ fn table(
             *width = (*width).max(display_width(&cell));
         }
     }
-    let mut write_row = |cells: &[String; 11]| {
+    let mut write_row = |cells: &[String; 12]| {
         let mut line = String::new();
         for (column, cell) in cells.iter().enumerate() {
             if column + 1 == cells.len() {
@@ -208,7 +209,7 @@ fn table(
 }
 
 /// One entry's cells, escaped for a terminal.
-fn row(entry: &Entry, now_millis: u64) -> [String; 11] {
+fn row(entry: &Entry, now_millis: u64) -> [String; 12] {
     let unknown = || "-".to_owned();
     let ago = |millis: u64| Duration::from_millis(now_millis.saturating_sub(millis));
     let expires = entry
@@ -225,6 +226,7 @@ fn row(entry: &Entry, now_millis: u64) -> [String; 11] {
             "waiting"
         }
         .to_owned(),
+        entry.mode.as_str().to_owned(),
         entry.slot.map_or_else(unknown, |slot| slot.to_string()),
         if entry.is_holder() {
             unknown()

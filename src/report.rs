@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use serde_json::{Value, json};
 
-use crate::backend::Entry;
+use crate::backend::{Entry, Mode};
 use crate::duration::display;
 use crate::error::{Error, Trouble};
 use crate::escape::escape_controls;
@@ -64,10 +64,13 @@ pub enum Event<'a> {
     },
 }
 
+#[derive(Clone)]
 pub struct Reporter {
     level: Level,
     format: Format,
     name: String,
+    /// The mode a run holds its names in, once known: JSON events then say it.
+    mode: Option<Mode>,
 }
 
 impl Reporter {
@@ -76,7 +79,32 @@ impl Reporter {
             level,
             format,
             name: name.into(),
+            mode: None,
         }
+    }
+
+    /// This reporter, for a run that holds its names in `mode`.
+    #[must_use]
+    pub fn in_mode(self, mode: Mode) -> Self {
+        Self {
+            mode: Some(mode),
+            ..self
+        }
+    }
+
+    /// This reporter, speaking of the lock `name`: a run of several names
+    /// reports each one's events under its own name.
+    #[must_use]
+    pub fn about(&self, name: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            ..self.clone()
+        }
+    }
+
+    /// The lock this reporter speaks of.
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     /// True when diagnostics are text for a person (not JSON, not `-q`): a terminal
@@ -146,8 +174,13 @@ impl Reporter {
                 fence,
                 waited,
             } => {
+                let shared = if self.mode == Some(Mode::Shared) {
+                    "shared "
+                } else {
+                    ""
+                };
                 format!(
-                    "acquired {name} (slot {slot}, fence {fence}) after {}",
+                    "acquired {name} ({shared}slot {slot}, fence {fence}) after {}",
                     display(*waited)
                 )
             }
@@ -200,6 +233,9 @@ impl Reporter {
         object.insert("ts".into(), now_rfc3339().into());
         object.insert("event".into(), kind.into());
         object.insert("name".into(), self.name.clone().into());
+        if let Some(mode) = self.mode {
+            object.insert("mode".into(), mode.as_str().into());
+        }
         object.insert("pid".into(), std::process::id().into());
         fields
     }
@@ -302,6 +338,7 @@ fn holder_json(holder: &Entry) -> Value {
         "command": holder.command,
         "acquired_at": holder.since.map(rfc3339),
         "fence": holder.fence,
+        "mode": holder.mode.as_str(),
     })
 }
 
@@ -320,6 +357,7 @@ mod tests {
             since: Some(acquired_at),
             expires_at: None,
             fence: Some(7),
+            mode: Mode::Exclusive,
         }
     }
 

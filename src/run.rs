@@ -5,60 +5,89 @@ use std::ffi::OsString;
 use std::time::{Duration, SystemTime};
 
 use crate::acquire::{self, acquire};
-use crate::backend::{Owner, Released, Request, Store};
+use crate::backend::{Mode, Owner, Request, Store};
 use crate::backoff;
 use crate::cli::RunArgs;
 use crate::error::{Error, Result};
 use crate::identity::{Process, new_token};
 use crate::lease::Held;
+use crate::name::Name;
 use crate::platform::clock::Moment;
 use crate::report::{Event, Reporter};
-use crate::supervisor::{self, Ending, Limits, Program, Signals};
+use crate::supervisor::{self, Ending, FoundLost, Limits, Lost, Program, Signals};
 use crate::timing::Plan;
 
 pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
     let policy = wait_policy(&args);
-    let name = args
-        .name
-        .ok_or_else(|| Error::Usage("--name is required".into()))?;
+    let names = canonical_order(args.names);
+    if names.is_empty() {
+        return Err(Error::Usage("--name is required".into()));
+    }
+    let mode = if args.shared {
+        Mode::Shared
+    } else {
+        Mode::Exclusive
+    };
+    if mode == Mode::Shared && args.parallelism > 1 {
+        return Err(Error::Usage(format!(
+            "--shared holds a name's one slot together with other sharers: it takes -p 1, not -p {}",
+            args.parallelism
+        )));
+    }
+    let reporter = reporter.clone().in_mode(mode);
     let program = program(args.shell_command, args.command)?;
 
     supervisor::reset_inherited().map_err(Error::system)?;
-    let mut store = open_store(&args.store, reporter)?;
+    let mut store = open_store(&args.store, &reporter)?;
     let leases = store.abilities().leases;
     let plan = Plan::new(args.ttl);
     let kill_grace = plan.kill_grace(args.kill_grace, leases);
-    let request = Request {
-        name,
+    // Only a lease's holder can be reclaimed early by its process's death;
+    // the kernel frees a dead holder's lock by itself.
+    let process = if leases {
+        Process::current()
+    } else {
+        Process::current_without_liveness()
+    };
+    let owner = Owner {
+        token: String::new(),
+        process,
+        command: program.display(),
+        parallelism: Some(args.parallelism),
+        mode,
+    };
+    let template = Request {
+        name: names[0].clone(),
         parallelism: args.parallelism,
         plan,
-        owner: Owner {
-            token: new_token()?,
-            // Only a lease's holder can be reclaimed early by its process's death;
-            // the kernel frees a dead holder's lock by itself.
-            process: if leases {
-                Process::current()
-            } else {
-                Process::current_without_liveness()
-            },
-            command: program.display(),
-            parallelism: Some(args.parallelism),
-        },
+        owner,
         queue: policy.timeout != Some(Duration::ZERO),
         deadline: policy.timeout.map(|timeout| Moment::now() + timeout),
     };
-    let slot = acquire(store.as_mut(), &request, &policy, reporter)?;
+    let (mut held, tokens) = take_all(
+        store.as_mut(),
+        &names,
+        &template,
+        &policy,
+        &reporter,
+        kill_grace,
+    )?;
     drop(store);
     let acquired_at = SystemTime::now();
-    let mut held = Held::new(slot, leases.then_some(plan), kill_grace);
-    let number = held.number();
+    let (slots, fences): (Vec<String>, Vec<String>) = held
+        .slots()
+        .map(|(number, fence)| (number.to_string(), fence.to_string()))
+        .unzip();
+    // One line per name, in the order taken (README: "What the command gets").
+    let lines = |items: &[String]| items.join("\n");
+    let names_text: Vec<String> = names.iter().map(ToString::to_string).collect();
     let env = [
-        ("LOCKRUN_NAME", request.name.to_string()),
+        ("LOCKRUN_NAME", lines(&names_text)),
         ("LOCKRUN_BACKEND", args.store.backend.clone()),
-        ("LOCKRUN_SLOT", number.to_string()),
-        ("LOCKRUN_PARALLELISM", request.parallelism.to_string()),
-        ("LOCKRUN_TOKEN", request.owner.token.clone()),
-        ("LOCKRUN_FENCE", held.fence().to_string()),
+        ("LOCKRUN_SLOT", lines(&slots)),
+        ("LOCKRUN_PARALLELISM", args.parallelism.to_string()),
+        ("LOCKRUN_TOKEN", lines(&tokens)),
+        ("LOCKRUN_FENCE", lines(&fences)),
     ];
     let limits = Limits {
         // 0 means no limit, as for timeout(1).
@@ -67,36 +96,76 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
     };
 
     let ending = Signals::block().map_err(Error::system).and_then(|signals| {
-        supervisor::supervise(&program, &env, &signals, &mut held, &limits, reporter)
+        supervisor::supervise(&program, &env, &signals, &mut held, &limits, &reporter)
     });
     let keep_until = (!args.min_hold.is_zero()).then(|| acquired_at + args.min_hold);
     // A lease that ran out by its deadline after the command ended (lockrun
     // paused since) was not taken from the command while it ran.
     let lapsed = held.deadline().is_some_and(Moment::has_passed);
     let released = held.release(keep_until);
-    if released.is_ok() {
-        reporter.event(&Event::Released { slot: number });
-    }
     let mut ending = ending?;
-    if let (Ok(Released::Lost), Ending::Exited(code), false) = (&released, &ending, lapsed) {
+    if let (Some(name), Ending::Exited(code), false) = (&released.lost, &ending, lapsed) {
         // Broken or taken while the command ran: another holder may have run beside it.
-        reporter.event(&Event::Lost {
+        reporter.about(name).event(&Event::Lost {
             reason: "it was found gone at release",
         });
-        ending = Ending::FoundLost(*code);
+        ending = Ending::FoundLost(FoundLost {
+            name: name.clone(),
+            code: *code,
+        });
     }
-    if let Err(err) = released {
+    for failure in released.failed {
         // The command's run is over either way: its status stands, and a lease
         // that could not be released lapses by itself.
-        let message = format!("could not release {}: {err}", request.name);
         if matches!(ending, Ending::LeaseLost(_) | Ending::LostBeforeStart(_)) {
-            reporter.event(&Event::Notice { message: &message });
+            reporter.event(&Event::Notice { message: &failure });
         } else {
-            reporter.error(&format!("{message}; its lease lapses within --ttl"));
+            reporter.error(&format!("{failure}; its lease lapses within --ttl"));
         }
     }
-    report_ending(&ending, &request, reporter);
+    report_ending(&ending, &reporter);
     Ok(ending.exit_code())
+}
+
+/// Takes a slot of each of `names`, in that order, as `template` asks (one
+/// deadline for all): all or nothing. Returns them held, with their tokens.
+fn take_all(
+    store: &mut dyn Store,
+    names: &[Name],
+    template: &Request,
+    policy: &acquire::WaitPolicy,
+    reporter: &Reporter,
+    kill_grace: Duration,
+) -> Result<(Held, Vec<String>)> {
+    let leases = store.abilities().leases;
+    let mut held = Held::default();
+    let mut tokens = Vec::with_capacity(names.len());
+    for name in names {
+        let mut request = template.clone();
+        request.name = name.clone();
+        request.owner.token = new_token()?;
+        let about = reporter.about(name.as_str());
+        match acquire(store, &request, policy, &about, &mut held) {
+            Ok(slot) => held.push(slot, leases.then_some(request.plan), kill_grace, about),
+            Err(err) => {
+                // All or nothing: a run that did not get every name holds none.
+                for failure in held.release(None).failed {
+                    reporter.event(&Event::Notice { message: &failure });
+                }
+                return Err(err);
+            }
+        }
+        tokens.push(request.owner.token);
+    }
+    Ok((held, tokens))
+}
+
+/// The names in the one order every run takes them in (by their bytes), each
+/// once: two runs naming the same names never wait for each other in a circle.
+fn canonical_order(mut names: Vec<Name>) -> Vec<Name> {
+    names.sort_by(|a, b| a.as_str().as_bytes().cmp(b.as_str().as_bytes()));
+    names.dedup();
+    names
 }
 
 fn program(shell_command: Option<OsString>, command: Vec<OsString>) -> Result<Program> {
@@ -126,20 +195,17 @@ fn wait_policy(args: &RunArgs) -> acquire::WaitPolicy {
 }
 
 /// The one line for an ending that lockrun caused.
-fn report_ending(ending: &Ending, request: &Request, reporter: &Reporter) {
+fn report_ending(ending: &Ending, reporter: &Reporter) {
     match ending {
         Ending::Exited(_) => {}
-        Ending::LeaseLost(reason) => reporter.error(&format!(
-            "stopped the command: the lease on {} was lost ({reason})",
-            request.name
+        Ending::LeaseLost(Lost { name, reason }) => reporter.error(&format!(
+            "stopped the command: the lease on {name} was lost ({reason})"
         )),
-        Ending::FoundLost(code) => reporter.error(&format!(
-            "the lease on {} was found lost when lockrun released it (broken or expired): another run may have held the slot meanwhile; the command exited with status {code}",
-            request.name
+        Ending::FoundLost(FoundLost { name, code }) => reporter.error(&format!(
+            "the lease on {name} was found lost when lockrun released it (broken or expired): another run may have held the slot meanwhile; the command exited with status {code}"
         )),
-        Ending::LostBeforeStart(reason) => reporter.error(&format!(
-            "did not start the command: the lease on {} was lost ({reason})",
-            request.name
+        Ending::LostBeforeStart(Lost { name, reason }) => reporter.error(&format!(
+            "did not start the command: the lease on {name} was lost ({reason})"
         )),
         Ending::MaxRuntime(max) => reporter.error(&format!(
             "stopped the command: --max-runtime {} passed",

@@ -32,7 +32,7 @@ use crate::name::Name;
 use crate::platform::clock::Moment;
 use crate::timing::Plan;
 
-pub use record::{Entry, Owner};
+pub use record::{Entry, Mode, Owner};
 
 /// Generates [`StoreArgs`] (every backend's options, flattened into one clap
 /// `Args`) and the table that opens the backend `--backend` names.
@@ -149,6 +149,50 @@ pub struct Request {
     /// never blocks past it, whatever a neighbour does to the store.
     pub deadline: Option<Moment>,
 }
+
+impl Request {
+    /// Whether the run holds the name alone or with other sharers.
+    pub fn mode(&self) -> Mode {
+        self.owner.mode
+    }
+
+    /// How many holders the name may have while we hold it: `-p` for an
+    /// exclusive run, [`MAX_SHARERS`] for a shared one.
+    pub fn capacity(&self) -> u32 {
+        match self.mode() {
+            Mode::Exclusive => self.parallelism,
+            Mode::Shared => MAX_SHARERS,
+        }
+    }
+
+    /// Whether the line lets us take a slot now (README: "Shared locks"),
+    /// given the modes of the name's holders and of the waiters ahead of us.
+    /// An exclusive run needs a free one of its `-p` slots and nobody ahead;
+    /// a shared run needs no exclusive holder, no more than [`MAX_SHARERS`]
+    /// holders, and only sharers ahead (they go with us). A shared holder
+    /// keeps an exclusive run of `-p 1` out, as it fills the one slot.
+    pub fn admitted(
+        &self,
+        holders: impl IntoIterator<Item = Mode>,
+        ahead: impl IntoIterator<Item = Mode>,
+    ) -> bool {
+        let mut count = 0;
+        for mode in holders {
+            if self.mode() == Mode::Shared && mode == Mode::Exclusive {
+                return false;
+            }
+            count += 1;
+        }
+        count < self.capacity()
+            && ahead
+                .into_iter()
+                .all(|mode| self.mode() == Mode::Shared && mode == Mode::Shared)
+    }
+}
+
+/// The most holders a name held in shared mode may have at once; a further
+/// sharer waits. Each has a slot number of its own, from 0.
+pub const MAX_SHARERS: u32 = 1024;
 
 /// What one look at the line found.
 pub enum Attempt {

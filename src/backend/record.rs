@@ -21,6 +21,44 @@ pub struct Owner {
     /// `None` in records of older lockruns, which are never refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parallelism: Option<u32>,
+    /// Whether it holds (or waits to hold) the name alone or with other sharers.
+    /// Records of older lockruns have no mode: they held alone.
+    #[serde(default, skip_serializing_if = "Mode::is_exclusive")]
+    pub mode: Mode,
+}
+
+/// How a run holds a name (README: "Shared locks"): shared holders hold it
+/// together, an exclusive holder (the default) alone.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    #[default]
+    Exclusive,
+    Shared,
+}
+
+impl Mode {
+    /// `exclusive` or `shared`: as `status`, the events and the stores spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Exclusive => "exclusive",
+            Self::Shared => "shared",
+        }
+    }
+
+    /// The mode a store spelled with [`Mode::as_str`]; anything else (an older record) is exclusive.
+    pub fn parse(text: &str) -> Self {
+        if text == "shared" {
+            Self::Shared
+        } else {
+            Self::Exclusive
+        }
+    }
+
+    #[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+    pub fn is_exclusive(&self) -> bool {
+        *self == Self::Exclusive
+    }
 }
 
 /// What a store keeps of a holder, where it keeps a document (a slot file, a key's value).
@@ -84,6 +122,7 @@ pub struct Entry {
     pub expires_at: Option<u64>,
     /// The fence of a holder's acquisition; `None` for a waiter or when unknown.
     pub fence: Option<u64>,
+    pub mode: Mode,
 }
 
 impl Entry {
@@ -98,6 +137,7 @@ impl Entry {
             since,
             expires_at: None,
             fence: None,
+            mode: owner.mode,
         }
     }
 

@@ -68,9 +68,10 @@ const SHELL_COMMAND: usize = 12;
 const VERBOSE: usize = 13;
 const QUIET: usize = 14;
 const LOG_FORMAT: usize = 15;
+const SHARED: usize = 16;
 
 /// A run's own options, indexed by the constants above; a test holds them to `RunArgs`.
-const OPTIONS: [Spec; 16] = [
+const OPTIONS: [Spec; 17] = [
     option("name", None, Some("LOCKRUN_NAME")),
     option("parallelism", Some('p'), Some("LOCKRUN_PARALLELISM")),
     flag("no-wait", 'n'),
@@ -87,6 +88,7 @@ const OPTIONS: [Spec; 16] = [
     flag("verbose", 'v'),
     flag("quiet", 'q'),
     option("log-format", None, Some("LOCKRUN_LOG_FORMAT")),
+    flag("shared", 's'),
 ];
 
 /// What a word before the command names.
@@ -160,7 +162,8 @@ pub fn parse(args: &[OsString]) -> Result<RunArgs, LeftToClap> {
             .transpose()?)
     };
     Ok(RunArgs {
-        name: Some(parse_name(&text_of(NAME)?.ok_or(LeftToClap)?)?),
+        names: vec![parse_name(&text_of(NAME)?.ok_or(LeftToClap)?)?],
+        shared: given[SHARED].is_some(),
         store,
         parallelism: match text_of(PARALLELISM)? {
             Some(text) => whole_number(&text)

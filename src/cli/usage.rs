@@ -64,8 +64,7 @@ fn escaped(value: &ContextValue) -> Option<ContextValue> {
 fn hint(typed: &str) -> Option<String> {
     let flock = |what: &str| Some(format!("{typed} is flock(1)'s {what}"));
     match typed {
-        "-s" | "--shared" => flock("shared lock: lockrun has no shared mode; every holder holds one of the -p slots alone"),
-        "-x" | "-e" | "--exclusive" => flock("exclusive lock, which every lockrun lock is: leave it out"),
+        "-x" | "-e" | "--exclusive" => flock("exclusive lock, which every lockrun lock is unless -s: leave it out"),
         "-u" | "--unlock" => flock("unlock: lockrun releases the lock when the command exits (lockrun release --force breaks a dead holder's lease)"),
         "-o" | "--close" => flock("close: lockrun never lets the command inherit the lock's descriptor, so leave it out"),
         "-F" | "--no-fork" => flock("no-fork: lockrun always runs the command as its child, to release the lock when it ends and stop it if lockrun dies; there is no such option"),

@@ -81,13 +81,27 @@ pub enum Ending {
     /// It exited on its own, or after a forwarded signal: its status, or 128 + signal.
     Exited(u8),
     /// lockrun stopped it because the lease could not be kept.
-    LeaseLost(String),
+    LeaseLost(Lost),
     /// The lease could not be kept from the start: the command never ran.
-    LostBeforeStart(String),
+    LostBeforeStart(Lost),
     /// lockrun stopped it at `--max-runtime`.
     MaxRuntime(Duration),
-    /// It exited with this status, but its lease was found lost at release.
-    FoundLost(u8),
+    /// It exited with a status, but a lease was found lost at release.
+    FoundLost(FoundLost),
+}
+
+/// Which lease was found lost at release, and the command's status.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FoundLost {
+    pub name: String,
+    pub code: u8,
+}
+
+/// Which lease was lost, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lost {
+    pub name: String,
+    pub reason: &'static str,
 }
 
 impl Ending {
@@ -117,9 +131,9 @@ pub fn supervise(
     reporter: &Reporter,
 ) -> Result<Ending> {
     // Never a command under a lease whose stop has passed (the watchdog would stop it at once).
-    if let LeaseVerdict::Stop { reason, .. } = held.confirm(reporter) {
-        reporter.event(&Event::Lost { reason });
-        return Ok(Ending::LostBeforeStart(reason.to_owned()));
+    if let LeaseVerdict::Stop { name, reason, .. } = held.confirm() {
+        reporter.about(&name).event(&Event::Lost { reason });
+        return Ok(Ending::LostBeforeStart(Lost { name, reason }));
     }
     spawn::adopt_orphans()
         .map_err(|err| Error::internal("becoming the command's subreaper", err))?;
@@ -411,17 +425,19 @@ impl Run<'_> {
         if stopped {
             let reason =
                 "lockrun was paused past its renewal, and its watchdog stopped the command";
-            self.reporter.event(&Event::Lost { reason });
-            self.ending = Some(Ending::LeaseLost(reason.to_owned()));
+            let name = self.held.ending_first().to_owned();
+            self.reporter.about(&name).event(&Event::Lost { reason });
+            self.ending = Some(Ending::LeaseLost(Lost { name, reason }));
         }
     }
 
     /// Stops the command at once if the lease's deadline has passed without
     /// lockrun noticing (it was stopped); true when it had.
-    fn lose_lapsed_lease(&mut self, reason: &str) -> bool {
+    fn lose_lapsed_lease(&mut self, reason: &'static str) -> bool {
         let lapsed = !self.lease_lost() && self.held.deadline().is_some_and(Moment::has_passed);
         if lapsed {
-            self.lose_lease(reason, Duration::ZERO);
+            let name = self.held.ending_first().to_owned();
+            self.lose_lease(name, reason, Duration::ZERO);
         }
         lapsed
     }
@@ -431,8 +447,13 @@ impl Run<'_> {
     }
 
     fn keep_lease(&mut self) {
-        if let LeaseVerdict::Stop { reason, grace } = self.held.check(self.reporter) {
-            self.lose_lease(reason, grace);
+        if let LeaseVerdict::Stop {
+            name,
+            reason,
+            grace,
+        } = self.held.check()
+        {
+            self.lose_lease(name, reason, grace);
         }
         self.tell_watchdog();
     }
@@ -459,9 +480,9 @@ impl Run<'_> {
         }
     }
 
-    fn lose_lease(&mut self, reason: &str, grace: Duration) {
-        self.reporter.event(&Event::Lost { reason });
-        self.ending = Some(Ending::LeaseLost(reason.to_owned()));
+    fn lose_lease(&mut self, name: String, reason: &'static str, grace: Duration) {
+        self.reporter.about(&name).event(&Event::Lost { reason });
+        self.ending = Some(Ending::LeaseLost(Lost { name, reason }));
         self.begin_stop(grace);
     }
 

@@ -438,6 +438,7 @@ fn holder_entry(
             since: None,
             expires_at: None,
             fence: None,
+            mode: super::Mode::Exclusive,
         }),
         _ => None,
     }

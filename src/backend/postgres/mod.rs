@@ -303,6 +303,7 @@ fn entries(rows: &[Row]) -> Vec<Entry> {
             host: row.get("host"),
         },
         command: row.get("command"),
+        mode: super::Mode::Exclusive,
         // Not shown by `status`.
         parallelism: None,
     };

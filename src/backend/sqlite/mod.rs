@@ -508,6 +508,7 @@ fn owner(row: &rusqlite::Row) -> rusqlite::Result<Owner> {
             host: row.get("host")?,
         },
         command: row.get("command")?,
+        mode: super::Mode::Exclusive,
         parallelism: row.get("parallelism")?,
     })
 }
