@@ -209,26 +209,34 @@ pub struct Ahead<'a> {
 }
 
 /// Where we stand after a look at the line that found us at `position` (0:
-/// not in line) behind `holders` and, unless at the head, `just_ahead`, the
-/// waiter just ahead of us. At the head (or out of line) the line moves by
-/// itself when the first lease ends; second, when the head's place lapses;
-/// further back we are told (see [`local_ahead`]).
-pub fn line(me: &Process, position: u32, holders: &[Ahead], just_ahead: Option<&Ahead>) -> Line {
-    let moves_by = match position {
+/// not in line) behind `holders`. What we watch follows our `place`, where
+/// consecutive sharers stand in one place, as they go together (README:
+/// "Shared locks"), and an exclusive waiter alone; `just_ahead` are the
+/// waiters of the place just ahead of ours. At place 1 (or out of line) the
+/// line moves by itself when the first lease ends; at 2, when a place of
+/// `just_ahead` lapses; further back we are told (see [`local_ahead`]).
+pub fn line(
+    me: &Process,
+    position: u32,
+    place: u32,
+    holders: &[Ahead],
+    just_ahead: &[Ahead],
+) -> Line {
+    let moves_by = match place {
         0 | 1 => holders.iter().map(|holder| holder.ends).min(),
-        2 => just_ahead.map(|waiter| waiter.ends),
+        2 => just_ahead.iter().map(|waiter| waiter.ends).min(),
         _ => None,
     };
     Line {
         position,
         local_ahead: local_ahead(
             me,
-            position,
+            place,
             holders
                 .iter()
                 .filter(|holder| !holder.kept)
                 .map(|holder| holder.owner),
-            just_ahead.map(|waiter| waiter.owner),
+            just_ahead.iter().map(|waiter| waiter.owner),
         ),
         moves_by,
         other_parallelism: None,
@@ -237,15 +245,16 @@ pub fn line(me: &Process, position: u32, holders: &[Ahead], just_ahead: Option<&
 
 /// The entries ahead of us whose owners run on this host, so that the waiting
 /// loop can drop one at once when its process dies: the holders when we are
-/// next in line (or not in line), and the head of the line when we are second.
+/// next in line (or not in line), and the head of the line (its one waiter,
+/// or the sharers that stand there together) when we are second.
 /// A dead waiter further ahead holds nobody up until it reaches the head, and
-/// the one behind it watches it from then on: so only two waiters of a line
-/// ever watch, however long it is.
+/// the one behind it watches it from then on: so only the first two places
+/// of a line ever watch, however long it is.
 pub fn local_ahead<'a>(
     me: &Process,
     position: u32,
     holders: impl Iterator<Item = &'a Owner>,
-    nearest_waiter: Option<&'a Owner>,
+    nearest_waiters: impl IntoIterator<Item = &'a Owner>,
 ) -> Vec<Owner> {
     let local = |owner: &&Owner| owner.process.shares_host_with(me);
     let mut ahead: Vec<Owner> = if position <= 1 {
@@ -254,7 +263,7 @@ pub fn local_ahead<'a>(
         Vec::new()
     };
     if position == 2 {
-        ahead.extend(nearest_waiter.filter(local).cloned());
+        ahead.extend(nearest_waiters.into_iter().filter(local).cloned());
     }
     ahead
 }

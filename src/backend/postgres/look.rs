@@ -213,7 +213,13 @@ impl LookReport {
             .map(|h| h.ahead(self.answered))
             .collect();
         let just_ahead = self.just_ahead.as_ref().map(|w| w.ahead(self.answered));
-        let mut line = line(me, self.position, &holders, just_ahead.as_ref());
+        let mut line = line(
+            me,
+            self.position,
+            self.position,
+            &holders,
+            just_ahead.as_slice(),
+        );
         line.moves_by = [line.moves_by, self.moves_by].into_iter().flatten().min();
         line
     }

@@ -155,8 +155,9 @@ impl LineRows {
         line(
             &request.owner.process,
             position,
+            position,
             &holders,
-            just_ahead.as_ref(),
+            just_ahead.as_slice(),
         )
     }
 }
