@@ -24,6 +24,12 @@ const APPLICATION_ID: u32 = 0x4c4b_524e;
 /// lockrun's own transactions last milliseconds; a lock held this long is stuck.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// The pause between tries of a busy `BEGIN IMMEDIATE`. Another lockrun's
+/// write lasts about a millisecond; SQLite's own busy handler would sleep ever
+/// longer (up to 100 ms a time), which the sharers woken together by one
+/// release, taking their slots one after another, would pay many times over.
+const WRITE_LOCK_RETRY: Duration = Duration::from_micros(250);
+
 /// Pauses between tries of a busy switch to WAL mode: short, as the other
 /// lockrun's transaction lasts milliseconds, and jittered, as a herd may retry.
 const WAL_SWITCH_RETRY: backoff::Policy = backoff::Policy {
@@ -115,11 +121,32 @@ impl Database {
         body: impl FnOnce(&Connection) -> rusqlite::Result<T>,
     ) -> Result<T> {
         let fail = |err| failure(&self.path, what, &err);
-        self.conn.busy_timeout(busy).map_err(fail)?;
-        let tx = Transaction::new_unchecked(&self.conn, behavior).map_err(fail)?;
+        let tx = if matches!(behavior, TransactionBehavior::Immediate) {
+            self.begin_write(busy).map_err(fail)?
+        } else {
+            self.conn.busy_timeout(busy).map_err(fail)?;
+            Transaction::new_unchecked(&self.conn, behavior).map_err(fail)?
+        };
         let value = body(&tx).map_err(fail)?;
         tx.commit().map_err(fail)?;
         Ok(value)
+    }
+
+    /// Takes the write lock, trying again every [`WRITE_LOCK_RETRY`] for at most `busy`.
+    fn begin_write(&self, busy: Duration) -> rusqlite::Result<Transaction<'_>> {
+        let deadline = Instant::now() + busy;
+        self.conn.busy_timeout(Duration::ZERO)?;
+        let tx = loop {
+            match Transaction::new_unchecked(&self.conn, TransactionBehavior::Immediate) {
+                Err(err) if is_busy(&err) && Instant::now() < deadline => {
+                    thread::sleep(WRITE_LOCK_RETRY);
+                }
+                begun => break begun?,
+            }
+        };
+        // What waits inside the transaction (a checkpoint's lock) is left to SQLite's handler.
+        self.conn.busy_timeout(busy)?;
+        Ok(tx)
     }
 
     /// Changes whenever another connection commits: answered from shared memory, without disk access.
