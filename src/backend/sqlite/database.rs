@@ -16,7 +16,7 @@ use crate::backoff::{self, Backoff};
 use crate::error::{Error, Result, Trouble};
 
 /// Bumped when the tables change, so a later lockrun can migrate (stored in `PRAGMA user_version`).
-const SCHEMA_VERSION: u32 = 3;
+pub const SCHEMA_VERSION: u32 = 4;
 /// Marks the file as lockrun's in the SQLite header (`PRAGMA application_id`): "LKRN".
 const APPLICATION_ID: u32 = 0x4c4b_524e;
 
@@ -84,8 +84,20 @@ ALTER TABLE holders ADD COLUMN parallelism INTEGER;
 ALTER TABLE waiters ADD COLUMN parallelism INTEGER;
 ";
 
+/// Version 4: whether each holder and waiter holds the name alone or shares
+/// it (README: "Shared locks"); rows of older lockruns held alone.
+const MODES: &str = "
+ALTER TABLE holders ADD COLUMN mode TEXT NOT NULL DEFAULT 'exclusive';
+ALTER TABLE waiters ADD COLUMN mode TEXT NOT NULL DEFAULT 'exclusive';
+";
+
+/// What brings a database of version N (from 1) up to version N + 1.
+const UPGRADES: [&str; SCHEMA_VERSION as usize - 1] = [WAITERS, PARALLELISM, MODES];
+
 /// The first version whose rows say their `-p`.
 pub const PARALLELISM_SINCE: u32 = 3;
+/// The first version whose rows say their mode.
+pub const MODES_SINCE: u32 = 4;
 
 /// An open lockrun database.
 pub struct Database {
@@ -347,19 +359,14 @@ fn initialize(conn: &mut Connection, path: &Path) -> Result<()> {
             |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
         )
         .map_err(fail)?;
-    match (application_id, version) {
+    let upgrades = match (application_id, version) {
         (APPLICATION_ID, SCHEMA_VERSION) => return Ok(()),
-        (APPLICATION_ID, 1) => {
-            tx.execute_batch(WAITERS).map_err(fail)?;
-            tx.execute_batch(PARALLELISM).map_err(fail)?;
-        }
-        (APPLICATION_ID, 2) => tx.execute_batch(PARALLELISM).map_err(fail)?,
+        (APPLICATION_ID, 1..SCHEMA_VERSION) => &UPGRADES[version as usize - 1..],
         (0, 0) if objects == 0 => {
             tx.execute_batch(SCHEMA).map_err(fail)?;
-            tx.execute_batch(WAITERS).map_err(fail)?;
-            tx.execute_batch(PARALLELISM).map_err(fail)?;
             tx.pragma_update(None, "application_id", APPLICATION_ID)
                 .map_err(fail)?;
+            &UPGRADES[..]
         }
         _ => {
             return Err(Error::Unavailable(format!(
@@ -367,6 +374,9 @@ fn initialize(conn: &mut Connection, path: &Path) -> Result<()> {
                 path.display()
             )));
         }
+    };
+    for upgrade in upgrades {
+        tx.execute_batch(upgrade).map_err(fail)?;
     }
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)
         .map_err(fail)?;
@@ -401,7 +411,7 @@ pub fn failure(path: &Path, what: &str, err: &rusqlite::Error) -> Error {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     /// A lockrun database still in rollback mode, as its creator leaves it
@@ -454,26 +464,66 @@ mod tests {
         assert_eq!(journal_version(&path), (1, 1));
     }
 
-    #[test]
-    fn a_version_2_database_is_brought_up_to_date() {
+    /// A holder and a waiter of `old` on another host, as a lockrun of schema version 3 wrote them.
+    pub(in super::super) const VERSION_3_ROWS: &str = "
+        INSERT INTO holders (name, slot, token, fence, pid, start_time, boot_id, host, command,
+                             acquired_at, expires_at, parallelism)
+        VALUES ('old', 0, 't1', 1, 1, 1, 'b', 'elsewhere', 'c', 1, 9999999999999, 1);
+        INSERT INTO waiters (name, token, pid, start_time, boot_id, host, command, since,
+                             expires_at, parallelism)
+        VALUES ('old', 't2', 2, 1, 'b', 'elsewhere', 'c', 1, 9999999999999, 1);";
+
+    /// A database as a lockrun of schema `version` left it, with `rows` run in it.
+    pub(in super::super) fn database_of_version(
+        version: u32,
+        rows: &str,
+    ) -> (tempfile::TempDir, PathBuf) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("locks.sqlite3");
         let old = Connection::open(&path).unwrap();
         old.execute_batch(SCHEMA).unwrap();
-        old.execute_batch(WAITERS).unwrap();
+        for upgrade in &UPGRADES[..version as usize - 1] {
+            old.execute_batch(upgrade).unwrap();
+        }
+        old.execute_batch(rows).unwrap();
         old.pragma_update(None, "application_id", APPLICATION_ID)
             .unwrap();
-        old.pragma_update(None, "user_version", 2).unwrap();
-        drop(old);
-        let db = open(Some(&path), true).unwrap();
-        let version: u32 = db
-            .conn
-            .query_row("PRAGMA user_version", [], |row| row.get(0))
-            .unwrap();
-        assert_eq!(version, SCHEMA_VERSION);
+        old.pragma_update(None, "user_version", version).unwrap();
+        (dir, path)
+    }
+
+    fn user_version(db: &Database) -> u32 {
         db.conn
-            .prepare("SELECT h.parallelism, w.parallelism FROM holders h, waiters w")
+            .query_row("PRAGMA user_version", [], |row| row.get(0))
+            .unwrap()
+    }
+
+    #[test]
+    fn a_version_2_database_is_brought_up_to_date() {
+        let (_dir, path) = database_of_version(2, "");
+        let db = open(Some(&path), true).unwrap();
+        assert_eq!(user_version(&db), SCHEMA_VERSION);
+        db.conn
+            .prepare(
+                "SELECT h.parallelism, w.parallelism, h.mode, w.mode FROM holders h, waiters w",
+            )
             .unwrap();
+    }
+
+    #[test]
+    fn the_rows_of_a_version_3_database_read_as_exclusive() {
+        let (_dir, path) = database_of_version(3, VERSION_3_ROWS);
+        let db = open(Some(&path), true).unwrap();
+        assert_eq!(user_version(&db), SCHEMA_VERSION);
+        let modes: (String, String) = db
+            .conn
+            .query_row(
+                "SELECT h.mode, w.mode FROM holders h, waiters w",
+                [],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!(modes, ("exclusive".to_owned(), "exclusive".to_owned()));
     }
 
     #[test]
@@ -490,7 +540,8 @@ mod tests {
         let Err(err) = open(Some(&path), true) else {
             panic!("a newer database was opened");
         };
-        assert!(err.to_string().contains("schema version 4"), "{err}");
+        let newer = format!("schema version {}", SCHEMA_VERSION + 1);
+        assert!(err.to_string().contains(&newer), "{err}");
         assert_eq!(std::fs::read(&path).unwrap(), before);
     }
 }

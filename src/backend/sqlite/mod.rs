@@ -15,13 +15,15 @@ use std::time::{Duration, SystemTime};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::record::{Ahead, line, sort, waiting};
-use super::{Abilities, Attempt, Common, Entry, Line, Owner, Request, Store, Waited, refuses};
+use super::{
+    Abilities, Attempt, Common, Entry, Line, Mode, Owner, Request, Store, Waited, refuses,
+};
 use crate::error::Result;
 use crate::identity::{Process, epoch_millis};
 use crate::name::Name;
 use crate::platform::clock::Moment;
 use crate::platform::doorbell::{self, Doorbell};
-use database::{BUSY_TIMEOUT, Database, PARALLELISM_SINCE};
+use database::{BUSY_TIMEOUT, Database, MODES_SINCE, PARALLELISM_SINCE, SCHEMA_VERSION};
 use slot::SqliteSlot;
 
 /// Its command-line options (a group of their own is not needed: clap flattens them).
@@ -107,19 +109,22 @@ impl LineRows {
             )
             .optional()?;
         Ok(Self {
-            holders: live_holders(tx, Some(name), now, true)?,
-            ahead: live_waiters(tx, Some(name), ticket, now, true)?,
+            holders: live_holders(tx, Some(name), now, SCHEMA_VERSION)?,
+            ahead: live_waiters(tx, Some(name), ticket, now, SCHEMA_VERSION)?,
             ticket,
             data_version: tx.query_row("PRAGMA data_version", [], |row| row.get(0))?,
         })
     }
 
-    /// The first free slot, if the line lets us have one: nobody waits ahead of us.
-    fn free_slot(&self, parallelism: u32) -> Option<u32> {
+    /// The lowest free slot, if the line lets us have one (README: "Shared locks").
+    fn free_slot(&self, request: &Request) -> Option<u32> {
+        let holders = self.holders.iter().map(|row| row.owner.mode);
+        let ahead = self.ahead.iter().map(|row| row.owner.mode);
+        if !request.admitted(holders, ahead) {
+            return None;
+        }
         let taken: HashSet<u32> = self.holders.iter().map(|row| row.slot).collect();
-        (0..parallelism)
-            .find(|slot| !taken.contains(slot))
-            .filter(|_| self.ahead.is_empty())
+        (0..request.capacity()).find(|slot| !taken.contains(slot))
     }
 
     /// The `-p` of a holder or a waiter ahead of us, when it is not ours.
@@ -133,10 +138,16 @@ impl LineRows {
     }
 
     fn line(&self, request: &Request, in_line: bool) -> Line {
-        let position = if in_line {
-            self.ahead.len() as u32 + 1
+        let mut places = Places::default();
+        let places_ahead: Vec<u32> = self
+            .ahead
+            .iter()
+            .map(|row| places.next(row.owner.mode))
+            .collect();
+        let (position, place) = if in_line {
+            (self.ahead.len() as u32 + 1, places.next(request.mode()))
         } else {
-            0
+            (0, 0)
         };
         let holders: Vec<Ahead> = self
             .holders
@@ -147,17 +158,23 @@ impl LineRows {
                 ends: moment_at(row.expires_at),
             })
             .collect();
-        let just_ahead = self.ahead.last().map(|row| Ahead {
-            owner: &row.owner,
-            kept: false,
-            ends: moment_at(row.expires_at),
-        });
+        let just_ahead: Vec<Ahead> = self
+            .ahead
+            .iter()
+            .zip(places_ahead)
+            .filter(|&(_, theirs)| theirs + 1 == place)
+            .map(|(row, _)| Ahead {
+                owner: &row.owner,
+                kept: false,
+                ends: moment_at(row.expires_at),
+            })
+            .collect();
         line(
             &request.owner.process,
             position,
-            position,
+            place,
             &holders,
-            just_ahead.as_slice(),
+            &just_ahead,
         )
     }
 }
@@ -176,7 +193,7 @@ impl SqliteStore {
             if look.other_parallelism(request.parallelism).is_some() {
                 return Ok((look, None, Vec::new()));
             }
-            let Some(slot) = look.free_slot(request.parallelism) else {
+            let Some(slot) = look.free_slot(request) else {
                 match look.ticket {
                     Some(_) => refresh_waiter(tx, &owner.token, now + ttl)?,
                     None if request.queue => join(tx, name, owner, now, now + ttl)?,
@@ -195,8 +212,8 @@ impl SqliteStore {
             let process = &owner.process;
             tx.execute(
                 "INSERT INTO holders (name, slot, token, fence, pid, start_time, boot_id, host,
-                                      command, acquired_at, expires_at, parallelism)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                                      command, acquired_at, expires_at, parallelism, mode)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
                 params![
                     name,
                     slot,
@@ -210,6 +227,7 @@ impl SqliteStore {
                     now,
                     now + ttl,
                     owner.parallelism,
+                    owner.mode.as_str(),
                 ],
             )?;
             Ok((look, Some((slot, fence)), front(tx, name, now)?))
@@ -259,7 +277,7 @@ impl Store for SqliteStore {
                     now_millis(),
                 )
             })?;
-            if look.ticket.is_some() && look.free_slot(request.parallelism).is_none() {
+            if look.ticket.is_some() && look.free_slot(request).is_none() {
                 self.seen = look.data_version;
                 return Ok(Attempt::Waiting(look.line(request, true)));
             }
@@ -327,13 +345,12 @@ impl Store for SqliteStore {
         let (holders, waiters) = self.db.read("list the holders", |tx| {
             let version: u32 = tx.query_row("PRAGMA user_version", [], |row| row.get(0))?;
             // A database from before the waiting line has no waiters.
-            let counted = version >= PARALLELISM_SINCE;
             let waiters = if version >= 2 {
-                live_waiters(tx, name, None, now, counted)?
+                live_waiters(tx, name, None, now, version)?
             } else {
                 Vec::new()
             };
-            Ok((live_holders(tx, name, now, counted)?, waiters))
+            Ok((live_holders(tx, name, now, version)?, waiters))
         })?;
         let mut entries: Vec<Entry> = holders
             .iter()
@@ -354,7 +371,7 @@ impl Store for SqliteStore {
 
     fn break_slots(&mut self, name: &Name, slot: Option<u32>) -> Result<Vec<Entry>> {
         let (broken, front) = self.db.write("break the leases", BUSY_TIMEOUT, |tx| {
-            let mut broken = live_holders(tx, Some(name.as_str()), now_millis(), true)?;
+            let mut broken = live_holders(tx, Some(name.as_str()), now_millis(), SCHEMA_VERSION)?;
             broken.retain(|row| slot.is_none_or(|slot| slot == row.slot));
             for row in &broken {
                 tx.execute(
@@ -388,8 +405,8 @@ fn join(
     let process = &owner.process;
     tx.execute(
         "INSERT INTO waiters (name, token, pid, start_time, boot_id, host, command, since, expires_at,
-                              parallelism)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                              parallelism, mode)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
         params![
             name,
             owner.token,
@@ -400,20 +417,56 @@ fn join(
             owner.command,
             now,
             expires_at,
-            owner.parallelism
+            owner.parallelism,
+            owner.mode.as_str(),
         ],
     )?;
     Ok(())
 }
 
-/// The tokens of the first two waiters of `name`: when the line moves, the head
-/// may take a slot and the second must watch the head (README: "The waiting line").
+/// The tokens of the waiters in the first two places of the line of `name`:
+/// when the line moves, those at the head may take a slot (every sharer there
+/// at once) and those second must watch the head (README: "The waiting line").
 fn front(tx: &Connection, name: &str, now: u64) -> rusqlite::Result<Vec<String>> {
-    tx.prepare(
-        "SELECT token FROM waiters WHERE name = ?1 AND expires_at > ?2 ORDER BY ticket LIMIT 2",
-    )?
-    .query_map(params![name, now], |row| row.get(0))?
-    .collect()
+    let mut statement = tx.prepare(
+        "SELECT token, mode FROM waiters WHERE name = ?1 AND expires_at > ?2 ORDER BY ticket",
+    )?;
+    let waiters = statement.query_map(params![name, now], |row| {
+        Ok((
+            row.get::<_, String>(0)?,
+            Mode::parse(&row.get::<_, String>(1)?),
+        ))
+    })?;
+    let mut places = Places::default();
+    let mut front = Vec::new();
+    for waiter in waiters {
+        let (token, mode) = waiter?;
+        if places.next(mode) > 2 {
+            break;
+        }
+        front.push(token);
+    }
+    Ok(front)
+}
+
+/// Counts the places of a line, waiter by waiter in line order: consecutive
+/// sharers stand in one place, as they go together (README: "Shared locks");
+/// an exclusive waiter stands alone.
+#[derive(Default)]
+struct Places {
+    place: u32,
+    last: Option<Mode>,
+}
+
+impl Places {
+    /// The place, from 1, of the next waiter, who waits in `mode`.
+    fn next(&mut self, mode: Mode) -> u32 {
+        if mode == Mode::Exclusive || self.last != Some(Mode::Shared) {
+            self.place += 1;
+        }
+        self.last = Some(mode);
+        self.place
+    }
 }
 
 /// Wakes the waiters of `tokens`, once what they must see is committed.
@@ -445,18 +498,18 @@ fn refresh_waiter(tx: &Connection, token: &str, expires_at: u64) -> rusqlite::Re
 }
 
 /// The holders of `name` (or of every name) whose leases have not expired, by
-/// name and slot; with their `-p` when `counted` (the database has it).
+/// name and slot, in a database of schema `version`.
 fn live_holders(
     tx: &Connection,
     name: Option<&str>,
     now: u64,
-    counted: bool,
+    version: u32,
 ) -> rusqlite::Result<Vec<HolderRow>> {
     tx.prepare(&format!(
         "SELECT name, slot, token, fence, pid, start_time, boot_id, host, command,
                 acquired_at, expires_at, released, {}
          FROM holders WHERE (?1 IS NULL OR name = ?1) AND expires_at > ?2 ORDER BY name, slot",
-        parallelism(counted)
+        later_columns(version)
     ))?
     .query_map(params![name, now], |row| {
         Ok(HolderRow {
@@ -473,20 +526,20 @@ fn live_holders(
 }
 
 /// The waiters of `name` (or of every name) whose places have not lapsed, in
-/// line order; only those ahead of `before` when given; with their `-p` when `counted`.
+/// line order; only those ahead of `before` when given; in a database of schema `version`.
 fn live_waiters(
     tx: &Connection,
     name: Option<&str>,
     before: Option<i64>,
     now: u64,
-    counted: bool,
+    version: u32,
 ) -> rusqlite::Result<Vec<WaiterRow>> {
     tx.prepare(&format!(
         "SELECT name, token, pid, start_time, boot_id, host, command, since, expires_at, {}
          FROM waiters
          WHERE (?1 IS NULL OR name = ?1) AND (?2 IS NULL OR ticket < ?2) AND expires_at > ?3
          ORDER BY name, ticket",
-        parallelism(counted)
+        later_columns(version)
     ))?
     .query_map(params![name, before, now], |row| {
         Ok(WaiterRow {
@@ -509,19 +562,26 @@ fn owner(row: &rusqlite::Row) -> rusqlite::Result<Owner> {
             host: row.get("host")?,
         },
         command: row.get("command")?,
-        mode: super::Mode::Exclusive,
+        mode: Mode::parse(&row.get::<_, String>("mode")?),
         parallelism: row.get("parallelism")?,
     })
 }
 
-/// The `parallelism` column, or NULL in a database older than it, which
-/// `status` reads without bringing it up to date (it never writes).
-fn parallelism(counted: bool) -> &'static str {
-    if counted {
+/// The `parallelism` and `mode` columns, or what a database older than them
+/// means by their absence (no known `-p`, exclusive): `status` reads an older
+/// database without bringing it up to date (it never writes).
+fn later_columns(version: u32) -> String {
+    let parallelism = if version >= PARALLELISM_SINCE {
         "parallelism"
     } else {
         "NULL AS parallelism"
-    }
+    };
+    let mode = if version >= MODES_SINCE {
+        "mode"
+    } else {
+        "'exclusive' AS mode"
+    };
+    format!("{parallelism}, {mode}")
 }
 
 fn now_millis() -> u64 {
@@ -535,4 +595,26 @@ fn millis(duration: Duration) -> u64 {
 /// The moment on the monotonic clock when the wall clock reaches `millis` since the Unix epoch.
 fn moment_at(millis: u64) -> Moment {
     Moment::now() + Duration::from_millis(millis.saturating_sub(now_millis()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use database::tests::{VERSION_3_ROWS, database_of_version};
+
+    #[test]
+    fn status_reads_an_older_database_as_it_is_its_rows_exclusive() {
+        let (_dir, path) = database_of_version(3, VERSION_3_ROWS);
+        let common = Common {
+            prefix: "lockrun",
+            create: false,
+        };
+        let mut store = Options { db: Some(path) }.open(&common).unwrap();
+        let entries = store.list(None).unwrap();
+        let modes: Vec<(Option<u32>, Mode)> = entries
+            .iter()
+            .map(|entry| (entry.slot, entry.mode))
+            .collect();
+        assert_eq!(modes, [(Some(0), Mode::Exclusive), (None, Mode::Exclusive)]);
+    }
 }
