@@ -575,7 +575,10 @@ fn relay(client: TcpStream, server: TcpStream, notify: bool, turns: Arc<AtomicUs
         (client.try_clone().unwrap(), server.try_clone().unwrap());
     let heard = Arc::clone(&answered);
     thread::spawn(move || {
-        let mut buffer = [0u8; 8192];
+        // Room for a whole transaction sent at once: read in two pieces, the
+        // server could answer the first before the second is read, and one
+        // round trip would count as two.
+        let mut buffer = vec![0u8; 65536];
         while let Ok(read) = from_client.read(&mut buffer) {
             if read == 0 || to_server.write_all(&buffer[..read]).is_err() {
                 break;
