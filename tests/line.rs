@@ -75,18 +75,30 @@ fn join_line_with(
     log: &std::path::Path,
     extra: &[&str],
 ) -> Running {
-    let before = waiting_pids(store, name).len();
     let script = format!("echo {id} $LOCKRUN_FENCE >> '{}'", log.display());
+    join_line_running(store, name, slots, &script, extra)
+}
+
+/// Starts a waiter on `name` that runs the shell code `script`, once `status`
+/// shows it at the end of the line.
+fn join_line_running(
+    store: &Store,
+    name: &str,
+    slots: u32,
+    script: &str,
+    extra: &[&str],
+) -> Running {
+    let before = waiting_pids(store, name).len();
     let waiter = store
         .lockrun()
         .args(["--name", name, "-p", &slots.to_string(), "-w", "60"])
         .args(extra)
         // Slow polls: only the line's own wake-ups hand the slots on in time.
-        .args(["--initial-delay", "30", "-c", &script])
+        .args(["--initial-delay", "30", "-c", script])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .start();
-    wait_until(&format!("waiter {id} to join the line"), || {
+    wait_until(&format!("waiter {} to join the line", waiter.id()), || {
         let pids = waiting_pids(store, name);
         pids.len() == before + 1 && pids.last() == Some(&u64::from(waiter.id()))
     });
@@ -218,4 +230,57 @@ pub fn a_waiter_behind_a_holder_on_this_host_keeps_its_place_past_its_ttl(store:
     }
     let_go(holders);
     runs_soon(&mut waiter, Instant::now(), "the waiter took the slot");
+}
+
+/// A writer's release lets every reader waiting behind it in at once: each
+/// reader's command runs until all of them have started, so they can only end
+/// together, and with 30 s between their polls only wake-ups start them.
+pub fn a_writers_release_starts_every_waiting_reader_at_once(store: &Store) {
+    const READERS: usize = 8;
+    let scratch = Scratch::new();
+    let writer = holders(store, "group", 1);
+    let script = format!(
+        "touch '{dir}/in.'$$; until [ $(ls '{dir}' | grep -c in.) -ge {READERS} ]; do sleep 0.01; done",
+        dir = scratch.dir().display()
+    );
+    let mut readers: Vec<Running> = (0..READERS)
+        .map(|_| join_line_running(store, "group", 1, &script, &["-s"]))
+        .collect();
+    let released = Instant::now();
+    let_go(writer);
+    for reader in &mut readers {
+        runs_soon(reader, released, "a reader ran with the others");
+    }
+}
+
+/// Readers at the head of the line that died while they waited hold nobody
+/// up: not the reader behind them, which goes with them, nor the writer
+/// behind it, which watches each of them (not only the one just ahead).
+pub fn dead_readers_at_the_head_hold_nobody_up(store: &Store) {
+    let scratch = Scratch::new();
+    let log = scratch.path("order");
+    let writer = holders(store, "dropped", 1);
+    let dead: Vec<Running> = (1..=2)
+        .map(|id| join_line_with(store, "dropped", 1, id, &log, &["-s"]))
+        .collect();
+    let mut reader = join_line_with(store, "dropped", 1, 3, &log, &["-s"]);
+    let mut next_writer = join_line(store, "dropped", 1, 4, &log);
+    for mut waiter in dead {
+        waiter.kill().unwrap();
+        waiter.wait().unwrap();
+    }
+    let released = Instant::now();
+    let_go(writer);
+    runs_soon(&mut reader, released, "the live reader ran");
+    runs_soon(
+        &mut next_writer,
+        released,
+        "the writer behind the readers ran",
+    );
+    let ran: Vec<String> = scratch
+        .lines("order")
+        .iter()
+        .map(|line| line.split(' ').next().unwrap().to_owned())
+        .collect();
+    assert_eq!(ran, ["3", "4"], "only the live waiters ran, in order");
 }

@@ -13,6 +13,7 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
 use crate::core::{hold, start_holding};
+use crate::line;
 use crate::support::*;
 
 /// `lockrun [SUBCOMMAND] --backend sqlite --db PATH ARGS`.
@@ -603,88 +604,12 @@ fn status_and_release_on_a_missing_database_say_so_and_create_nothing() {
     }
 }
 
-/// A waiter on `name` in `mode` (`-s`, or nothing) running `script`, whose
-/// retries are 30 s apart: only a wake-up starts it sooner. Returns once it
-/// says it is waiting.
-fn patient_waiter(store: &Store, name: &str, mode: &[&str], script: &str) -> Running {
-    let mut waiter = store
-        .lockrun()
-        .args([
-            "--name",
-            name,
-            "-v",
-            "--initial-delay",
-            "30",
-            "--max-delay",
-            "30",
-        ])
-        .args(mode)
-        .args(["-c", script])
-        .stderr(Stdio::piped())
-        .start();
-    wait_for_stderr(&mut waiter, "waiting");
-    waiter
-}
-
 #[test]
 fn a_writers_release_starts_every_waiting_reader_at_once() {
-    const READERS: usize = 8;
-    let store = Store::sqlite();
-    let scratch = Scratch::new();
-    let mut writer = hold(&store, &scratch, "group", &[]);
-    // Each reader runs until all of them have started: only together can they end.
-    let script = format!(
-        "touch '{dir}/in.'$$; until [ $(ls '{dir}' | grep -c in.) -ge {READERS} ]; do sleep 0.01; done",
-        dir = scratch.dir().display()
-    );
-    let mut readers: Vec<Running> = (0..READERS)
-        .map(|_| patient_waiter(&store, "group", &["-s"], &script))
-        .collect();
-    fs::write(scratch.path("release"), "").unwrap();
-    assert_eq!(wait(&mut writer).code(), Some(0));
-    for reader in &mut readers {
-        let status = wait_within(reader, Duration::from_secs(10));
-        assert_eq!(status.code(), Some(0), "a reader failed");
-    }
-}
-
-/// The waiters of `name` the database keeps, dead or alive (`status` shows only live ones).
-fn rows_in_line(store: &Store, name: &str) -> u32 {
-    let args = store.args();
-    let db = args.iter().position(|arg| arg == "--db").unwrap() + 1;
-    let conn = rusqlite::Connection::open(&args[db]).unwrap();
-    conn.query_row(
-        "SELECT count(*) FROM waiters WHERE name = ?1",
-        [name],
-        |row| row.get(0),
-    )
-    .unwrap()
+    line::a_writers_release_starts_every_waiting_reader_at_once(&Store::sqlite());
 }
 
 #[test]
-fn dead_readers_at_the_head_of_the_line_are_dropped_by_the_writer_behind_them() {
-    let store = Store::sqlite();
-    let scratch = Scratch::new();
-    let mut writer = hold(&store, &scratch, "dropped", &[]);
-    // Two readers first in line, neither watched by the other once both are dead.
-    let dead: Vec<Running> = (0..2)
-        .map(|_| patient_waiter(&store, "dropped", &["-s"], "true"))
-        .collect();
-    let mut reader = patient_waiter(&store, "dropped", &["-s"], "true");
-    let mut next_writer = patient_waiter(&store, "dropped", &[], "true");
-    for mut waiter in dead {
-        waiter.kill().unwrap();
-        waiter.wait().unwrap();
-    }
-    // The writer behind the readers watches every one of them, not only the one just ahead.
-    wait_until_within(
-        "the dead readers to leave the line",
-        Duration::from_secs(5),
-        || rows_in_line(&store, "dropped") == 2,
-    );
-    fs::write(scratch.path("release"), "").unwrap();
-    assert_eq!(wait(&mut writer).code(), Some(0));
-    for waiter in [&mut reader, &mut next_writer] {
-        assert_eq!(wait_within(waiter, Duration::from_secs(10)).code(), Some(0));
-    }
+fn dead_readers_at_the_head_hold_nobody_up() {
+    line::dead_readers_at_the_head_hold_nobody_up(&Store::sqlite());
 }
