@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use lockrun::backend::net::{Failure, Kind};
 use lockrun::backend::postgres::connect::{Connector, Session};
-use lockrun::backend::postgres::schema::{Schema, create_or_check};
+use lockrun::backend::postgres::schema::{SCHEMA_VERSION, Schema, create_or_check};
 use lockrun::backend::postgres::target::Target;
 use nix::sys::signal::Signal;
 use postgres::types::Type;
@@ -220,7 +220,7 @@ fn the_schema_is_made_once_and_foreign_or_newer_ones_are_left_alone() {
     let mut session = connect(&url).expect("connect");
     // Looking (status, release) creates nothing.
     let present = create_or_check(&mut session, &lockrun, false, CALL).expect("a look");
-    assert!(!present);
+    assert_eq!(present, None);
     let mut admin = server.client();
     let schemas: i64 = admin
         .query_one(
@@ -247,7 +247,10 @@ fn the_schema_is_made_once_and_foreign_or_newer_ones_are_left_alone() {
             .expect("a first use")
             .expect("made or found");
     }
-    assert!(create_or_check(&mut session, &lockrun, false, CALL).expect("found"));
+    assert_eq!(
+        create_or_check(&mut session, &lockrun, false, CALL).expect("found"),
+        Some(SCHEMA_VERSION)
+    );
     let tables = |admin: &mut postgres::Client, schema: &str| -> Vec<String> {
         admin
             .query(
@@ -298,16 +301,16 @@ fn the_schema_is_made_once_and_foreign_or_newer_ones_are_left_alone() {
     );
 
     // A newer lockrun's schema is refused too.
+    let newer = format!("schema version {}", SCHEMA_VERSION + 1);
     admin
-        .batch_execute("COMMENT ON TABLE lockrun.holders IS 'lockrun schema version 3'")
+        .batch_execute(&format!(
+            "COMMENT ON TABLE lockrun.holders IS 'lockrun {newer}'"
+        ))
         .unwrap();
     let failure =
         create_or_check(&mut session, &lockrun, true, CALL).expect_err("a newer lockrun's schema");
     assert_eq!(failure.kind(), Kind::Permanent, "{failure}");
-    assert!(
-        failure.to_string().contains("schema version 3"),
-        "{failure}"
-    );
+    assert!(failure.to_string().contains(&newer), "{failure}");
 }
 
 #[test]
@@ -319,11 +322,11 @@ fn a_version_1_schema_is_brought_up_to_date_by_a_run_only() {
     let mut session = connect(&server.url()).expect("connect");
     create_or_check(&mut session, &lockrun, true, CALL).expect("the schema");
     let mut admin = server.client();
-    // Without the rows' -p: a look leaves it so, a run brings it up to date.
+    // Without the rows' -p and mode: a look leaves it so, a run brings it up to date.
     admin
         .batch_execute(
-            "ALTER TABLE lockrun.holders DROP COLUMN parallelism;
-             ALTER TABLE lockrun.waiters DROP COLUMN parallelism;
+            "ALTER TABLE lockrun.holders DROP COLUMN parallelism, DROP COLUMN mode;
+             ALTER TABLE lockrun.waiters DROP COLUMN parallelism, DROP COLUMN mode;
              COMMENT ON TABLE lockrun.holders IS 'lockrun schema version 1'",
         )
         .unwrap();
@@ -331,17 +334,23 @@ fn a_version_1_schema_is_brought_up_to_date_by_a_run_only() {
         admin
             .query_one(
                 "SELECT count(*) FROM information_schema.columns
-                  WHERE table_schema = 'lockrun' AND column_name = 'parallelism'",
+                  WHERE table_schema = 'lockrun' AND column_name IN ('parallelism', 'mode')",
                 &[],
             )
             .unwrap()
             .get(0)
     };
-    assert!(create_or_check(&mut session, &lockrun, false, CALL).expect("a look"));
+    assert_eq!(
+        create_or_check(&mut session, &lockrun, false, CALL).expect("a look"),
+        Some(1)
+    );
     assert_eq!(columns(&mut admin), 0, "a look changed the schema");
     create_or_check(&mut session, &lockrun, true, CALL).expect("brought up to date");
-    assert_eq!(columns(&mut admin), 2);
-    assert!(create_or_check(&mut session, &lockrun, true, CALL).expect("up to date"));
+    assert_eq!(columns(&mut admin), 4);
+    assert_eq!(
+        create_or_check(&mut session, &lockrun, true, CALL).expect("up to date"),
+        Some(SCHEMA_VERSION)
+    );
 }
 
 /// Takes slot 0 of `name` for `ttl_ms` by the server's clock; returns the lease's length as stored.

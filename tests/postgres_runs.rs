@@ -1,8 +1,9 @@
 //! lockrun on PostgreSQL, beyond the tests every backend runs (tests/core.rs):
 //! one thread, a restart or a terminated session during a hold, a waiter
 //! across a restart, refusals that show no password and touch nothing, a
-//! full server at first contact, a long line on few connections, and a line
-//! that moves without notifications (as behind a transaction-pooling pgbouncer).
+//! full server at first contact, a long line on few connections, a line
+//! that moves without notifications (as behind a transaction-pooling
+//! pgbouncer), readers woken together, and an older schema read as it is.
 
 use std::fs;
 use std::process::Stdio;
@@ -11,6 +12,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::core::{hold, line_up, served};
+use crate::line;
 use crate::support::postgres::{PASSWORD, PostgresServer, Proxy, USER};
 use crate::support::*;
 
@@ -570,4 +572,61 @@ fn a_server_too_busy_to_answer_at_first_contact_is_waited_out() {
         "{}",
         stderr(&output)
     );
+}
+
+#[test]
+fn a_writers_release_starts_every_waiting_reader_at_once() {
+    let Some(store) = Store::postgres() else {
+        return;
+    };
+    line::a_writers_release_starts_every_waiting_reader_at_once(&store);
+}
+
+#[test]
+fn dead_readers_at_the_head_hold_nobody_up() {
+    let Some(store) = Store::postgres() else {
+        return;
+    };
+    line::dead_readers_at_the_head_hold_nobody_up(&store);
+}
+
+/// `status` and `release --force` read a schema from before the rows said
+/// their mode as it is: its holders held alone.
+#[test]
+fn status_and_release_read_a_version_2_schema_as_it_is() {
+    let Some(server) = PostgresServer::start() else {
+        return;
+    };
+    let server = Arc::new(server);
+    let store = Store::on_postgres(&server);
+    assert_status(&run(store.lockrun().args(["--name", "old", "true"])), 0);
+    let mut admin = server.client();
+    admin
+        .batch_execute(
+            "ALTER TABLE lockrun.holders DROP COLUMN mode;
+             ALTER TABLE lockrun.waiters DROP COLUMN mode;
+             COMMENT ON TABLE lockrun.holders IS 'lockrun schema version 2';
+             INSERT INTO lockrun.holders (name, slot, token, fence, pid, start_time, boot_id,
+                                          host, command, acquired_at, expires_at, parallelism)
+             VALUES ('old', 0, 'an-old-token', 7, 1, 1, 'boot', 'elsewhere', 'old job', now(),
+                     now() + interval '1 hour', 1)",
+        )
+        .unwrap();
+    let output = run(store.status().args(["old", "--json"]));
+    assert_status(&output, 0);
+    let entries: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!(entries[0]["command"], "old job", "{entries}");
+    assert_eq!(entries[0]["mode"], "exclusive", "{entries}");
+    assert_status(&run(store.release().args(["old", "--force"])), 0);
+    let output = run(store.status().args(["old", "--json"]));
+    assert_eq!(stdout(&output).trim(), "[]");
+    let modes: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM information_schema.columns
+              WHERE table_schema = 'lockrun' AND column_name = 'mode'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(modes, 0, "status or release changed the schema");
 }

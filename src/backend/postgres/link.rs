@@ -20,8 +20,10 @@ pub struct PostgresLink {
     /// Whether a missing schema may be made (running), or only looked for.
     create: bool,
     session: Option<Session>,
-    /// Whether lockrun's tables are there, once a first connection looked.
-    present: Option<bool>,
+    /// Whether a first connection looked for lockrun's tables.
+    looked: bool,
+    /// The version of lockrun's tables, if they are there.
+    tables: Option<i64>,
     /// Whether the session LISTENs for wake-ups (a new session does not).
     listening: bool,
 }
@@ -33,7 +35,8 @@ impl PostgresLink {
             schema,
             create,
             session: None,
-            present: None,
+            looked: false,
+            tables: None,
             listening: false,
         }
     }
@@ -44,11 +47,11 @@ impl PostgresLink {
         self.connector.target().connect_timeout.max(FREE_CALL)
     }
 
-    /// Whether lockrun's tables are there (made first, when running):
-    /// connects, if not connected yet.
-    pub fn present(&mut self) -> Result<bool> {
+    /// The version of lockrun's tables, if they are there (made or brought
+    /// up to date first, when running): connects, if not connected yet.
+    pub fn tables(&mut self) -> Result<Option<i64>> {
         self.session(self.patience())?;
-        Ok(self.present == Some(true))
+        Ok(self.tables)
     }
 
     /// Whether the session listens for wake-ups.
@@ -115,10 +118,10 @@ impl PostgresLink {
         if self.session.is_none() {
             let deadline = Deadline::after(within);
             let mut session = self.connector.connect(within)?;
-            if self.present.is_none() {
+            if !self.looked {
                 let left = deadline.remaining();
-                let present = create_or_check(&mut session, &self.schema, self.create, left)?;
-                self.present = Some(present);
+                self.tables = create_or_check(&mut session, &self.schema, self.create, left)?;
+                self.looked = true;
             }
             self.session = Some(session);
         }

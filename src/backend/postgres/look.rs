@@ -23,10 +23,12 @@ use crate::platform::clock::Moment;
 pub struct LookReport {
     /// The slot and fence we hold now, after an act.
     pub taken: Option<(u32, u64)>,
-    /// Our place, from 1; 0 when not in line.
+    /// Our position in line, from 1; 0 when not in line.
     pub position: u32,
-    /// Whether a slot is free (for the head of the line).
-    pub free: bool,
+    /// Our place, where consecutive sharers stand in one (see [`Sql`]); 0 when not in line.
+    pub place: u32,
+    /// Whether the line lets us take a slot now.
+    pub admitted: bool,
     /// The look began to listen for wake-ups (its session did not before).
     pub began_listening: bool,
     /// When to look again at the latest, if sooner than the line says.
@@ -34,12 +36,13 @@ pub struct LookReport {
     /// Another `-p` that a holder or waiter has: we were let in neither as a holder nor as a waiter.
     other_parallelism: Option<u32>,
     holders: Vec<Neighbour>,
-    just_ahead: Option<Neighbour>,
+    /// The waiters of the place just ahead of ours.
+    just_ahead: Vec<Neighbour>,
     /// When the answer came: `left_ms` counts from then.
     answered: Moment,
 }
 
-/// A holder or the waiter just ahead, as the report gives it.
+/// A holder or a waiter just ahead, as the report gives it.
 #[derive(Deserialize)]
 struct Neighbour {
     #[serde(flatten)]
@@ -62,13 +65,14 @@ impl Neighbour {
 
 /// The parameters every look binds: $1 name, $2 token, $3 parallelism, $4
 /// TTL ms, $5-$9 the owner's pid, start time, boot id, host and command, $10
-/// whether to join the line.
+/// whether to join the line, $11 the mode.
 struct Params<'a> {
     name: &'a str,
     parallelism: i32,
     ttl: i64,
     pid: i32,
     start_time: i64,
+    mode: &'static str,
     request: &'a Request,
 }
 
@@ -81,11 +85,12 @@ impl<'a> Params<'a> {
             ttl: millis(request.plan.ttl()),
             pid: process.pid.cast_signed(),
             start_time: process.start_time.cast_signed(),
+            mode: request.mode().as_str(),
             request,
         }
     }
 
-    fn all(&self) -> [(&(dyn ToSql + Sync), Type); 10] {
+    fn all(&self) -> [(&(dyn ToSql + Sync), Type); 11] {
         let owner = &self.request.owner;
         [
             (&self.name, Type::TEXT),
@@ -98,6 +103,7 @@ impl<'a> Params<'a> {
             (&owner.process.host, Type::TEXT),
             (&owner.command, Type::TEXT),
             (&self.request.queue, Type::BOOL),
+            (&self.mode, Type::TEXT),
         ]
     }
 }
@@ -117,7 +123,7 @@ pub fn take(link: &mut PostgresLink, sql: &Sql, request: &Request) -> Result<Opt
     let params = Params::new(request);
     let all = params.all();
     let wake = wake_params(&params.name, &params.parallelism, &true);
-    let mut statements: Vec<Statement> = vec![(&sql.lock, &all[..1]), (&sql.take, &all[..9])];
+    let mut statements: Vec<Statement> = vec![(&sql.lock, &all[..1]), (&sql.take, &all[..])];
     if request.parallelism > 1 {
         // Slots go out in line order: the new head, if another slot is free
         // (and the new second). With one slot the new first two find out at
@@ -156,14 +162,14 @@ impl LookReport {
             statements.extend([
                 (sql.lock_new.as_str(), &all[..1]),
                 (&sql.purge, &all[..1]),
-                (&sql.take, &all[..9]),
+                (&sql.take, &all[..]),
                 (&sql.join, &all[..]),
                 (&sql.wake, &wake[..]),
             ]);
         } else if refresh {
             statements.push((&sql.keep_place, &all[..4]));
         }
-        statements.push((&sql.report, &all[..3]));
+        statements.push((&sql.report, &all[..]));
         let what = if join {
             "join the line"
         } else {
@@ -179,26 +185,25 @@ impl LookReport {
         Ok(look)
     }
 
-    /// The report's one row: our place, whether a slot is free, the holders and the waiter ahead.
+    /// The report's one row: our position and place, whether the line lets
+    /// us in, the holders and the waiters just ahead.
     fn report(row: &Row) -> Result<Self> {
-        let holders: Option<String> = row.get(2);
-        let just_ahead: Option<String> = row.get(3);
-        let bad = |err: serde_json::Error| Error::internal("reading the line", err);
+        let neighbours = |column: usize| -> Result<Vec<Neighbour>> {
+            row.get::<_, Option<String>>(column)
+                .map_or(Ok(Vec::new()), |json| serde_json::from_str(&json))
+                .map_err(|err| Error::internal("reading the line", err))
+        };
         Ok(Self {
             taken: None,
             position: row.get::<_, i32>(0).cast_unsigned(),
-            free: row.get(1),
+            place: row.get::<_, i32>(1).cast_unsigned(),
+            admitted: row.get(2),
             began_listening: false,
-            holders: holders
-                .map_or(Ok(Vec::new()), |json| serde_json::from_str(&json))
-                .map_err(bad)?,
-            just_ahead: just_ahead
-                .map(|json| serde_json::from_str(&json))
-                .transpose()
-                .map_err(bad)?,
+            holders: neighbours(3)?,
+            just_ahead: neighbours(4)?,
             answered: Moment::now(),
             moves_by: None,
-            other_parallelism: row.get::<_, Option<i32>>(4).map(i32::cast_unsigned),
+            other_parallelism: row.get::<_, Option<i32>>(5).map(i32::cast_unsigned),
         })
     }
 
@@ -212,14 +217,12 @@ impl LookReport {
             .iter()
             .map(|h| h.ahead(self.answered))
             .collect();
-        let just_ahead = self.just_ahead.as_ref().map(|w| w.ahead(self.answered));
-        let mut line = line(
-            me,
-            self.position,
-            self.position,
-            &holders,
-            just_ahead.as_slice(),
-        );
+        let just_ahead: Vec<Ahead> = self
+            .just_ahead
+            .iter()
+            .map(|w| w.ahead(self.answered))
+            .collect();
+        let mut line = line(me, self.position, self.place, &holders, &just_ahead);
         line.moves_by = [line.moves_by, self.moves_by].into_iter().flatten().min();
         line
     }

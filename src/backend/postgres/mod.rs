@@ -1,8 +1,9 @@
 //! The PostgreSQL backend (README: "PostgreSQL backend"): leases as rows in
 //! lockrun's schema, dated by the server's clock; the waiting line as rows by
 //! ticket; every look and change one short transaction in one round trip.
-//! A release wakes the waiter at the head of the line with NOTIFY on its own
-//! channel. Only the first waiters of a line keep a connection (and LISTEN);
+//! A release wakes the waiters at the head of the line (one, or the sharers
+//! that stand there together) with NOTIFY, each on its own channel. Only the
+//! first waiters of a line keep a connection (and LISTEN);
 //! the ones behind them connect for each look and poll with the backoff.
 //!
 //! Groundwork, public for its integration tests: which server
@@ -28,7 +29,7 @@ use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
 
 use super::record::{sort, waiting};
-use super::{Abilities, Attempt, Common, Entry, Owner, Request, Store, Waited};
+use super::{Abilities, Attempt, Common, Entry, Mode, Owner, Request, Store, Waited};
 use crate::error::Result;
 use crate::identity::Process;
 use crate::name::Name;
@@ -37,7 +38,7 @@ use crate::timing::FREE_CALL;
 use connect::{Connector, Statement};
 use link::PostgresLink;
 use look::{LookReport, wake_params};
-use schema::Schema;
+use schema::{MODES_SINCE, SCHEMA_VERSION, Schema};
 use slot::PostgresSlot;
 use sql::{SLOT_FREE, Sql};
 use target::Target;
@@ -63,12 +64,13 @@ impl Options {
         let location = format!("PostgreSQL at {target}, schema {}", common.prefix);
         let connector = Connector::new(target)?;
         Ok(Box::new(PostgresStore {
-            sql: Rc::new(Sql::new(&schema)),
+            sql: Rc::new(Sql::new(&schema, SCHEMA_VERSION)),
             link: Rc::new(RefCell::new(PostgresLink::new(
                 connector,
-                schema,
+                schema.clone(),
                 common.create,
             ))),
+            schema,
             in_line: false,
             woken: false,
             look_again: false,
@@ -78,9 +80,10 @@ impl Options {
     }
 }
 
-/// Waiters this far back in line beyond the slots keep their connection and
-/// are woken by NOTIFY; this many places in all at most. The ones behind
-/// them connect only to look, so a line of thousands needs a few connections.
+/// Waiters this many places back in line beyond the slots keep their
+/// connection and are woken by NOTIFY (sharers that stand together take one
+/// place); this many waiters in all at most. The ones behind them connect
+/// only to look, so a line of thousands needs a few connections.
 const SPARE_LISTENERS: u32 = 16;
 const MAX_LISTENERS: u32 = 64;
 /// How long a waiter beyond those places waits between looks per place it is
@@ -92,7 +95,9 @@ const PACE_FROM_AFAR: Duration = Duration::from_millis(100);
 
 struct PostgresStore {
     link: Rc<RefCell<PostgresLink>>,
+    /// The statements for this lockrun's tables.
     sql: Rc<Sql>,
+    schema: Schema,
     /// Whether we joined the line.
     in_line: bool,
     /// The last wait ended with a wake-up for a slot that is free for us.
@@ -121,16 +126,27 @@ impl PostgresStore {
             self.refresh_due = Some(Moment::now() + request.plan.keep_place_every());
         }
         let listener_places = (request.parallelism + SPARE_LISTENERS).min(MAX_LISTENERS);
-        if look.position > listener_places {
+        let distance = (look.place.saturating_sub(listener_places))
+            .max(look.position.saturating_sub(MAX_LISTENERS));
+        if distance > 0 {
             link.disconnect();
             // Not told when the line moves: look again in time to come in and listen
             // before the places ahead have gone, however fast the line moves then.
-            let distance = look.position - listener_places;
             look.moves_by = Some(Moment::now() + PACE_FROM_AFAR * distance);
         }
         // Without the name's lock, a wake-up may have gone out just before we listened.
         self.look_again = look.began_listening && !join && link.listening();
         Ok(look)
+    }
+
+    /// The statements for tables of `version`: the operators' views read an
+    /// older schema as it is.
+    fn sql_for(&self, version: i64) -> Rc<Sql> {
+        if version >= MODES_SINCE {
+            Rc::clone(&self.sql)
+        } else {
+            Rc::new(Sql::new(&self.schema, version))
+        }
     }
 
     /// The slot `taken` (slot, fence) by a request sent at `sent`.
@@ -150,8 +166,8 @@ impl PostgresStore {
 }
 
 /// Runs `statements` under the lock of `name`'s row, then wakes the head of
-/// its line if a slot of `parallelism` is free for it, and the first two if
-/// the line `moved` (see [`Sql::wake`]); the statements' rows.
+/// its line if slots of `parallelism` are free for it, and the first two
+/// places if the line `moved` (see [`Sql::wake`]); the statements' rows.
 fn change(
     link: &RefCell<PostgresLink>,
     sql: &Sql,
@@ -187,14 +203,14 @@ impl Store for PostgresStore {
             // Keeping our place takes no lock; only a slot that is likely ours needs it.
             let our_turn = std::mem::take(&mut self.woken) || {
                 let look = self.look(request, false)?;
-                if look.position > 1 || (look.position == 1 && !look.free) {
+                if look.position > 0 && !look.admitted {
                     return Ok(Attempt::Waiting(look.line(me)));
                 }
-                look.position == 1
+                look.position > 0
             };
             if our_turn {
                 // A lease runs from no earlier than its request: connecting comes first.
-                self.link.borrow_mut().present()?;
+                self.link.borrow_mut().tables()?;
                 let sent = Moment::now();
                 if let Some(taken) = look::take(&mut self.link.borrow_mut(), &self.sql, request)? {
                     return Ok(self.slot(request, taken, sent));
@@ -206,7 +222,7 @@ impl Store for PostgresStore {
             }
         }
         // Not in line (the first look, --no-wait, or our place lapsed): join it.
-        self.link.borrow_mut().present()?;
+        self.link.borrow_mut().tables()?;
         let sent = Moment::now();
         let look = self.look(request, true)?;
         self.in_line = look.position > 0;
@@ -253,32 +269,34 @@ impl Store for PostgresStore {
     }
 
     fn list(&mut self, name: Option<&Name>) -> Result<Vec<Entry>> {
-        if !self.link.borrow_mut().present()? {
+        let Some(version) = self.link.borrow_mut().tables()? else {
             return Ok(Vec::new());
-        }
+        };
+        let sql = self.sql_for(version);
         let name = name.map(Name::as_str);
         let params: [(&(dyn ToSql + Sync), Type); 1] = [(&name, Type::TEXT)];
         let mut link = self.link.borrow_mut();
         let within = link.patience();
         let rows = link
-            .transact("list the holders", within, &[(&self.sql.list, &params)])?
+            .transact("list the holders", within, &[(&sql.list, &params)])?
             .pop()
             .unwrap_or_default();
         Ok(entries(&rows))
     }
 
     fn break_slots(&mut self, name: &Name, slot: Option<u32>) -> Result<Vec<Entry>> {
-        if !self.link.borrow_mut().present()? {
+        let Some(version) = self.link.borrow_mut().tables()? else {
             return Ok(Vec::new());
-        }
+        };
+        let sql = self.sql_for(version);
         let name = name.as_str();
         let slot = slot.map(u32::cast_signed);
         let params: [(&(dyn ToSql + Sync), Type); 2] = [(&name, Type::TEXT), (&slot, Type::INT4)];
         // Whatever the slots, the head of the line looks again.
-        let broken: Statement = (&self.sql.break_slots, &params);
+        let broken: Statement = (&sql.break_slots, &params);
         let rows = change(
             &self.link,
-            &self.sql,
+            &sql,
             "break the leases",
             FREE_CALL,
             name,
@@ -303,7 +321,7 @@ fn entries(rows: &[Row]) -> Vec<Entry> {
             host: row.get("host"),
         },
         command: row.get("command"),
-        mode: super::Mode::Exclusive,
+        mode: Mode::parse(row.get("mode")),
         // Not shown by `status`.
         parallelism: None,
     };

@@ -18,14 +18,21 @@ use crate::backend::net::{Failure, Kind};
 use crate::error::Error;
 
 /// Bumped when the tables change, so that a later lockrun can migrate them.
-pub const SCHEMA_VERSION: i64 = 2;
-/// Version 1 had no `-p` in its rows: `status` and `release` read it as it
-/// is, a run brings it up to date with this.
-const VERSION_2: &str = "
-ALTER TABLE {schema}.holders ADD COLUMN IF NOT EXISTS parallelism integer;
-ALTER TABLE {schema}.waiters ADD COLUMN IF NOT EXISTS parallelism integer;
-COMMENT ON TABLE {schema}.holders IS '{marker}';
-";
+pub const SCHEMA_VERSION: i64 = 3;
+/// The first version whose rows say their mode (README: "Shared locks").
+pub const MODES_SINCE: i64 = 3;
+/// What brings the tables of version N (from 1) up to version N + 1. An older
+/// schema is brought up to date by a run; `status` and `release` read it as it is.
+const UPGRADES: [&str; SCHEMA_VERSION as usize - 1] = [
+    // Version 2: each row's -p.
+    "ALTER TABLE {schema}.holders ADD COLUMN IF NOT EXISTS parallelism integer;
+     ALTER TABLE {schema}.waiters ADD COLUMN IF NOT EXISTS parallelism integer;",
+    // Version 3: each row's mode; rows of older lockruns held alone.
+    "ALTER TABLE {schema}.holders ADD COLUMN IF NOT EXISTS mode text NOT NULL DEFAULT 'exclusive';
+     ALTER TABLE {schema}.waiters ADD COLUMN IF NOT EXISTS mode text NOT NULL DEFAULT 'exclusive';",
+];
+/// Marks the tables as lockrun's, of this version, once brought up to date.
+const MARK_THEM: &str = "COMMENT ON TABLE {schema}.holders IS '{marker}';";
 /// The comment that marks the `holders` table (and so the schema) as lockrun's.
 const MARK: &str = "lockrun schema version ";
 /// The tables, with `{schema}` and `{marker}` to fill in.
@@ -80,10 +87,11 @@ enum Found {
     Foreign,
 }
 
-/// Makes sure `schema` is lockrun's, of this version, and says whether its
-/// tables are there. When it is missing or empty, they are created if
-/// `create` (running a command), else left so (`status` and `release` only
-/// look). A schema that is someone else's or a newer lockrun's is refused,
+/// Makes sure `schema` is lockrun's, of this version, and says which
+/// version its tables are, when they are there. When it is missing or empty,
+/// they are created if `create` (running a command), else left so (`status`
+/// and `release` only look); an older version is brought up to date likewise.
+/// A schema that is someone else's or a newer lockrun's is refused,
 /// untouched. Costs one round trip when the schema is already there; concurrent
 /// first uses are safe: creating takes an advisory lock and looks again.
 pub fn create_or_check(
@@ -91,26 +99,28 @@ pub fn create_or_check(
     schema: &Schema,
     create: bool,
     within: Duration,
-) -> Result<bool, Failure> {
+) -> Result<Option<i64>, Failure> {
     let name = schema.name();
     let mut found = session.call("check the schema", within, async |client: &Client| {
         inspect(client, name).await
     })?;
-    if found == Found::Room && !create {
-        return Ok(false);
-    }
-    let version_1 = Found::Lockrun {
-        version: 1,
-        complete: true,
+    let older = match found {
+        Found::Lockrun {
+            version: version @ 1..SCHEMA_VERSION,
+            complete: true,
+        } => Some(version),
+        _ => None,
     };
-    if found == version_1 && !create {
-        return Ok(true);
+    if !create && (found == Found::Room || older.is_some()) {
+        return Ok(older);
     }
-    if found == Found::Room || found == version_1 {
-        let (what, sql) = if found == Found::Room {
-            ("create the schema", TABLES)
-        } else {
-            ("bring the schema up to date", VERSION_2)
+    if found == Found::Room || older.is_some() {
+        let (what, sql) = match older {
+            None => ("create the schema", TABLES.to_owned()),
+            Some(version) => (
+                "bring the schema up to date",
+                UPGRADES[usize::try_from(version - 1).expect("from 1")..].concat() + MARK_THEM,
+            ),
         };
         let sql = sql
             .replace("{schema}", &schema.quoted)
@@ -129,7 +139,7 @@ pub fn create_or_check(
             }
             Ok(found)
         })?;
-        if found == version_1 {
+        if older.is_some() && found == before {
             // Brought up to date above.
             found = Found::Lockrun {
                 version: SCHEMA_VERSION,
@@ -152,7 +162,7 @@ pub fn create_or_check(
         | Found::Lockrun {
             version: SCHEMA_VERSION,
             complete: true,
-        } => Ok(true),
+        } => Ok(Some(SCHEMA_VERSION)),
         Found::Lockrun {
             version: SCHEMA_VERSION,
             complete: false,

@@ -36,7 +36,9 @@ CREATE TABLE {schema}.holders (
     kept boolean NOT NULL DEFAULT false,
     PRIMARY KEY (name, slot),
     -- Its -p (a name's slot count is part of the lock); NULL from lockruns before version 2.
-    parallelism integer
+    parallelism integer,
+    -- 'shared' or 'exclusive' (README: "Shared locks"); rows from before version 3 held alone.
+    mode text NOT NULL DEFAULT 'exclusive'
 );
 
 -- The waiting line: first come (lowest ticket), first served. A waiter keeps
@@ -53,7 +55,8 @@ CREATE TABLE {schema}.waiters (
     command text NOT NULL,
     since timestamptz NOT NULL,
     expires_at timestamptz NOT NULL,
-    parallelism integer
+    parallelism integer,
+    mode text NOT NULL DEFAULT 'exclusive'
 );
 CREATE INDEX waiters_in_line ON {schema}.waiters (name, ticket);
 

@@ -3,6 +3,10 @@
 //! the database: a lockrun of another version that shares the schema runs
 //! its own, and the statements need only the tables' privileges.
 //!
+//! The line stands in places: consecutive sharers in one place, as they go
+//! together (README: "Shared locks"), an exclusive waiter alone. Wake-ups go
+//! to the first two places, and a waiter watches the place just ahead of it.
+//!
 //! A change to a name's holders or waiters first locks the name's row in
 //! `locks`, so that changes to one name happen one at a time under READ
 //! COMMITTED; every statement after that lock sees everything committed
@@ -10,16 +14,20 @@
 //! lock. Times are the server's: `now()` (the transaction's start) dates
 //! leases and places, `clock_timestamp()` says how long they have left.
 
-use super::schema::Schema;
+use super::schema::{MODES_SINCE, Schema};
+use crate::backend::MAX_SHARERS;
 
-/// `NOTIFY` channels are this and a waiter's token (a release wakes one waiter, not the line).
+/// `NOTIFY` channels are this and a waiter's token (a release wakes the waiters
+/// a slot is for, not the line).
 pub const CHANNEL_PREFIX: &str = "lockrun:";
-/// A wake-up's payload: a slot is free for the waiter at the head.
+/// A wake-up's payload: a slot is free for the waiters at the head.
 pub const SLOT_FREE: &str = "slot";
 /// A wake-up's payload: the line moved up; look where we stand.
 pub const LINE_MOVED: &str = "line";
 
-/// The statements, for one schema.
+/// The statements, for one schema. For tables older than modes, which
+/// `status` and `release` read as they are, only theirs are fit: `list`,
+/// `lock`, `break_slots` and `wake`, which take every row for exclusive.
 pub struct Sql {
     /// $1 name. Locks the name's row, made on its first use.
     pub lock_new: String,
@@ -29,28 +37,30 @@ pub struct Sql {
     /// (housekeeping: every other statement passes over them).
     pub purge: String,
     /// $1 name, $2 token, $3 parallelism, $4 TTL ms, $5-$9 pid, start time,
-    /// boot id, host, command. Takes the first free slot (a lapsed lease's
-    /// is free) when nobody waits ahead of us and no holder or waiter has
-    /// another `-p` (README: "Slots"), leaving the line, or finds the
-    /// slot ours already (a repeat after a lost reply) and renews it: (slot,
-    /// fence), or no row.
+    /// boot id, host, command, $11 mode. Takes the lowest free slot (a lapsed
+    /// lease's is free) when the line lets us (`Request::admitted`) and no
+    /// holder or waiter has another `-p` (README: "Slots"), leaving the line,
+    /// or finds the slot ours already (a repeat after a lost reply) and renews
+    /// it: (slot, fence), or no row.
     pub take: String,
     /// $1 name, $2 token, $3 parallelism, $4 TTL ms, $5-$9 as for `take`, $10
-    /// whether to join. Unless we hold a slot now, or a holder or waiter has
+    /// whether to join, $11 mode. Unless we hold a slot now, or a holder or waiter has
     /// another `-p`: joins the line at its end, or keeps our place for another TTL.
     pub join: String,
     /// $2 token, $4 TTL ms. Keeps our place in line for another TTL, if it has not lapsed.
     pub keep_place: String,
     /// $1 name, $2 parallelism, $3 channel prefix, $4 whether the line moved.
-    /// Wakes the waiter at the head of the line when a slot is free for it
-    /// (`SLOT_FREE`); when the line moved (a waiter took a slot or left),
-    /// the new first two (`LINE_MOVED`, unless a slot is free for the head),
-    /// which watch what is ahead of them.
+    /// Wakes the waiters of the first place when slots are free for them
+    /// (`SLOT_FREE`: every sharer there at once); when the line moved (a
+    /// waiter took a slot or left), those of the new first two places
+    /// (`LINE_MOVED`, unless a slot is free for them), which watch what is
+    /// ahead of them.
     pub wake: String,
-    /// $1 name, $2 token, $3 parallelism. Where we stand: our place (0: not
-    /// in line), whether a slot is free, the live holders and the waiter just
-    /// ahead as JSON (owner, `kept`, `left_ms` until the lease or place ends),
-    /// and another `-p` that a holder or waiter has, if one does.
+    /// $1 name, $2 token, $3 parallelism, $11 mode. Where we stand: our
+    /// position (0: not in line) and place, whether the line lets us take a
+    /// slot, the live holders and the waiters of the place just ahead as JSON
+    /// (owner, `kept`, `left_ms` until the lease or place ends), and another
+    /// `-p` that a holder or waiter has, if one does.
     pub report: String,
     /// $1 name, $2 tokens. Drops dead holders (not kept ones) and waiters.
     pub evict: String,
@@ -74,12 +84,43 @@ const LEFT_MS: &str = "(extract(epoch FROM expires_at - clock_timestamp()) * 100
 
 impl Sql {
     #[allow(clippy::too_many_lines)] // one SQL text per field, nothing else
-    pub fn new(schema: &Schema) -> Self {
+    pub fn new(schema: &Schema, version: i64) -> Self {
         let holders = schema.table("holders");
         let waiters = schema.table("waiters");
         let locks = schema.table("locks");
+        let mode = if version >= MODES_SINCE {
+            "mode"
+        } else {
+            "'exclusive'::text"
+        };
         let owner_json = "'token', token, 'pid', pid, 'start_time', start_time, \
-                          'boot_id', boot_id, 'host', host, 'command', command";
+                          'boot_id', boot_id, 'host', host, 'command', command, 'mode', mode";
+        // The live line with each waiter's place, up to our own when we are in it.
+        let line = |up_to: &str| {
+            format!(
+                "SELECT *, count(*) FILTER (WHERE starts) OVER (ORDER BY ticket) AS place
+                 FROM (SELECT ticket, token, pid, start_time, boot_id, host, command, expires_at,
+                              {mode} AS mode,
+                              {mode} = 'exclusive'
+                              OR lag({mode}) OVER (ORDER BY ticket) IS DISTINCT FROM 'shared'
+                              AS starts
+                       FROM {waiters} WHERE name = $1 AND expires_at > now(){up_to}) AS line"
+            )
+        };
+        let our_ticket = format!(
+            "coalesce((SELECT ticket FROM {waiters} WHERE token = $2 AND expires_at > now()),
+                      9223372036854775807)"
+        );
+        // Request::admitted: a sharer goes beside sharers, behind sharers only.
+        let capacity = format!("CASE WHEN $11 = 'shared' THEN {MAX_SHARERS} ELSE $3 END");
+        let admitted = format!(
+            "(SELECT count(*) < {capacity}
+                     AND ($11 <> 'shared' OR count(*) FILTER (WHERE mode = 'exclusive') = 0)
+              FROM {holders} WHERE name = $1 AND expires_at > now())
+             AND NOT EXISTS (SELECT FROM {waiters}
+                             WHERE name = $1 AND expires_at > now() AND ticket < {our_ticket}
+                               AND ($11 <> 'shared' OR mode <> 'shared'))"
+        );
         // A live holder or waiter whose -p is not $3: older lockruns' NULL never is.
         let other_parallelism = format!(
             "SELECT parallelism FROM {holders}
@@ -88,8 +129,10 @@ impl Sql {
              SELECT parallelism FROM {waiters}
               WHERE name = $1 AND expires_at > now() AND parallelism <> $3"
         );
-        let list_columns = "token, pid, start_time, boot_id, host, command, \
-                            (extract(epoch FROM expires_at) * 1000)::bigint AS expires_ms";
+        let list_columns = format!(
+            "token, pid, start_time, boot_id, host, command, {mode} AS mode,
+             (extract(epoch FROM expires_at) * 1000)::bigint AS expires_ms"
+        );
         Self {
             lock_new: format!(
                 "INSERT INTO {locks} AS l (name) VALUES ($1)
@@ -109,15 +152,10 @@ impl Sql {
                    WHERE name = $1 AND token = $2 AND NOT kept AND expires_at > now()
                    RETURNING slot, fence
                  ), free AS (
-                   SELECT min(s) AS slot FROM generate_series(0, $3 - 1) AS s
+                   SELECT min(s) AS slot FROM generate_series(0, {capacity} - 1) AS s
                    WHERE NOT EXISTS (SELECT FROM ours)
-                     AND NOT EXISTS (SELECT FROM {holders} h
-                                     WHERE h.name = $1 AND h.slot = s AND h.expires_at > now())
-                     AND NOT EXISTS (
-                       SELECT FROM {waiters} w
-                       WHERE w.name = $1 AND w.expires_at > now() AND w.ticket < coalesce(
-                         (SELECT ticket FROM {waiters} WHERE token = $2 AND expires_at > now()),
-                         9223372036854775807))
+                     AND s NOT IN (SELECT slot FROM {holders} WHERE name = $1 AND expires_at > now())
+                     AND {admitted}
                      AND NOT EXISTS ({other_parallelism})
                    HAVING min(s) IS NOT NULL
                  ), fence AS (
@@ -128,16 +166,17 @@ impl Sql {
                  ), taken AS (
                    -- A lapsed holder's row in the slot is taken over.
                    INSERT INTO {holders} AS h (name, slot, token, fence, pid, start_time, boot_id,
-                                               host, command, acquired_at, expires_at, parallelism)
+                                               host, command, acquired_at, expires_at, parallelism,
+                                               mode)
                    SELECT $1, free.slot, $2, fence.fence, $5, $6, $7, $8, $9,
-                          now(), now() + $4 * interval '1 millisecond', $3
+                          now(), now() + $4 * interval '1 millisecond', $3, $11
                    FROM free, fence
                    ON CONFLICT (name, slot) DO UPDATE SET
                      token = excluded.token, fence = excluded.fence, pid = excluded.pid,
                      start_time = excluded.start_time, boot_id = excluded.boot_id,
                      host = excluded.host, command = excluded.command,
                      acquired_at = excluded.acquired_at, expires_at = excluded.expires_at,
-                     kept = false, parallelism = excluded.parallelism
+                     kept = false, parallelism = excluded.parallelism, mode = excluded.mode
                    WHERE h.expires_at <= now()
                    RETURNING slot, fence
                  ), left_line AS (
@@ -148,8 +187,9 @@ impl Sql {
             ),
             join: format!(
                 "INSERT INTO {waiters} (name, token, pid, start_time, boot_id, host, command,
-                                        since, expires_at, parallelism)
-                 SELECT $1, $2, $5, $6, $7, $8, $9, now(), now() + $4 * interval '1 millisecond', $3
+                                        since, expires_at, parallelism, mode)
+                 SELECT $1, $2, $5, $6, $7, $8, $9, now(), now() + $4 * interval '1 millisecond',
+                        $3, $11
                  WHERE $10 AND NOT EXISTS (SELECT FROM {holders} WHERE name = $1 AND token = $2)
                    AND NOT EXISTS ({other_parallelism})
                  ON CONFLICT (token) DO UPDATE SET expires_at = excluded.expires_at"
@@ -159,34 +199,40 @@ impl Sql {
                  WHERE token = $2 AND expires_at > now()"
             ),
             wake: format!(
-                "SELECT pg_notify($3 || first.token,
-                                  CASE WHEN first.place = 1 AND slots.free THEN '{SLOT_FREE}'
+                "WITH line AS ({line}), head AS (
+                   SELECT CASE WHEN (SELECT mode FROM line WHERE place = 1 LIMIT 1) = 'shared'
+                               THEN count(*) < {MAX_SHARERS}
+                                    AND count(*) FILTER (WHERE {mode} = 'exclusive') = 0
+                               ELSE count(*) < $2 END AS free
+                   FROM {holders} WHERE name = $1 AND expires_at > now()
+                 )
+                 SELECT pg_notify($3 || line.token,
+                                  CASE WHEN line.place = 1 AND head.free THEN '{SLOT_FREE}'
                                        ELSE '{LINE_MOVED}' END)
-                 FROM (SELECT token, row_number() OVER (ORDER BY ticket) AS place
-                       FROM {waiters} WHERE name = $1 AND expires_at > now()
-                       ORDER BY ticket LIMIT 2) AS first,
-                      (SELECT count(*) < $2 AS free FROM {holders}
-                       WHERE name = $1 AND slot < $2 AND expires_at > now()) AS slots
-                 WHERE (first.place = 1 AND slots.free) OR $4"
+                 FROM line, head
+                 WHERE line.place <= 2 AND ((line.place = 1 AND head.free) OR $4)",
+                line = line("")
             ),
             report: format!(
-                "WITH me AS (
-                   SELECT ticket FROM {waiters} WHERE token = $2 AND expires_at > now()
-                 ), ahead AS (
-                   SELECT * FROM {waiters} WHERE name = $1 AND expires_at > now()
-                     AND ticket < coalesce((SELECT ticket FROM me), 9223372036854775807)
+                "WITH line AS ({line}), mine AS (
+                   SELECT position, place FROM (
+                     SELECT token, place, row_number() OVER (ORDER BY ticket) AS position
+                     FROM line) AS places
+                   WHERE token = $2
                  ), live AS (
                    SELECT * FROM {holders} WHERE name = $1 AND expires_at > now()
                  )
-                 SELECT CASE WHEN EXISTS (SELECT FROM me)
-                             THEN (SELECT count(*) FROM ahead)::integer + 1 ELSE 0 END,
-                        (SELECT count(*) FROM live WHERE slot < $3) < $3,
+                 SELECT coalesce((SELECT position FROM mine), 0)::integer,
+                        coalesce((SELECT place FROM mine), 0)::integer,
+                        {admitted},
                         (SELECT json_agg(json_build_object({owner_json}, 'kept', kept,
                                                            'left_ms', {LEFT_MS}))
                          FROM live)::text,
-                        (SELECT json_build_object({owner_json}, 'kept', false, 'left_ms', {LEFT_MS})
-                         FROM ahead ORDER BY ticket DESC LIMIT 1)::text,
-                        ({other_parallelism} LIMIT 1)"
+                        (SELECT json_agg(json_build_object({owner_json}, 'kept', false,
+                                                           'left_ms', {LEFT_MS}))
+                         FROM line WHERE place = (SELECT place FROM mine) - 1)::text,
+                        ({other_parallelism} LIMIT 1)",
+                line = line(&format!(" AND ticket <= {our_ticket}"))
             ),
             evict: format!(
                 "WITH dead AS (
