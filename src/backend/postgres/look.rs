@@ -14,7 +14,7 @@ use super::link::PostgresLink;
 use super::millis;
 use super::sql::{CHANNEL_PREFIX, Sql};
 use crate::backend::record::{Ahead, line};
-use crate::backend::{Line, Request};
+use crate::backend::{Line, Mode, Request};
 use crate::error::{Error, Result};
 use crate::identity::Process;
 use crate::platform::clock::Moment;
@@ -117,21 +117,32 @@ fn taken(rows: &[Row]) -> Option<(u32, u64)> {
 }
 
 /// Takes a free slot if the line lets us, under the name's lock, and does
-/// nothing else: for a waiter whose turn it likely is (woken, or at the head
-/// with a slot free), so that the handoff costs as little as it can.
+/// nothing else: for a waiter whose turn it likely is (at the head with a
+/// slot free), so that the handoff costs as little as it can.
 pub fn take(link: &mut PostgresLink, sql: &Sql, request: &Request) -> Result<Option<(u32, u64)>> {
     let params = Params::new(request);
     let all = params.all();
-    let wake = wake_params(&params.name, &params.parallelism, &true);
+    let wake = wake_params(&params.name, &true);
     let mut statements: Vec<Statement> = vec![(&sql.lock, &all[..1]), (&sql.take, &all[..])];
-    if request.parallelism > 1 {
-        // Slots go out in line order: the new head, if another slot is free
-        // (and the new second). With one slot the new first two find out at
-        // their next look: telling them here costs the handoff a millisecond.
+    if request.parallelism > 1 || request.mode() == Mode::Shared {
+        // Slots go out in line order: to the new head if another slot is free
+        // for it (the sharers with us), and the next two places are told. With
+        // one exclusive slot they find out at their next look: telling them
+        // here costs the handoff a millisecond.
         statements.push((&sql.wake, &wake));
     }
     let results = link.transact("take a slot", link.patience(), &statements)?;
     Ok(taken(&results[1]))
+}
+
+/// Claims the slot granted to us (see [`Sql::claim`]): renews its lease,
+/// without the name's lock, so that the sharers one release let in do not
+/// wait for each other.
+pub fn claim(link: &mut PostgresLink, sql: &Sql, request: &Request) -> Result<Option<(u32, u64)>> {
+    let params = Params::new(request);
+    let all = params.all();
+    let results = link.transact("claim a slot", link.patience(), &[(&sql.claim, &all[..4])])?;
+    Ok(taken(&results[0]))
 }
 
 impl LookReport {
@@ -149,7 +160,7 @@ impl LookReport {
     ) -> Result<Self> {
         let params = Params::new(request);
         let all = params.all();
-        let wake = wake_params(&params.name, &params.parallelism, &false);
+        let wake = wake_params(&params.name, &false);
         let listen = format!("LISTEN \"{CHANNEL_PREFIX}{}\"", request.owner.token);
         let began_listening = request.queue && !link.listening();
         let mut statements: Vec<Statement> = Vec::new();
@@ -228,15 +239,10 @@ impl LookReport {
     }
 }
 
-/// The parameters of [`Sql::wake`]: tell the first two waiters too when `moved`.
-pub fn wake_params<'a>(
-    name: &'a &str,
-    parallelism: &'a i32,
-    moved: &'a bool,
-) -> [(&'a (dyn ToSql + Sync), Type); 4] {
+/// The parameters of [`Sql::wake`]: tell the next two places too when `moved`.
+pub fn wake_params<'a>(name: &'a &str, moved: &'a bool) -> [(&'a (dyn ToSql + Sync), Type); 3] {
     [
         (name, Type::TEXT),
-        (parallelism, Type::INT4),
         (&CHANNEL_PREFIX, Type::TEXT),
         (moved, Type::BOOL),
     ]

@@ -1,9 +1,9 @@
 //! The PostgreSQL backend (README: "PostgreSQL backend"): leases as rows in
 //! lockrun's schema, dated by the server's clock; the waiting line as rows by
 //! ticket; every look and change one short transaction in one round trip.
-//! A release wakes the waiters at the head of the line (one, or the sharers
-//! that stand there together) with NOTIFY, each on its own channel. Only the
-//! first waiters of a line keep a connection (and LISTEN);
+//! A release grants the slot to the waiters at the head of the line (one, or
+//! the sharers that stand there together) and wakes them with NOTIFY, each
+//! on its own channel. Only the first waiters of a line keep a connection (and LISTEN);
 //! the ones behind them connect for each look and poll with the backoff.
 //!
 //! Groundwork, public for its integration tests: which server
@@ -40,7 +40,7 @@ use link::PostgresLink;
 use look::{LookReport, wake_params};
 use schema::{MODES_SINCE, SCHEMA_VERSION, Schema};
 use slot::PostgresSlot;
-use sql::{SLOT_FREE, Sql};
+use sql::{GRANTED, Sql};
 use target::Target;
 
 /// Its command-line options (a group of their own is not needed: clap flattens them).
@@ -72,7 +72,7 @@ impl Options {
             ))),
             schema,
             in_line: false,
-            woken: false,
+            granted: false,
             look_again: false,
             refresh_due: None,
             location,
@@ -100,8 +100,8 @@ struct PostgresStore {
     schema: Schema,
     /// Whether we joined the line.
     in_line: bool,
-    /// The last wait ended with a wake-up for a slot that is free for us.
-    woken: bool,
+    /// The last wait ended with a wake-up for a slot granted to us.
+    granted: bool,
     /// The last look began to listen without the name's lock: a wake-up
     /// may have gone out just before, so look again rather than wait.
     look_again: bool,
@@ -159,26 +159,25 @@ impl PostgresStore {
             fence,
             token: request.owner.token.clone(),
             plan: request.plan,
-            parallelism: request.parallelism,
             taken_at: sent,
         }))
     }
 }
 
-/// Runs `statements` under the lock of `name`'s row, then wakes the head of
-/// its line if slots of `parallelism` are free for it, and the first two
-/// places if the line `moved` (see [`Sql::wake`]); the statements' rows.
+/// Runs `statements` under the lock of `name`'s row, then grants free slots
+/// to the head of its line, and tells the next two places if the line
+/// `moved` (see [`Sql::wake`]); the statements' rows.
 fn change(
     link: &RefCell<PostgresLink>,
     sql: &Sql,
     what: &str,
     within: Duration,
     name: &str,
-    (parallelism, moved): (i32, bool),
+    moved: bool,
     statements: &[Statement],
 ) -> Result<Vec<Vec<Row>>> {
     let locked: [(&(dyn ToSql + Sync), Type); 1] = [(&name, Type::TEXT)];
-    let wake = wake_params(&name, &parallelism, &moved);
+    let wake = wake_params(&name, &moved);
     let mut all: Vec<Statement> = vec![(&sql.lock, &locked)];
     all.extend_from_slice(statements);
     all.push((&sql.wake, &wake));
@@ -199,17 +198,22 @@ impl Store for PostgresStore {
 
     fn attempt(&mut self, request: &Request) -> Result<Attempt> {
         let me = &request.owner.process;
+        if std::mem::take(&mut self.granted) {
+            // A lease runs from no earlier than its request: connecting comes first.
+            self.link.borrow_mut().tables()?;
+            let sent = Moment::now();
+            if let Some(taken) = look::claim(&mut self.link.borrow_mut(), &self.sql, request)? {
+                self.in_line = false;
+                return Ok(self.slot(request, taken, sent));
+            }
+        }
         if self.in_line {
             // Keeping our place takes no lock; only a slot that is likely ours needs it.
-            let our_turn = std::mem::take(&mut self.woken) || {
-                let look = self.look(request, false)?;
-                if look.position > 0 && !look.admitted {
-                    return Ok(Attempt::Waiting(look.line(me)));
-                }
-                look.position > 0
-            };
-            if our_turn {
-                // A lease runs from no earlier than its request: connecting comes first.
+            let look = self.look(request, false)?;
+            if look.position > 0 && !look.admitted {
+                return Ok(Attempt::Waiting(look.line(me)));
+            }
+            if look.position > 0 {
                 self.link.borrow_mut().tables()?;
                 let sent = Moment::now();
                 if let Some(taken) = look::take(&mut self.link.borrow_mut(), &self.sql, request)? {
@@ -237,7 +241,6 @@ impl Store for PostgresStore {
         let tokens: Vec<&str> = owners.iter().map(|owner| owner.token.as_str()).collect();
         let params: [(&(dyn ToSql + Sync), Type); 2] =
             [(&name, Type::TEXT), (&tokens, Type::TEXT_ARRAY)];
-        let parallelism = request.parallelism.cast_signed();
         let evict: Statement = (&self.sql.evict, &params);
         change(
             &self.link,
@@ -245,7 +248,7 @@ impl Store for PostgresStore {
             "drop dead entries",
             FREE_CALL,
             name,
-            (parallelism, true),
+            true,
             &[evict],
         )?;
         Ok(())
@@ -256,8 +259,8 @@ impl Store for PostgresStore {
             return Ok(Waited::Moved);
         }
         let woken = self.link.borrow_mut().woken(until.remaining())?;
-        // Told only that the line moved, we look; a slot free for us, we take it.
-        self.woken = woken.as_deref() == Some(SLOT_FREE);
+        // Told only that the line moved, we look; a slot granted to us, we claim it.
+        self.granted = woken.as_deref() == Some(GRANTED);
         Ok(Waited::told(woken.is_some()))
     }
 
@@ -292,7 +295,6 @@ impl Store for PostgresStore {
         let name = name.as_str();
         let slot = slot.map(u32::cast_signed);
         let params: [(&(dyn ToSql + Sync), Type); 2] = [(&name, Type::TEXT), (&slot, Type::INT4)];
-        // Whatever the slots, the head of the line looks again.
         let broken: Statement = (&sql.break_slots, &params);
         let rows = change(
             &self.link,
@@ -300,7 +302,7 @@ impl Store for PostgresStore {
             "break the leases",
             FREE_CALL,
             name,
-            (i32::MAX, false),
+            false,
             &[broken],
         )?
         .pop()

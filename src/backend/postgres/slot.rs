@@ -24,7 +24,6 @@ pub struct PostgresSlot {
     pub fence: u64,
     pub token: String,
     pub plan: Plan,
-    pub parallelism: u32,
     pub taken_at: Moment,
 }
 
@@ -79,14 +78,13 @@ impl Slot for PostgresSlot {
                 .transact("keep the slot", within, &kept)?
         } else {
             let freed = [(self.sql.release.as_str(), &params[..3])];
-            let parallelism = self.parallelism.cast_signed();
             change(
                 &self.link,
                 &self.sql,
                 "release the slot",
                 within,
                 &self.name,
-                (parallelism, false),
+                false,
                 &freed,
             )?
         };

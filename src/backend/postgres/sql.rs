@@ -4,8 +4,12 @@
 //! its own, and the statements need only the tables' privileges.
 //!
 //! The line stands in places: consecutive sharers in one place, as they go
-//! together (README: "Shared locks"), an exclusive waiter alone. Wake-ups go
-//! to the first two places, and a waiter watches the place just ahead of it.
+//! together (README: "Shared locks"), an exclusive waiter alone. Whoever
+//! frees a slot grants it, in the same transaction, to the waiters at the
+//! head whom the line lets in (all the sharers there at once), and tells
+//! them; each then claims its slot without the name's lock, so a group's
+//! claims do not wait for each other. Other wake-ups go to the first two
+//! places, and a waiter watches the place just ahead of it.
 //!
 //! A change to a name's holders or waiters first locks the name's row in
 //! `locks`, so that changes to one name happen one at a time under READ
@@ -18,16 +22,17 @@ use super::schema::{MODES_SINCE, Schema};
 use crate::backend::MAX_SHARERS;
 
 /// `NOTIFY` channels are this and a waiter's token (a release wakes the waiters
-/// a slot is for, not the line).
+/// it granted slots to, not the line).
 pub const CHANNEL_PREFIX: &str = "lockrun:";
-/// A wake-up's payload: a slot is free for the waiters at the head.
-pub const SLOT_FREE: &str = "slot";
+/// A wake-up's payload: a slot was granted to us; claim it.
+pub const GRANTED: &str = "granted";
 /// A wake-up's payload: the line moved up; look where we stand.
 pub const LINE_MOVED: &str = "line";
 
 /// The statements, for one schema. For tables older than modes, which
 /// `status` and `release` read as they are, only theirs are fit: `list`,
-/// `lock`, `break_slots` and `wake`, which take every row for exclusive.
+/// `lock`, `break_slots` (every row exclusive) and `wake`, which then only
+/// tells the first two waiters to look, as their lockruns expect.
 pub struct Sql {
     /// $1 name. Locks the name's row, made on its first use.
     pub lock_new: String,
@@ -47,13 +52,18 @@ pub struct Sql {
     /// whether to join, $11 mode. Unless we hold a slot now, or a holder or waiter has
     /// another `-p`: joins the line at its end, or keeps our place for another TTL.
     pub join: String,
+    /// $1 name, $2 token, $4 TTL ms. Renews the lease of the slot we hold
+    /// (granted to us, or taken before a lost reply), if it has not lapsed,
+    /// without the name's lock: (slot, fence), or no row.
+    pub claim: String,
     /// $2 token, $4 TTL ms. Keeps our place in line for another TTL, if it has not lapsed.
     pub keep_place: String,
-    /// $1 name, $2 parallelism, $3 channel prefix, $4 whether the line moved.
-    /// Wakes the waiters of the first place when slots are free for them
-    /// (`SLOT_FREE`: every sharer there at once); when the line moved (a
-    /// waiter took a slot or left), those of the new first two places
-    /// (`LINE_MOVED`, unless a slot is free for them), which watch what is
+    /// $1 name, $2 channel prefix, $3 whether the line moved. Grants free
+    /// slots to the waiters at the head whom the line lets in
+    /// (`Request::admitted` for each, those ahead of it let in first), in
+    /// line order, their leases ending where their places did, and tells them
+    /// (`GRANTED`); when the line moved (a waiter took a slot or left), tells
+    /// those of the next two places (`LINE_MOVED`), which watch what is
     /// ahead of them.
     pub wake: String,
     /// $1 name, $2 token, $3 parallelism, $11 mode. Where we stand: our
@@ -95,12 +105,13 @@ impl Sql {
         };
         let owner_json = "'token', token, 'pid', pid, 'start_time', start_time, \
                           'boot_id', boot_id, 'host', host, 'command', command, 'mode', mode";
-        // The live line with each waiter's place, up to our own when we are in it.
+        // The live line with each waiter's position and place, up to our own when we are in it.
         let line = |up_to: &str| {
             format!(
-                "SELECT *, count(*) FILTER (WHERE starts) OVER (ORDER BY ticket) AS place
+                "SELECT *, count(*) FILTER (WHERE starts) OVER (ORDER BY ticket) AS place,
+                        row_number() OVER (ORDER BY ticket) AS position
                  FROM (SELECT ticket, token, pid, start_time, boot_id, host, command, expires_at,
-                              {mode} AS mode,
+                              parallelism, {mode} AS mode,
                               {mode} = 'exclusive'
                               OR lag({mode}) OVER (ORDER BY ticket) IS DISTINCT FROM 'shared'
                               AS starts
@@ -129,6 +140,26 @@ impl Sql {
              SELECT parallelism FROM {waiters}
               WHERE name = $1 AND expires_at > now() AND parallelism <> $3"
         );
+        // The fence is one more than the last, and never below the server's
+        // clock in microseconds: it keeps growing even if a failover to a
+        // replica that lagged behind lost the last ones.
+        let next_fence =
+            "greatest(fence + 1, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint)";
+        let holder_columns = "name, slot, token, fence, pid, start_time, boot_id, host, command, \
+                              acquired_at, expires_at, parallelism, mode";
+        // A lapsed holder's row in the slot is taken over.
+        let take_over = "ON CONFLICT (name, slot) DO UPDATE SET
+                           token = excluded.token, fence = excluded.fence, pid = excluded.pid,
+                           start_time = excluded.start_time, boot_id = excluded.boot_id,
+                           host = excluded.host, command = excluded.command,
+                           acquired_at = excluded.acquired_at, expires_at = excluded.expires_at,
+                           kept = false, parallelism = excluded.parallelism, mode = excluded.mode
+                         WHERE h.expires_at <= now()";
+        let claim = format!(
+            "UPDATE {holders} SET expires_at = now() + $4 * interval '1 millisecond'
+             WHERE name = $1 AND token = $2 AND NOT kept AND expires_at > now()
+             RETURNING slot, fence"
+        );
         let list_columns = format!(
             "token, pid, start_time, boot_id, host, command, {mode} AS mode,
              (extract(epoch FROM expires_at) * 1000)::bigint AS expires_ms"
@@ -143,15 +174,8 @@ impl Sql {
                 "WITH lapsed AS (DELETE FROM {holders} WHERE name = $1 AND expires_at <= now())
                  DELETE FROM {waiters} WHERE name = $1 AND expires_at <= now()"
             ),
-            // The fence is one more than the last, and never below the server's
-            // clock in microseconds: it keeps growing even if a failover to a
-            // replica that lagged behind lost the last ones.
             take: format!(
-                "WITH ours AS (
-                   UPDATE {holders} SET expires_at = now() + $4 * interval '1 millisecond'
-                   WHERE name = $1 AND token = $2 AND NOT kept AND expires_at > now()
-                   RETURNING slot, fence
-                 ), free AS (
+                "WITH ours AS ({claim}), free AS (
                    SELECT min(s) AS slot FROM generate_series(0, {capacity} - 1) AS s
                    WHERE NOT EXISTS (SELECT FROM ours)
                      AND s NOT IN (SELECT slot FROM {holders} WHERE name = $1 AND expires_at > now())
@@ -159,25 +183,15 @@ impl Sql {
                      AND NOT EXISTS ({other_parallelism})
                    HAVING min(s) IS NOT NULL
                  ), fence AS (
-                   UPDATE {locks} SET fence = greatest(
-                     fence + 1, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint)
+                   UPDATE {locks} SET fence = {next_fence}
                    WHERE name = $1 AND EXISTS (SELECT FROM free)
                    RETURNING fence
                  ), taken AS (
-                   -- A lapsed holder's row in the slot is taken over.
-                   INSERT INTO {holders} AS h (name, slot, token, fence, pid, start_time, boot_id,
-                                               host, command, acquired_at, expires_at, parallelism,
-                                               mode)
+                   INSERT INTO {holders} AS h ({holder_columns})
                    SELECT $1, free.slot, $2, fence.fence, $5, $6, $7, $8, $9,
                           now(), now() + $4 * interval '1 millisecond', $3, $11
                    FROM free, fence
-                   ON CONFLICT (name, slot) DO UPDATE SET
-                     token = excluded.token, fence = excluded.fence, pid = excluded.pid,
-                     start_time = excluded.start_time, boot_id = excluded.boot_id,
-                     host = excluded.host, command = excluded.command,
-                     acquired_at = excluded.acquired_at, expires_at = excluded.expires_at,
-                     kept = false, parallelism = excluded.parallelism, mode = excluded.mode
-                   WHERE h.expires_at <= now()
+                   {take_over}
                    RETURNING slot, fence
                  ), left_line AS (
                    DELETE FROM {waiters} WHERE token = $2
@@ -194,31 +208,67 @@ impl Sql {
                    AND NOT EXISTS ({other_parallelism})
                  ON CONFLICT (token) DO UPDATE SET expires_at = excluded.expires_at"
             ),
+            claim,
             keep_place: format!(
                 "UPDATE {waiters} SET expires_at = now() + $4 * interval '1 millisecond'
                  WHERE token = $2 AND expires_at > now()"
             ),
-            wake: format!(
-                "WITH line AS ({line}), head AS (
-                   SELECT CASE WHEN (SELECT mode FROM line WHERE place = 1 LIMIT 1) = 'shared'
-                               THEN count(*) < {MAX_SHARERS}
-                                    AND count(*) FILTER (WHERE {mode} = 'exclusive') = 0
-                               ELSE count(*) < $2 END AS free
-                   FROM {holders} WHERE name = $1 AND expires_at > now()
-                 )
-                 SELECT pg_notify($3 || line.token,
-                                  CASE WHEN line.place = 1 AND head.free THEN '{SLOT_FREE}'
-                                       ELSE '{LINE_MOVED}' END)
-                 FROM line, head
-                 WHERE line.place <= 2 AND ((line.place = 1 AND head.free) OR $4)",
-                line = line("")
-            ),
+            wake: if version >= MODES_SINCE {
+                format!(
+                    "WITH line AS ({line}), room AS (
+                       SELECT count(*) AS held, count(*) FILTER (WHERE mode = 'exclusive') AS alone
+                       FROM {holders} WHERE name = $1 AND expires_at > now()
+                     ), let_in AS (
+                       SELECT line.*,
+                              every(CASE WHEN mode = 'shared'
+                                         THEN place = 1 AND alone = 0
+                                              AND held + position <= {MAX_SHARERS}
+                                         ELSE place = position
+                                              AND held + position <= coalesce(parallelism, 1) END)
+                                OVER (ORDER BY ticket) AS admitted
+                       FROM line, room
+                     ), granted AS (
+                       SELECT * FROM let_in WHERE admitted
+                     ), free AS (
+                       -- Enough slot numbers for all of them, whichever the holders have.
+                       SELECT s AS slot, row_number() OVER (ORDER BY s) AS position
+                       FROM generate_series(
+                              0, (SELECT held FROM room) + (SELECT count(*) FROM granted) - 1) AS s
+                       WHERE s NOT IN (SELECT slot FROM {holders}
+                                       WHERE name = $1 AND expires_at > now())
+                     ), fence AS (
+                       UPDATE {locks} SET fence = {next_fence} + (SELECT count(*) FROM granted) - 1
+                       WHERE name = $1 AND EXISTS (SELECT FROM granted)
+                       RETURNING fence
+                     ), taken AS (
+                       INSERT INTO {holders} AS h ({holder_columns})
+                       SELECT $1, free.slot, g.token,
+                              fence.fence - (SELECT count(*) FROM granted) + g.position,
+                              g.pid, g.start_time, g.boot_id, g.host, g.command,
+                              now(), g.expires_at, g.parallelism, g.mode
+                       FROM granted AS g JOIN free USING (position), fence
+                       {take_over}
+                       RETURNING token
+                     ), left_line AS (
+                       DELETE FROM {waiters} WHERE token IN (SELECT token FROM taken)
+                     )
+                     SELECT pg_notify($2 || token, '{GRANTED}') FROM taken
+                     UNION ALL
+                     SELECT pg_notify($2 || token, '{LINE_MOVED}') FROM let_in
+                     WHERE $3 AND NOT admitted
+                       AND place <= coalesce((SELECT max(place) FROM granted), 0) + 2",
+                    line = line("")
+                )
+            } else {
+                format!(
+                    "SELECT pg_notify($2 || token, '{LINE_MOVED}')
+                     FROM (SELECT token FROM {waiters} WHERE name = $1 AND expires_at > now()
+                           ORDER BY ticket LIMIT 2) AS first"
+                )
+            },
             report: format!(
                 "WITH line AS ({line}), mine AS (
-                   SELECT position, place FROM (
-                     SELECT token, place, row_number() OVER (ORDER BY ticket) AS position
-                     FROM line) AS places
-                   WHERE token = $2
+                   SELECT position, place FROM line WHERE token = $2
                  ), live AS (
                    SELECT * FROM {holders} WHERE name = $1 AND expires_at > now()
                  )
