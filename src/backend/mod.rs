@@ -159,10 +159,7 @@ impl Request {
     /// How many holders the name may have while we hold it: `-p` for an
     /// exclusive run, [`MAX_SHARERS`] for a shared one.
     pub fn capacity(&self) -> u32 {
-        match self.mode() {
-            Mode::Exclusive => self.parallelism,
-            Mode::Shared => MAX_SHARERS,
-        }
+        capacity(self.mode(), self.parallelism)
     }
 
     /// Whether the line lets us take a slot now (README: "Shared locks"),
@@ -176,18 +173,37 @@ impl Request {
         holders: impl IntoIterator<Item = Mode>,
         ahead: impl IntoIterator<Item = Mode>,
     ) -> bool {
-        let mut count = 0;
-        for mode in holders {
-            if self.mode() == Mode::Shared && mode == Mode::Exclusive {
-                return false;
-            }
-            count += 1;
-        }
-        count < self.capacity()
-            && ahead
-                .into_iter()
-                .all(|mode| self.mode() == Mode::Shared && mode == Mode::Shared)
+        admitted(self.mode(), self.parallelism, holders, ahead)
     }
+}
+
+/// [`Request::capacity`] of a run of `mode` with `-p parallelism`.
+pub fn capacity(mode: Mode, parallelism: u32) -> u32 {
+    match mode {
+        Mode::Exclusive => parallelism,
+        Mode::Shared => MAX_SHARERS,
+    }
+}
+
+/// [`Request::admitted`] for a run of `mode` with `-p parallelism`: also for
+/// a waiter that a store grants a slot to while another run changes the line.
+pub fn admitted(
+    mode: Mode,
+    parallelism: u32,
+    holders: impl IntoIterator<Item = Mode>,
+    ahead: impl IntoIterator<Item = Mode>,
+) -> bool {
+    let mut count = 0;
+    for holder in holders {
+        if mode == Mode::Shared && holder == Mode::Exclusive {
+            return false;
+        }
+        count += 1;
+    }
+    count < capacity(mode, parallelism)
+        && ahead
+            .into_iter()
+            .all(|waiter| mode == Mode::Shared && waiter == Mode::Shared)
 }
 
 /// The most holders a name held in shared mode may have at once; a further
