@@ -85,10 +85,12 @@ ALTER TABLE waiters ADD COLUMN parallelism INTEGER;
 ";
 
 /// Version 4: whether each holder and waiter holds the name alone or shares
-/// it (README: "Shared locks"); rows of older lockruns held alone.
+/// it (README: "Shared locks"), rows of older lockruns held alone; and each
+/// waiter's TTL in milliseconds, the lease of a slot granted to it.
 const MODES: &str = "
 ALTER TABLE holders ADD COLUMN mode TEXT NOT NULL DEFAULT 'exclusive';
 ALTER TABLE waiters ADD COLUMN mode TEXT NOT NULL DEFAULT 'exclusive';
+ALTER TABLE waiters ADD COLUMN ttl INTEGER;
 ";
 
 /// What brings a database of version N (from 1) up to version N + 1.
@@ -505,7 +507,7 @@ pub(super) mod tests {
         assert_eq!(user_version(&db), SCHEMA_VERSION);
         db.conn
             .prepare(
-                "SELECT h.parallelism, w.parallelism, h.mode, w.mode FROM holders h, waiters w",
+                "SELECT h.parallelism, w.parallelism, h.mode, w.mode, w.ttl FROM holders h, waiters w",
             )
             .unwrap();
     }

@@ -1,7 +1,10 @@
 //! The SQLite backend (README: "SQLite backend"): one row per taken slot,
 //! holding a lease its lockrun renews, and one row per waiter, in ticket order;
-//! changed only in short `BEGIN IMMEDIATE` transactions. Expiry compares the
-//! clients' wall clocks, so the database belongs on one host's local disk.
+//! changed only in short `BEGIN IMMEDIATE` transactions. Whoever frees a slot
+//! grants it to the waiters at the head of the line that the line lets in
+//! (all the sharers there at once) in the same transaction, and rings them:
+//! they find their slots with a read, not one write after another. Expiry
+//! compares the clients' wall clocks, so the database belongs on one host's local disk.
 
 mod database;
 mod slot;
@@ -16,7 +19,8 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::record::{Ahead, line, sort, waiting};
 use super::{
-    Abilities, Attempt, Common, Entry, Line, Mode, Owner, Request, Store, Waited, refuses,
+    Abilities, Attempt, Common, Entry, Line, Mode, Owner, Request, Store, Waited, admitted,
+    capacity, refuses,
 };
 use crate::error::Result;
 use crate::identity::{Process, epoch_millis};
@@ -87,6 +91,15 @@ struct WaiterRow {
     owner: Owner,
     since: u64,
     expires_at: u64,
+    /// The lease of a slot granted to it, in milliseconds; unknown in rows of older lockruns.
+    ttl: Option<u64>,
+}
+
+/// A slot granted to us while we waited: its number, fence, and when it was granted.
+struct Granted {
+    slot: u32,
+    fence: u64,
+    acquired_at: u64,
 }
 
 /// One look at the line of a name, in one transaction.
@@ -94,6 +107,8 @@ struct LineRows {
     holders: Vec<HolderRow>,
     /// Our ticket, if our row is there.
     ticket: Option<i64>,
+    /// The slot granted to us, if one was.
+    granted: Option<Granted>,
     /// Waiters ahead of us (all of them when we are not in line).
     ahead: Vec<WaiterRow>,
     data_version: i64,
@@ -108,10 +123,25 @@ impl LineRows {
                 |row| row.get(0),
             )
             .optional()?;
+        let granted = tx
+            .query_row(
+                "SELECT slot, fence, acquired_at FROM holders
+                 WHERE name = ?1 AND token = ?2 AND released = 0 AND expires_at > ?3",
+                params![name, token, now],
+                |row| {
+                    Ok(Granted {
+                        slot: row.get(0)?,
+                        fence: row.get(1)?,
+                        acquired_at: row.get(2)?,
+                    })
+                },
+            )
+            .optional()?;
         Ok(Self {
             holders: live_holders(tx, Some(name), now, SCHEMA_VERSION)?,
             ahead: live_waiters(tx, Some(name), ticket, now, SCHEMA_VERSION)?,
             ticket,
+            granted,
             data_version: tx.query_row("PRAGMA data_version", [], |row| row.get(0))?,
         })
     }
@@ -123,8 +153,7 @@ impl LineRows {
         if !request.admitted(holders, ahead) {
             return None;
         }
-        let taken: HashSet<u32> = self.holders.iter().map(|row| row.slot).collect();
-        (0..request.capacity()).find(|slot| !taken.contains(slot))
+        lowest_free(&self.holders, request.capacity())
     }
 
     /// The `-p` of a holder or a waiter ahead of us, when it is not ours.
@@ -186,63 +215,30 @@ impl SqliteStore {
         let owner = &request.owner;
         let ttl = millis(request.plan.ttl());
         let sent = Moment::now();
-        let (look, taken, front) = self.db.write("acquire a slot", BUSY_TIMEOUT, |tx| {
+        let (look, taken, tell) = self.db.write("acquire a slot", BUSY_TIMEOUT, |tx| {
             let now = now_millis();
             purge_expired(tx, name, now)?;
             let look = LineRows::take(tx, name, &owner.token, now)?;
-            if look.other_parallelism(request.parallelism).is_some() {
+            if look.granted.is_some() || look.other_parallelism(request.parallelism).is_some() {
                 return Ok((look, None, Vec::new()));
             }
             let Some(slot) = look.free_slot(request) else {
                 match look.ticket {
                     Some(_) => refresh_waiter(tx, &owner.token, now + ttl)?,
-                    None if request.queue => join(tx, name, owner, now, now + ttl)?,
+                    None if request.queue => join(tx, name, owner, now, ttl)?,
                     None => {}
                 }
                 return Ok((look, None, Vec::new()));
             };
-            tx.execute("DELETE FROM waiters WHERE token = ?1", params![owner.token])?;
-            let fence: u64 = tx.query_row(
-                "INSERT INTO fences (name, fence) VALUES (?1, 1)
-                 ON CONFLICT (name) DO UPDATE SET fence = fence + 1
-                 RETURNING fence",
-                params![name],
-                |row| row.get(0),
-            )?;
-            let process = &owner.process;
-            tx.execute(
-                "INSERT INTO holders (name, slot, token, fence, pid, start_time, boot_id, host,
-                                      command, acquired_at, expires_at, parallelism, mode)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
-                params![
-                    name,
-                    slot,
-                    owner.token,
-                    fence,
-                    process.pid,
-                    process.start_time,
-                    process.boot_id,
-                    process.host,
-                    owner.command,
-                    now,
-                    now + ttl,
-                    owner.parallelism,
-                    owner.mode.as_str(),
-                ],
-            )?;
-            Ok((look, Some((slot, fence)), front(tx, name, now)?))
+            let fence = take_slot(tx, name, owner, slot, now, now + ttl)?;
+            Ok((look, Some((slot, fence)), moved(tx, name, now)?))
         })?;
-        ring(&front);
+        ring(&tell);
         if let Some((slot, fence)) = taken {
-            return Ok(Attempt::Taken(Box::new(SqliteSlot {
-                db: Rc::clone(&self.db),
-                name: name.to_owned(),
-                slot,
-                fence,
-                token: owner.token.clone(),
-                ttl: request.plan.ttl(),
-                taken_at: sent,
-            })));
+            return Ok(self.slot(request, slot, fence, sent));
+        }
+        if let Some(granted) = look.granted {
+            return Ok(self.granted(request, &granted));
         }
         if let Some(theirs) = look.other_parallelism(request.parallelism) {
             self.in_line = look.ticket.is_some();
@@ -254,6 +250,27 @@ impl SqliteStore {
         // Our own commit changed the data version: what we saw is what we wrote.
         self.seen = self.db.data_version()?;
         Ok(Attempt::Waiting(look.line(request, in_line)))
+    }
+
+    /// Slot `slot` with `fence`, whose lease runs from `taken_at`.
+    fn slot(&mut self, request: &Request, slot: u32, fence: u64, taken_at: Moment) -> Attempt {
+        self.in_line = false;
+        Attempt::Taken(Box::new(SqliteSlot {
+            db: Rc::clone(&self.db),
+            name: request.name.to_string(),
+            slot,
+            fence,
+            token: request.owner.token.clone(),
+            ttl: request.plan.ttl(),
+            taken_at,
+        }))
+    }
+
+    /// The slot granted to us, whose lease runs from its grant (a millisecond
+    /// earlier, for the rounding of the wall clock's milliseconds).
+    fn granted(&mut self, request: &Request, granted: &Granted) -> Attempt {
+        let taken_at = moment_at(granted.acquired_at) - Duration::from_millis(1);
+        self.slot(request, granted.slot, granted.fence, taken_at)
     }
 }
 
@@ -277,6 +294,9 @@ impl Store for SqliteStore {
                     now_millis(),
                 )
             })?;
+            if let Some(granted) = &look.granted {
+                return Ok(self.granted(request, granted));
+            }
             if look.ticket.is_some() && look.free_slot(request).is_none() {
                 self.seen = look.data_version;
                 return Ok(Attempt::Waiting(look.line(request, true)));
@@ -287,20 +307,13 @@ impl Store for SqliteStore {
 
     fn evict(&mut self, request: &Request, owners: &[Owner]) -> Result<()> {
         let name = request.name.as_str();
-        let front = self.db.write("drop dead entries", BUSY_TIMEOUT, |tx| {
+        let tell = self.db.write("drop dead entries", BUSY_TIMEOUT, |tx| {
             for owner in owners {
-                tx.execute(
-                    "DELETE FROM holders WHERE name = ?1 AND token = ?2 AND released = 0",
-                    params![name, owner.token],
-                )?;
-                tx.execute(
-                    "DELETE FROM waiters WHERE name = ?1 AND token = ?2",
-                    params![name, owner.token],
-                )?;
+                drop_entries(tx, name, &owner.token)?;
             }
-            front(tx, name, now_millis())
+            moved(tx, name, now_millis())
         })?;
-        ring(&front);
+        ring(&tell);
         Ok(())
     }
 
@@ -327,14 +340,13 @@ impl Store for SqliteStore {
 
     fn leave(&mut self, request: &Request) -> Result<()> {
         if std::mem::take(&mut self.in_line) {
-            let front = self.db.write("leave the line", BUSY_TIMEOUT, |tx| {
-                tx.execute(
-                    "DELETE FROM waiters WHERE token = ?1",
-                    params![request.owner.token],
-                )?;
-                front(tx, request.name.as_str(), now_millis())
+            let name = request.name.as_str();
+            // A slot granted to us meanwhile goes back to the line too.
+            let tell = self.db.write("leave the line", BUSY_TIMEOUT, |tx| {
+                drop_entries(tx, name, &request.owner.token)?;
+                moved(tx, name, now_millis())
             })?;
-            ring(&front);
+            ring(&tell);
         }
         Ok(())
     }
@@ -370,7 +382,7 @@ impl Store for SqliteStore {
     }
 
     fn break_slots(&mut self, name: &Name, slot: Option<u32>) -> Result<Vec<Entry>> {
-        let (broken, front) = self.db.write("break the leases", BUSY_TIMEOUT, |tx| {
+        let (broken, tell) = self.db.write("break the leases", BUSY_TIMEOUT, |tx| {
             let mut broken = live_holders(tx, Some(name.as_str()), now_millis(), SCHEMA_VERSION)?;
             broken.retain(|row| slot.is_none_or(|slot| slot == row.slot));
             for row in &broken {
@@ -379,10 +391,10 @@ impl Store for SqliteStore {
                     params![name.as_str(), row.slot],
                 )?;
             }
-            let front = front(tx, name.as_str(), now_millis())?;
-            Ok((broken.iter().map(HolderRow::entry).collect(), front))
+            let tell = moved(tx, name.as_str(), now_millis())?;
+            Ok((broken.iter().map(HolderRow::entry).collect(), tell))
         })?;
-        ring(&front);
+        ring(&tell);
         Ok(broken)
     }
 }
@@ -395,21 +407,59 @@ impl HolderRow {
     }
 }
 
-fn join(
-    tx: &Connection,
-    name: &str,
-    owner: &Owner,
-    now: u64,
-    expires_at: u64,
-) -> rusqlite::Result<()> {
+/// Puts `owner` at the end of the line of `name`, its place kept for `ttl` ms.
+fn join(tx: &Connection, name: &str, owner: &Owner, now: u64, ttl: u64) -> rusqlite::Result<()> {
     let process = &owner.process;
     tx.execute(
         "INSERT INTO waiters (name, token, pid, start_time, boot_id, host, command, since, expires_at,
-                              parallelism, mode)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                              parallelism, mode, ttl)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
         params![
             name,
             owner.token,
+            process.pid,
+            process.start_time,
+            process.boot_id,
+            process.host,
+            owner.command,
+            now,
+            now + ttl,
+            owner.parallelism,
+            owner.mode.as_str(),
+            ttl,
+        ],
+    )?;
+    Ok(())
+}
+
+/// Gives `owner` slot `slot` of `name` until `expires_at`, taking it out of
+/// the line: the acquisition's fence.
+fn take_slot(
+    tx: &Connection,
+    name: &str,
+    owner: &Owner,
+    slot: u32,
+    now: u64,
+    expires_at: u64,
+) -> rusqlite::Result<u64> {
+    tx.execute("DELETE FROM waiters WHERE token = ?1", params![owner.token])?;
+    let fence: u64 = tx.query_row(
+        "INSERT INTO fences (name, fence) VALUES (?1, 1)
+         ON CONFLICT (name) DO UPDATE SET fence = fence + 1
+         RETURNING fence",
+        params![name],
+        |row| row.get(0),
+    )?;
+    let process = &owner.process;
+    tx.execute(
+        "INSERT INTO holders (name, slot, token, fence, pid, start_time, boot_id, host,
+                              command, acquired_at, expires_at, parallelism, mode)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+        params![
+            name,
+            slot,
+            owner.token,
+            fence,
             process.pid,
             process.start_time,
             process.boot_id,
@@ -421,7 +471,69 @@ fn join(
             owner.mode.as_str(),
         ],
     )?;
+    Ok(fence)
+}
+
+/// Drops the holder (unless kept by `--min-hold`) and the waiter of `name` that `token` is.
+fn drop_entries(tx: &Connection, name: &str, token: &str) -> rusqlite::Result<()> {
+    tx.execute(
+        "DELETE FROM holders WHERE name = ?1 AND token = ?2 AND released = 0",
+        params![name, token],
+    )?;
+    tx.execute(
+        "DELETE FROM waiters WHERE name = ?1 AND token = ?2",
+        params![name, token],
+    )?;
     Ok(())
+}
+
+/// After a change to the line of `name`: grants the slots it frees and says
+/// whom to ring, those it granted slots to and the first two places.
+fn moved(tx: &Connection, name: &str, now: u64) -> rusqlite::Result<Vec<String>> {
+    let mut tell = grant(tx, name, now)?;
+    tell.extend(front(tx, name, now)?);
+    Ok(tell)
+}
+
+/// Grants free slots of `name`, in line order, to the waiters at the head of
+/// its line whom the line lets in (the rule of `Request::admitted`, for each
+/// with those ahead of it let in first): every sharer there at once. Their
+/// leases run for their TTL from now (to the end of their places, for rows of
+/// older lockruns). Their tokens.
+fn grant(tx: &Connection, name: &str, now: u64) -> rusqlite::Result<Vec<String>> {
+    let mut holders = live_holders(tx, Some(name), now, SCHEMA_VERSION)?;
+    let mut granted = Vec::new();
+    let mut after = None;
+    while let Some((ticket, waiter)) = next_waiter(tx, name, after, now)? {
+        let owner = &waiter.owner;
+        let parallelism = owner.parallelism.unwrap_or(1);
+        let modes = holders.iter().map(|row| row.owner.mode);
+        let let_in = admitted(owner.mode, parallelism, modes, []);
+        let free = lowest_free(&holders, capacity(owner.mode, parallelism));
+        let Some(slot) = free.filter(|_| let_in) else {
+            break;
+        };
+        let expires_at = waiter.ttl.map_or(waiter.expires_at, |ttl| now + ttl);
+        let fence = take_slot(tx, name, owner, slot, now, expires_at)?;
+        granted.push(owner.token.clone());
+        holders.push(HolderRow {
+            name: waiter.name,
+            slot,
+            owner: waiter.owner,
+            fence,
+            acquired_at: now,
+            expires_at,
+            released: false,
+        });
+        after = Some(ticket);
+    }
+    Ok(granted)
+}
+
+/// The lowest slot number below `capacity` that none of `holders` has.
+fn lowest_free(holders: &[HolderRow], capacity: u32) -> Option<u32> {
+    let taken: HashSet<u32> = holders.iter().map(|row| row.slot).collect();
+    (0..capacity).find(|slot| !taken.contains(slot))
 }
 
 /// The tokens of the waiters in the first two places of the line of `name`:
@@ -535,21 +647,57 @@ fn live_waiters(
     version: u32,
 ) -> rusqlite::Result<Vec<WaiterRow>> {
     tx.prepare(&format!(
-        "SELECT name, token, pid, start_time, boot_id, host, command, since, expires_at, {}
-         FROM waiters
+        "SELECT {} FROM waiters
          WHERE (?1 IS NULL OR name = ?1) AND (?2 IS NULL OR ticket < ?2) AND expires_at > ?3
          ORDER BY name, ticket",
-        later_columns(version)
+        waiter_columns(version)
     ))?
-    .query_map(params![name, before, now], |row| {
-        Ok(WaiterRow {
-            name: row.get("name")?,
-            owner: owner(row)?,
-            since: row.get("since")?,
-            expires_at: row.get("expires_at")?,
-        })
-    })?
+    .query_map(params![name, before, now], waiter_row)?
     .collect()
+}
+
+/// The first waiter of `name` behind ticket `after` (from the head without)
+/// whose place has not lapsed, with its ticket.
+fn next_waiter(
+    tx: &Connection,
+    name: &str,
+    after: Option<i64>,
+    now: u64,
+) -> rusqlite::Result<Option<(i64, WaiterRow)>> {
+    tx.query_row(
+        &format!(
+            "SELECT ticket, {} FROM waiters
+             WHERE name = ?1 AND (?2 IS NULL OR ticket > ?2) AND expires_at > ?3
+             ORDER BY ticket LIMIT 1",
+            waiter_columns(SCHEMA_VERSION)
+        ),
+        params![name, after, now],
+        |row| Ok((row.get("ticket")?, waiter_row(row)?)),
+    )
+    .optional()
+}
+
+/// The columns [`waiter_row`] reads, in a database of schema `version`.
+fn waiter_columns(version: u32) -> String {
+    let ttl = if version >= MODES_SINCE {
+        "ttl"
+    } else {
+        "NULL AS ttl"
+    };
+    format!(
+        "name, token, pid, start_time, boot_id, host, command, since, expires_at, {ttl}, {}",
+        later_columns(version)
+    )
+}
+
+fn waiter_row(row: &rusqlite::Row) -> rusqlite::Result<WaiterRow> {
+    Ok(WaiterRow {
+        name: row.get("name")?,
+        owner: owner(row)?,
+        since: row.get("since")?,
+        expires_at: row.get("expires_at")?,
+        ttl: row.get("ttl")?,
+    })
 }
 
 fn owner(row: &rusqlite::Row) -> rusqlite::Result<Owner> {
@@ -592,9 +740,15 @@ fn millis(duration: Duration) -> u64 {
     duration.as_millis() as u64
 }
 
-/// The moment on the monotonic clock when the wall clock reaches `millis` since the Unix epoch.
+/// The moment on the monotonic clock when the wall clock reaches (or reached)
+/// `millis` since the Unix epoch.
 fn moment_at(millis: u64) -> Moment {
-    Moment::now() + Duration::from_millis(millis.saturating_sub(now_millis()))
+    let now = now_millis();
+    if millis >= now {
+        Moment::now() + Duration::from_millis(millis - now)
+    } else {
+        Moment::now() - Duration::from_millis(now - millis)
+    }
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 use rusqlite::params;
 
 use super::database::{BUSY_TIMEOUT, Database};
-use super::{RENEWAL_BUSY_TIMEOUT, front, millis, now_millis, ring};
+use super::{RENEWAL_BUSY_TIMEOUT, millis, moved, now_millis, ring};
 use crate::backend::{Released, Renewal, Slot};
 use crate::error::Result;
 use crate::identity::epoch_millis;
@@ -60,7 +60,7 @@ impl Slot for SqliteSlot {
 
     fn release(self: Box<Self>, keep_until: Option<SystemTime>) -> Result<Released> {
         let keep_until = keep_until.map(epoch_millis);
-        let (ours, front) = self.db.write("release the slot", BUSY_TIMEOUT, |tx| {
+        let (ours, tell) = self.db.write("release the slot", BUSY_TIMEOUT, |tx| {
             let now = now_millis();
             if let Some(until) = keep_until.filter(|&until| until > now) {
                 // The row outlives us until then (--min-hold); a lapsed lease is not revived.
@@ -75,9 +75,9 @@ impl Slot for SqliteSlot {
                 "DELETE FROM holders WHERE name = ?1 AND slot = ?2 AND token = ?3",
                 params![self.name, self.slot, self.token],
             )?;
-            Ok((deleted == 1, front(tx, &self.name, now)?))
+            Ok((deleted == 1, moved(tx, &self.name, now)?))
         })?;
-        ring(&front);
+        ring(&tell);
         Ok(Released::ours(ours))
     }
 }
