@@ -307,7 +307,10 @@ fn status_neither_hangs_on_a_fifo_nor_reads_a_huge_lock_file_whole() {
     assert!(status(&["pipe"]).starts_with("pipe is not held in directory "));
     let shown = status(&["huge"]);
     assert!(
-        shown.contains(&format!("holding  0     -     {}", std::process::id())),
+        shown.contains(&format!(
+            "holding  exclusive  0     -     {}",
+            std::process::id()
+        )),
         "{shown}"
     );
     // Taking the lock opens the files the same way: the FIFO is refused at once.
