@@ -26,26 +26,16 @@ pub fn other_parallelism(
     waiters: bool,
 ) -> Result<Option<u32>> {
     // Slot files are made in order from slot 0, so the first missing one at
-    // or past ours ends them: every holder's slot is below its own -p. Share
-    // files are made in order from 0 too: the first missing one ends them.
-    for (kind, gaps_below) in [SlotFile::Lock, SlotFile::Share].into_iter().zip([ours, 0]) {
-        for slot in 0.. {
-            let slot_file = kind(slot);
-            if own == Some(slot_file) {
-                continue;
-            }
-            let path = slot_file.path(dir.path(), stem);
-            let Some(file) = open_existing(&path)? else {
-                if slot >= gaps_below {
-                    break;
-                }
-                continue;
-            };
-            let theirs = holders_parallelism(&file, &path)?;
-            if refuses(theirs, ours) {
-                return Ok(theirs);
-            }
-        }
+    // or past ours ends them: every holder's slot is below its own -p.
+    if let Some(theirs) = refusing_holder(dir, stem, SlotFile::Lock, own, ours, ours)? {
+        return Ok(Some(theirs));
+    }
+    // Sharers hold with -p 1: their share files refuse only another -p.
+    // They are made in order from 0: the first missing one ends them.
+    if ours != 1
+        && let Some(theirs) = refusing_holder(dir, stem, SlotFile::Share, own, ours, 0)?
+    {
+        return Ok(Some(theirs));
     }
     if !waiters {
         return Ok(None);
@@ -59,6 +49,37 @@ pub fn other_parallelism(
             continue;
         }
         let theirs = first_json_value::<WaiterRecord>(&file).and_then(|r| r.owner.parallelism);
+        if refuses(theirs, ours) {
+            return Ok(theirs);
+        }
+    }
+    Ok(None)
+}
+
+/// Another `-p` than `ours` recorded by a holder of one of `stem`'s slot
+/// files of this `kind` (`own` left out), looked at in order from 0 up to
+/// the first missing one at or past `gaps_below`.
+fn refusing_holder(
+    dir: &LockDir,
+    stem: &str,
+    kind: fn(u32) -> SlotFile,
+    own: Option<SlotFile>,
+    ours: u32,
+    gaps_below: u32,
+) -> Result<Option<u32>> {
+    for slot in 0.. {
+        let slot_file = kind(slot);
+        if own == Some(slot_file) {
+            continue;
+        }
+        let path = slot_file.path(dir.path(), stem);
+        let Some(file) = open_existing(&path)? else {
+            if slot >= gaps_below {
+                break;
+            }
+            continue;
+        };
+        let theirs = holders_parallelism(&file, &path)?;
         if refuses(theirs, ours) {
             return Ok(theirs);
         }
