@@ -1,7 +1,8 @@
 //! The file backend (README: "File backend"): one lock file per slot in a
 //! directory, held with flock(2), and a waiting line of files the kernel keeps
-//! in order. Nothing polls: waiters sleep in the kernel (or on inotify, for
-//! more than one slot) and wake when the line moves.
+//! in order; sharers hold slot 0's file shared (see `share`). Nothing polls:
+//! waiters sleep in the kernel (or on inotify, for more than one slot, or for
+//! a share slot when every one is taken) and wake when the line moves.
 
 mod admit;
 mod dir;
@@ -137,7 +138,11 @@ impl FileStore {
             let lock = LockMode::from(request.mode());
             return match slot::probe(self.dir.open_lock_file(&path)?, &path, lock)? {
                 Probe::Free(file) => self.take_free(request, stem, 0, file),
-                Probe::Held => Ok(Err(NoSlot::default())),
+                Probe::Held => {
+                    // Held exclusively: a sharer waits in the kernel for it, not for a share slot.
+                    self.head = None;
+                    Ok(Err(NoSlot::default()))
+                }
                 Probe::Kept(until) => Ok(Err(NoSlot::kept(until))),
             };
         }
@@ -361,10 +366,11 @@ impl Store for FileStore {
             return Ok(Waited::told(left));
         }
         if let Some(head) = &self.head {
+            // A sharer waits for a share file; our own looks at slot 0's file wake nobody then.
             let lock_file = |name: &std::ffi::OsString| {
                 name.to_str()
                     .and_then(SlotFile::parse)
-                    .is_some_and(|(s, _)| s == stem)
+                    .is_some_and(|(s, slot)| s == stem && slot.mode() == request.mode())
             };
             while !until.has_passed() {
                 let changed = head.watch.changes(until.remaining()).map_err(|err| {
