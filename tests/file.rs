@@ -556,3 +556,58 @@ fn a_sharer_and_another_parallelism_are_refused_both_ways() {
     let_go(&second, on_slot_1);
     assert_status(&run(store.lockrun().args(sharer)), 0);
 }
+
+/// While every one of the 1024 share slots is taken, a sharer waits in line
+/// without spinning, and takes the first one let go at once, woken by the
+/// directory's watch, not a retry. (The test holds the slots' files itself.)
+#[test]
+fn a_sharer_waits_for_a_share_slot_when_every_one_is_taken() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    const SHARERS: usize = 1024;
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    if hard < 2 * SHARERS as u64 {
+        eprintln!("skipped: at most {hard} open files");
+        return;
+    }
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).unwrap();
+    }
+    let store = Store::file();
+    let mut shares: Vec<fs::File> = (0..SHARERS)
+        .map(|slot| {
+            let file = fs::File::create(store.dir().join(format!("full.{slot}.shared"))).unwrap();
+            file.lock().unwrap();
+            file
+        })
+        .collect();
+    assert_status(
+        &run(store.lockrun().args(["--name", "full", "-s", "-n", "true"])),
+        75,
+    );
+    let mut waiter = join_line(&store, "full", &["-s", "-c", "exit $LOCKRUN_SLOT"]);
+    let pid = waiter.id();
+    let cpu = || {
+        let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let fields: Vec<u64> = stat
+            .rsplit_once(") ")
+            .unwrap()
+            .1
+            .split(' ')
+            .skip(11)
+            .take(2)
+            .map(|field| field.parse().unwrap())
+            .collect();
+        fields.iter().sum::<u64>()
+    };
+    let before = cpu();
+    // A window to see it spin in, not a wait for anything.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(cpu() - before < 10, "the waiter spun");
+    let released = Instant::now();
+    drop(shares.remove(700));
+    assert_eq!(wait(&mut waiter).code(), Some(700 % 256));
+    assert!(
+        released.elapsed() < Duration::from_secs(5),
+        "woken, not at a retry"
+    );
+}
