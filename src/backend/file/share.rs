@@ -13,6 +13,7 @@ use std::path::Path;
 use std::time::SystemTime;
 
 use super::dir::{LockDir, open_existing};
+use super::earliest;
 use super::slot::{self, Probe, SlotFile, probe};
 use super::wait::LockMode;
 use crate::backend::MAX_SHARERS;
@@ -27,18 +28,16 @@ pub fn take_lowest_free(
     stem: &str,
     watched: bool,
 ) -> Result<Result<(u32, File), Option<SystemTime>>> {
-    let mut kept_until: Option<SystemTime> = None;
-    let mut kept = |until: SystemTime| {
-        kept_until = Some(kept_until.map_or(until, |earlier| earlier.min(until)));
-    };
+    let mut kept_until = None;
     for slot in 0..MAX_SHARERS {
         let path = SlotFile::Share(slot).path(dir.path(), stem);
         if watched && let Some(file) = open_existing(&path)? {
             match probe(file, &path, LockMode::Exclusive)? {
+                // Let go at once, to be locked opened for writing below.
                 Probe::Free(_) => {}
                 Probe::Held => continue,
                 Probe::Kept(until) => {
-                    kept(until);
+                    kept_until = Some(earliest(kept_until, until));
                     continue;
                 }
             }
@@ -46,7 +45,7 @@ pub fn take_lowest_free(
         match probe(dir.open_lock_file(&path)?, &path, LockMode::Exclusive)? {
             Probe::Free(file) => return Ok(Ok((slot, file))),
             Probe::Held => {}
-            Probe::Kept(until) => kept(until),
+            Probe::Kept(until) => kept_until = Some(earliest(kept_until, until)),
         }
     }
     Ok(Err(kept_until))

@@ -21,7 +21,7 @@ use crate::platform::clock::Moment;
 use crate::platform::watch::DirWatch;
 
 pub const LOCK_SUFFIX: &str = ".lock";
-pub const SHARE_SUFFIX: &str = ".shared";
+const SHARE_SUFFIX: &str = ".shared";
 /// More than any record lockrun writes: a larger file is not read further.
 pub const MAX_RECORD: u64 = 64 * 1024;
 
