@@ -2,9 +2,10 @@
 //! holder fails, fencing across data loss, connection errors and secrets.
 
 use std::fs;
-use std::io::Write;
-use std::net::TcpListener;
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -608,4 +609,90 @@ fn a_dead_waiter_on_another_host_stalls_the_line_only_until_its_place_lapses() {
         "the line moved on when the dead waiter's place lapsed, after {:?}",
         released.elapsed()
     );
+}
+
+/// A proxy to `server` that, once, lets a release (the script run with the
+/// slot key and two more keys) reach the server and cuts the connection
+/// before its answer reaches the client, as a network cut would. Its port,
+/// and whether it cut.
+fn cutting_the_first_release_answer(server: &RedisServer) -> (u16, Arc<AtomicBool>) {
+    let front = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = front.local_addr().unwrap().port();
+    let upstream = server.port();
+    let cut = Arc::new(AtomicBool::new(false));
+    let cutting = Arc::clone(&cut);
+    thread::spawn(move || {
+        for client in front.incoming().map_while(Result::ok) {
+            let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                continue;
+            };
+            let (mut from_client, mut to_server) =
+                (client.try_clone().unwrap(), server.try_clone().unwrap());
+            let this_one = Arc::new(AtomicBool::new(false));
+            let (cutting, marked) = (Arc::clone(&cutting), Arc::clone(&this_one));
+            thread::spawn(move || {
+                let mut buffer = [0u8; 8192];
+                while let Ok(read) = from_client.read(&mut buffer) {
+                    let request = String::from_utf8_lossy(&buffer[..read]);
+                    // EVALSHA, its SHA, 3 keys, the first a slot's: a release.
+                    if request.contains("EVALSHA")
+                        && request.contains("\r\n$1\r\n3\r\n")
+                        && request.contains(":slot:")
+                        && !cutting.swap(true, Ordering::SeqCst)
+                    {
+                        marked.store(true, Ordering::SeqCst);
+                    }
+                    if read == 0 || to_server.write_all(&buffer[..read]).is_err() {
+                        break;
+                    }
+                }
+            });
+            let (mut from_server, mut to_client) = (server, client);
+            thread::spawn(move || {
+                let mut buffer = [0u8; 8192];
+                while let Ok(read) = from_server.read(&mut buffer) {
+                    if read == 0 || this_one.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    if to_client.write_all(&buffer[..read]).is_err() {
+                        break;
+                    }
+                }
+                let _ = to_client.shutdown(Shutdown::Both);
+                let _ = from_server.shutdown(Shutdown::Both);
+            });
+        }
+    });
+    (port, cut)
+}
+
+/// A release whose answer is lost is made again on a new connection; the
+/// slot is gone by then, and the release knows it freed it itself: the run
+/// exits with its command's status, not 76. One that keeps the slot
+/// (`--min-hold`) finds it kept, and keeps it once. A lease broken by `release
+/// --force` is still found lost (`sessions::a_lease_found_lost_at_release_gives_76`).
+#[test]
+fn a_release_made_again_after_its_answer_was_lost_is_not_found_lost() {
+    let Some((store, server)) = redis(&[]) else {
+        return;
+    };
+    // The first run loads the scripts: the cut release must run, not meet NOSCRIPT.
+    assert_status(&run(store.lockrun().args(["--name", "cut", "true"])), 0);
+    for (name, extra) in [("cut", &[][..]), ("kept", &["--min-hold", "30"][..])] {
+        let (port, cut) = cutting_the_first_release_answer(&server);
+        let output = run(lockrun()
+            .args(["--backend", "redis", "--redis-url"])
+            .arg(format!("redis://127.0.0.1:{port}"))
+            .args(["--name", name, "-c", "exit 3"])
+            .args(extra));
+        assert!(cut.load(Ordering::SeqCst), "the proxy cut no release");
+        assert_status(&output, 3);
+        assert_eq!(stderr(&output), "", "nothing said about a lost lease");
+    }
+    assert_status(
+        &run(store.lockrun().args(["--name", "cut", "-n", "true"])),
+        0,
+    );
+    let status = stdout(&run(store.status().args(["kept", "--json"])));
+    assert!(status.contains(r#""state":"holding""#), "{status}");
 }

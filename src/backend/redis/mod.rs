@@ -414,7 +414,7 @@ impl Store for RedisStore {
                 &keys,
                 &key,
                 &record.owner.token,
-                Duration::ZERO,
+                Release::Break,
                 FREE_CALL,
             )? {
                 broken.push(record.entry(slot));
@@ -430,18 +430,35 @@ impl Store for RedisStore {
     }
 }
 
-/// Frees the slot at `key` if it is held with `token` (or keeps it taken for
-/// `keep`), waking the waiters it is for. False when the slot was not (any
-/// longer) held with it.
+/// What a release does with a slot.
+#[derive(Clone, Copy)]
+pub(super) enum Release {
+    /// Its holder frees it. Remembered for as long as the call may be made
+    /// again, so that a release whose answer was lost is not found lost.
+    Free,
+    /// Its holder keeps it taken this long (`--min-hold`).
+    Keep(Duration),
+    /// An operator takes it away from its holder (`release --force`), whose
+    /// own release must then find it lost: nothing is remembered.
+    Break,
+}
+
+/// Releases the slot at `key` if it is held with `token`, waking the waiters
+/// it is for. False when the slot was not (any longer) held with it.
 pub(super) fn release(
     link: &RefCell<RedisLink>,
     scripts: &Scripts,
     keys: &RedisKeys,
     key: &str,
     token: &str,
-    keep: Duration,
+    how: Release,
     timeout: Duration,
 ) -> Result<bool> {
+    let (keep, remember) = match how {
+        Release::Free => (Duration::ZERO, timeout),
+        Release::Keep(keep) => (keep, Duration::ZERO),
+        Release::Break => (Duration::ZERO, Duration::ZERO),
+    };
     let mut invocation = scripts.release.key(key);
     invocation.key(keys.line()).key(keys.sharers());
     invocation
@@ -449,7 +466,8 @@ pub(super) fn release(
         .arg(keep.as_millis() as u64)
         .arg(epoch_millis(SystemTime::now() + keep))
         .arg(keys.base())
-        .arg(WAKE_TTL.as_millis() as u64);
+        .arg(WAKE_TTL.as_millis() as u64)
+        .arg(remember.as_millis() as u64);
     let released: i64 =
         link.borrow_mut()
             .call(Route::Key(key), "releasing the lock", timeout, |c| {

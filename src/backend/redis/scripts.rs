@@ -13,7 +13,9 @@
 //!   TTL: every holder's slot is below it (older lockruns also raised it to
 //!   the `-p` of every run that looked);
 //! - `PREFIX:{STEM}:waiter:TOKEN`: a waiter's JSON record, with a PX TTL its waiter refreshes;
-//! - `PREFIX:{STEM}:wake:TOKEN`: a short-lived list a waiter BLPOPs, pushed to when it may go.
+//! - `PREFIX:{STEM}:wake:TOKEN`: a short-lived list a waiter BLPOPs, pushed to when it may go;
+//! - `PREFIX:{STEM}:released:TOKEN`: set by a release for as long as the
+//!   release may be made again (its answer lost), which then knows it was done.
 
 use redis::Script;
 
@@ -373,20 +375,30 @@ return 0
 ";
 
 /// KEYS: our slot, line, sharers. ARGV: token, keep ms (0: free now),
-/// kept-until (epoch ms, for `status`), key base, wake TTL ms. With keep, the
-/// slot stays taken that long, marked kept so that no one reclaims it for its
-/// holder's process being gone. Otherwise it is freed and the waiters it is
-/// for woken. Returns 1, or 0 when the slot was not (any longer) held with
-/// that token.
+/// kept-until (epoch ms, for `status`), key base, wake TTL ms, how long to
+/// remember the release (ms; 0: not). With keep, the slot stays taken that
+/// long, marked kept so that no one reclaims it for its holder's process being
+/// gone. Otherwise it is freed and the waiters it is for woken. Returns 1, or
+/// 0 when the slot was not (any longer) held with that token. A release made
+/// again after its answer was lost finds the slot gone: what it remembered
+/// tells that from a lease lost before it (expired, or broken by `release
+/// --force`, which remembers nothing).
 const RELEASE: &str = r#"
+local token, base = ARGV[1], ARGV[4]
+local released = base .. 'released:' .. token
 local value = redis.call('GET', KEYS[1])
-if not value or decoded(value).token ~= ARGV[1] then return 0 end
+local record = decoded(value or '')
+if not value or record.token ~= token then return redis.call('EXISTS', released) end
 if tonumber(ARGV[2]) > 0 then
-  redis.call('SET', KEYS[1], '{"kept_until":' .. ARGV[3] .. ',' .. string.sub(value, 2), 'PX', ARGV[2])
+  -- Kept already: this is the same release made again.
+  if not record.kept_until then
+    redis.call('SET', KEYS[1], '{"kept_until":' .. ARGV[3] .. ',' .. string.sub(value, 2), 'PX', ARGV[2])
+  end
   return 1
 end
 redis.call('DEL', KEYS[1])
-wake(KEYS[2], KEYS[3], ARGV[4], ARGV[5])
+if tonumber(ARGV[6]) > 0 then redis.call('SET', released, '1', 'PX', ARGV[6]) end
+wake(KEYS[2], KEYS[3], base, ARGV[5])
 return 1
 "#;
 
