@@ -167,6 +167,25 @@ fn usage_errors_found_after_parsing_are_plain_lines_even_when_quiet() {
 }
 
 #[test]
+fn shared_mode_takes_one_slot() {
+    let store = Store::file();
+    let scratch = Scratch::new();
+    let ran = scratch.path("ran");
+    let touch = format!("touch '{}'", ran.display());
+    for extra in [["-s", "-p", "2"], ["--shared", "--parallelism", "3"]] {
+        let output = run(store
+            .lockrun()
+            .args(["--name", "x"])
+            .args(extra)
+            .args(["-c", &touch]));
+        assert_status(&output, 64);
+        let err = stderr(&output);
+        assert!(err.contains("-p 1") && err.lines().count() == 1, "{err}");
+    }
+    assert!(!ran.exists(), "a refused run's command ran");
+}
+
+#[test]
 fn a_nested_lockrun_does_not_take_the_outer_locks_name_or_slots() {
     let store = Store::file();
     let scratch = Scratch::new();

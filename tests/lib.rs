@@ -13,6 +13,7 @@ mod file;
 mod fleet;
 mod generated;
 mod line;
+mod modes;
 mod neighbours;
 mod operator;
 mod partition;

@@ -305,7 +305,6 @@ fn hints_for_what_users_bring_from_flock_and_habit() {
         "{line}"
     );
     for (flag, says) in [
-        ("-s", "no shared mode"),
         ("-x", "every lockrun lock is"),
         ("-u", "releases the lock when the command exits"),
         ("-o", "never lets the command inherit"),
