@@ -13,7 +13,7 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
 use crate::core::{
-    hold_recording, losing_the_server_stops_the_holder,
+    hold_recording, losing_the_server_stops_the_holder, start_holding,
     takes_the_slot_of_a_lapsing_holder_elsewhere,
 };
 use crate::support::*;
@@ -607,6 +607,171 @@ fn a_dead_waiter_on_another_host_stalls_the_line_only_until_its_place_lapses() {
     assert!(
         released.elapsed() < Duration::from_secs(3),
         "the line moved on when the dead waiter's place lapsed, after {:?}",
+        released.elapsed()
+    );
+}
+
+/// Eight readers wait behind a writer; the writer's release is the one event
+/// that may start them (the writer runs in a pid namespace of its own, as on
+/// another host, so that nobody watches its process): it wakes all eight at
+/// once, and they hold together. Each reader's command waits until all have
+/// begun, so a reader let in alone would hold the others out.
+#[test]
+fn a_writers_release_wakes_every_reader_waiting_behind_it_at_once() {
+    const READERS: usize = 8;
+    let Some(mut elsewhere) = lockrun_in_a_pid_namespace() else {
+        return;
+    };
+    let Some((store, server)) = redis(&[]) else {
+        return;
+    };
+    let scratch = Scratch::new();
+    elsewhere.args(store.args());
+    let end = scratch.path("end");
+    let writer = start_holding(
+        elsewhere,
+        &scratch,
+        "group",
+        &["--ttl", "60"],
+        &format!("trap 'date +%s%N > {}' EXIT; ", end.display()),
+    );
+    let began = |reader: usize| scratch.path(&format!("at.{reader}"));
+    let mut readers: Vec<Running> = (0..READERS)
+        .map(|reader| {
+            let script = format!(
+                "date +%s%N > {}; {}",
+                began(reader).display(),
+                together(scratch.dir(), &reader.to_string(), READERS)
+            );
+            in_line(&store, "group", &["-s"], &script)
+        })
+        .collect();
+    let mut client = server.client();
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut client)
+        .unwrap();
+    let released = Instant::now();
+    fs::write(scratch.path("release"), "").unwrap();
+    stderr_of(writer);
+    for reader in &mut readers {
+        assert_eq!(wait(reader).code(), Some(0), "held together with the rest");
+    }
+    assert!(
+        released.elapsed() < Duration::from_secs(10),
+        "woken by the release, not by their retries: {:?}",
+        released.elapsed()
+    );
+    let last_ms = (0..READERS)
+        .map(|reader| nanos(&began(reader)) - nanos(&end))
+        .max()
+        .unwrap() as f64
+        / 1e6;
+    eprintln!(
+        "redis group handoff: the last of {READERS} readers began {last_ms:.1} ms after the writer's command ended"
+    );
+    let pushes = server.command_calls().get("lpush").copied().unwrap_or(0);
+    assert_eq!(
+        pushes, READERS as u64,
+        "one wake-up each, all from the writer's release"
+    );
+}
+
+/// A run of `name` with `extra` flags and the shell `script`, whose only ways
+/// in are a wake-up and a process it watches (its first retry is 15 s or more
+/// away, its place keeps for 20 s); returned once it stands in line.
+fn in_line(store: &Store, name: &str, extra: &[&str], script: &str) -> Running {
+    let waiting = || {
+        let output = run(store.status().args([name, "--json"]));
+        stdout(&output).matches(r#""state":"waiting""#).count()
+    };
+    let before = waiting();
+    let run = store
+        .lockrun()
+        .args([
+            "--name",
+            name,
+            "-w",
+            "60",
+            "--ttl",
+            "60",
+            "--initial-delay",
+            "30",
+        ])
+        .args(extra)
+        .args(["-c", script])
+        .start();
+    wait_until("the run to stand in line", || waiting() > before);
+    run
+}
+
+/// Shell code that touches `mark` and waits (10 s at most, else fails) until
+/// `count` files named `began.*` are in `dir`: run by readers that must hold together.
+fn together(dir: &std::path::Path, mark: &str, count: usize) -> String {
+    let dir = dir.display();
+    format!(
+        "touch {dir}/began.{mark}; n=0; while [ $(ls {dir} | grep -c began) -lt {count} ] && [ $n -lt 1000 ]; do sleep 0.01; n=$((n+1)); done; [ $n -lt 1000 ]"
+    )
+}
+
+/// Two readers wait behind a holder on another host that crashed: both
+/// watch when its lease ends (the second goes with the first, so it is at
+/// the head too), and both hold together then, not the second only at its
+/// next retry.
+#[test]
+fn readers_at_the_head_watch_the_holders_lease_and_go_together_when_it_ends() {
+    let Some((store, server)) = redis(&[]) else {
+        return;
+    };
+    let record = r#"{"name":"fallen","token":"t","pid":1,"start_time":1,"boot_id":"another-boot","host":"elsewhere","command":"crashed","acquired_at":0,"fence":5}"#;
+    let _: () = redis::cmd("SET")
+        .arg("lockrun:{fallen}:slot:0")
+        .arg(record)
+        .arg("PX")
+        .arg(5000)
+        .query(&mut server.client())
+        .unwrap();
+    let scratch = Scratch::new();
+    let mut readers: Vec<Running> = ["1", "2"]
+        .iter()
+        .map(|mark| in_line(&store, "fallen", &["-s"], &together(scratch.dir(), mark, 2)))
+        .collect();
+    for reader in &mut readers {
+        assert_eq!(wait(reader).code(), Some(0), "held together");
+    }
+}
+
+/// A writer waits behind two readers that wait behind a holder. The second
+/// reader dies: the writer, right behind the readers, watches both and drops
+/// it at once; so when the holder ends and the first reader has come and
+/// gone, the writer runs, without waiting for the dead reader's place to lapse.
+#[test]
+fn a_writer_behind_waiting_readers_drops_a_dead_one_at_once() {
+    let Some((store, _server)) = redis(&[]) else {
+        return;
+    };
+    let scratch = Scratch::new();
+    let holder = hold_recording(&store, &scratch, "behind", &["--ttl", "60"]);
+    let mut first = in_line(&store, "behind", &["-s"], "true");
+    let mut second = in_line(&store, "behind", &["-s"], "true");
+    let written = scratch.path("written");
+    let mut writer = in_line(
+        &store,
+        "behind",
+        &[],
+        &format!("touch {}", written.display()),
+    );
+    second.kill().unwrap();
+    second.wait().unwrap();
+    let released = Instant::now();
+    fs::write(scratch.path("release"), "").unwrap();
+    stderr_of(holder);
+    assert_eq!(wait(&mut first).code(), Some(0));
+    assert_eq!(wait(&mut writer).code(), Some(0));
+    assert!(written.exists());
+    assert!(
+        released.elapsed() < Duration::from_secs(10),
+        "{:?}",
         released.elapsed()
     );
 }
