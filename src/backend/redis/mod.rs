@@ -430,11 +430,12 @@ impl Store for RedisStore {
     }
 }
 
-/// What a release does with a slot.
+/// What a release does with a slot. Its holder's release is remembered for
+/// as long as the call may be made again, so that one whose answer was lost
+/// is not found lost when made again.
 #[derive(Clone, Copy)]
 pub(super) enum Release {
-    /// Its holder frees it. Remembered for as long as the call may be made
-    /// again, so that a release whose answer was lost is not found lost.
+    /// Its holder frees it.
     Free,
     /// Its holder keeps it taken this long (`--min-hold`).
     Keep(Duration),
@@ -456,7 +457,7 @@ pub(super) fn release(
 ) -> Result<bool> {
     let (keep, remember) = match how {
         Release::Free => (Duration::ZERO, timeout),
-        Release::Keep(keep) => (keep, Duration::ZERO),
+        Release::Keep(keep) => (keep, timeout),
         Release::Break => (Duration::ZERO, Duration::ZERO),
     };
     let mut invocation = scripts.release.key(key);

@@ -379,16 +379,20 @@ return 0
 /// remember the release (ms; 0: not). With keep, the slot stays taken that
 /// long, marked kept so that no one reclaims it for its holder's process being
 /// gone. Otherwise it is freed and the waiters it is for woken. Returns 1, or
-/// 0 when the slot was not (any longer) held with that token. A release made
-/// again after its answer was lost finds the slot gone: what it remembered
-/// tells that from a lease lost before it (expired, or broken by `release
-/// --force`, which remembers nothing).
+/// 0 when the slot was not (any longer) held with that token. A remembered
+/// release made again after its answer was lost finds it done: that tells it
+/// from a lease lost before it (expired, or broken by `release --force`,
+/// which remembers nothing).
 const RELEASE: &str = r#"
-local token, base = ARGV[1], ARGV[4]
+local token, base, remember = ARGV[1], ARGV[4], tonumber(ARGV[6])
 local released = base .. 'released:' .. token
 local value = redis.call('GET', KEYS[1])
 local record = decoded(value or '')
-if not value or record.token ~= token then return redis.call('EXISTS', released) end
+if not value or record.token ~= token then
+  if remember > 0 then return redis.call('EXISTS', released) end
+  return 0
+end
+if remember > 0 then redis.call('SET', released, '1', 'PX', remember) end
 if tonumber(ARGV[2]) > 0 then
   -- Kept already: this is the same release made again.
   if not record.kept_until then
@@ -397,7 +401,6 @@ if tonumber(ARGV[2]) > 0 then
   return 1
 end
 redis.call('DEL', KEYS[1])
-if tonumber(ARGV[6]) > 0 then redis.call('SET', released, '1', 'PX', ARGV[6]) end
 wake(KEYS[2], KEYS[3], base, ARGV[5])
 return 1
 "#;
