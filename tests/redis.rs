@@ -13,7 +13,7 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
 use crate::core::{
-    hold_recording, losing_the_server_stops_the_holder, start_holding,
+    hold, hold_recording, losing_the_server_stops_the_holder, start_holding,
     takes_the_slot_of_a_lapsing_holder_elsewhere,
 };
 use crate::support::*;
@@ -776,8 +776,34 @@ fn a_writer_behind_waiting_readers_drops_a_dead_one_at_once() {
     );
 }
 
-/// A proxy to `server` that, once, lets a release (the script run with the
-/// slot key and two more keys) reach the server and cuts the connection
+/// A writer waits behind three readers that hold: the releases of the first
+/// two free nothing for it and wake nobody; the last one's wakes it.
+#[test]
+fn a_writer_behind_readers_is_woken_by_the_last_ones_release_only() {
+    let Some((store, server)) = redis(&[]) else {
+        return;
+    };
+    let scratches = [Scratch::new(), Scratch::new(), Scratch::new()];
+    let readers: Vec<Running> = scratches
+        .iter()
+        .map(|scratch| hold(&store, scratch, "last", &["-s"]))
+        .collect();
+    let mut writer = in_line(&store, "last", &[], "true");
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut server.client())
+        .unwrap();
+    for (scratch, reader) in scratches.iter().zip(readers) {
+        fs::write(scratch.path("release"), "").unwrap();
+        stderr_of(reader);
+    }
+    assert_eq!(wait(&mut writer).code(), Some(0));
+    let pushes = server.command_calls().get("lpush").copied().unwrap_or(0);
+    assert_eq!(pushes, 1, "the writer woken once");
+}
+
+/// A proxy to `server` that, once, lets a release (the script run with a
+/// slot's key and the line's) reach the server and cuts the connection
 /// before its answer reaches the client, as a network cut would. Its port,
 /// and whether it cut.
 fn cutting_the_first_release_answer(server: &RedisServer) -> (u16, Arc<AtomicBool>) {
@@ -799,10 +825,10 @@ fn cutting_the_first_release_answer(server: &RedisServer) -> (u16, Arc<AtomicBoo
                 let mut buffer = [0u8; 8192];
                 while let Ok(read) = from_client.read(&mut buffer) {
                     let request = String::from_utf8_lossy(&buffer[..read]);
-                    // EVALSHA, its SHA, 3 keys, the first a slot's: a release.
+                    // A script given a slot's key and the line's: a release.
                     if request.contains("EVALSHA")
-                        && request.contains("\r\n$1\r\n3\r\n")
                         && request.contains(":slot:")
+                        && request.contains(":line")
                         && !cutting.swap(true, Ordering::SeqCst)
                     {
                         marked.store(true, Ordering::SeqCst);

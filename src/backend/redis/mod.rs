@@ -461,7 +461,10 @@ pub(super) fn release(
         Release::Break => (Duration::ZERO, Duration::ZERO),
     };
     let mut invocation = scripts.release.key(key);
-    invocation.key(keys.line()).key(keys.sharers());
+    invocation
+        .key(keys.line())
+        .key(keys.sharers())
+        .key(keys.widest());
     invocation
         .arg(token)
         .arg(keep.as_millis() as u64)

@@ -183,15 +183,11 @@ local function front(line, sharers)
   end
 end
 
-local function push(base, token, wake_ttl)
-  redis.call('LPUSH', base .. 'wake:' .. token, '1')
-  redis.call('PEXPIRE', base .. 'wake:' .. token, wake_ttl)
-end
-
--- Wakes the waiters a freed slot is for: the head of the line, or all the
--- sharers at its head at once.
-local function wake(line, sharers, base, wake_ttl)
-  for _, token in ipairs((front(line, sharers))) do push(base, token, wake_ttl) end
+local function wake(base, tokens, wake_ttl)
+  for _, token in ipairs(tokens) do
+    redis.call('LPUSH', base .. 'wake:' .. token, '1')
+    redis.call('PEXPIRE', base .. 'wake:' .. token, wake_ttl)
+  end
 end
 
 -- Wakes the front after the line moved: the head (with its sharers) may take
@@ -200,7 +196,7 @@ end
 local function wake_front(line, sharers, base, wake_ttl)
   local group, after = front(line, sharers)
   if after then table.insert(group, after) end
-  for _, token in ipairs(group) do push(base, token, wake_ttl) end
+  wake(base, group, wake_ttl)
 end
 
 -- The `-p` that the name's holders (`held`) and waiters recorded, if any did
@@ -374,11 +370,13 @@ end
 return 0
 ";
 
-/// KEYS: our slot, line, sharers. ARGV: token, keep ms (0: free now),
+/// KEYS: our slot, line, sharers, widest. ARGV: token, keep ms (0: free now),
 /// kept-until (epoch ms, for `status`), key base, wake TTL ms, how long to
 /// remember the release (ms; 0: not). With keep, the slot stays taken that
 /// long, marked kept so that no one reclaims it for its holder's process being
-/// gone. Otherwise it is freed and the waiters it is for woken. Returns 1, or
+/// gone. Otherwise it is freed and the waiters it is for woken (the head of
+/// the line, or every sharer at its head at once; none when a sharer leaves
+/// others holding before a waiter that holds alone). Returns 1, or
 /// 0 when the slot was not (any longer) held with that token. A remembered
 /// release made again after its answer was lost finds it done: that tells it
 /// from a lease lost before it (expired, or broken by `release --force`,
@@ -401,7 +399,11 @@ if tonumber(ARGV[2]) > 0 then
   return 1
 end
 redis.call('DEL', KEYS[1])
-wake(KEYS[2], KEYS[3], base, ARGV[5])
+local group = front(KEYS[2], KEYS[3])
+local alone = group[1] and not redis.call('ZSCORE', KEYS[3], group[1])
+if not (alone and record.mode == 'shared' and next(holders(base, widest_slot(KEYS[4])))) then
+  wake(base, group, ARGV[5])
+end
 return 1
 "#;
 
