@@ -355,3 +355,191 @@ impl LineView {
             .collect()
     }
 }
+
+#[cfg(test)]
+pub(super) mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::name::Name;
+    use crate::timing::Plan;
+
+    /// A place in a test's line: its mode, and the slot it holds, if any.
+    pub(crate) type Entry = (Mode, Option<u32>);
+
+    pub(crate) const S: Entry = (Mode::Shared, None);
+    pub(crate) const X: Entry = (Mode::Exclusive, None);
+    const MAX: u32 = crate::backend::MAX_SHARERS;
+
+    pub(crate) fn holding(mode: Mode, slot: u32) -> Entry {
+        (mode, Some(slot))
+    }
+
+    fn name() -> Name {
+        Name::parse("shelf").unwrap()
+    }
+
+    fn owner(mode: Mode, token: &str) -> Owner {
+        Owner {
+            token: token.to_owned(),
+            process: Process {
+                pid: 1,
+                start_time: 0,
+                boot_id: String::new(),
+                host: "elsewhere".to_owned(),
+            },
+            command: "true".to_owned(),
+            parallelism: Some(1),
+            mode,
+        }
+    }
+
+    pub(crate) fn request(mode: Mode, parallelism: u32) -> Request {
+        Request {
+            name: name(),
+            parallelism,
+            plan: Plan::new(Duration::from_secs(30)),
+            owner: owner(mode, "me"),
+            queue: true,
+            deadline: None,
+        }
+    }
+
+    /// A look at a line of `entries`, oldest first: place `i` is on lease `i + 1`.
+    pub(crate) fn view(entries: &[Entry]) -> LineView {
+        let keys = NameKeys::new("t", &name());
+        let mut kvs = Vec::new();
+        for (lease, &(mode, slot)) in (1..).zip(entries) {
+            let owner = owner(mode, &format!("t{lease}"));
+            let record = match slot {
+                Some(slot) => Record::Holding(Holding {
+                    slot,
+                    holder: HolderRecord {
+                        name: "shelf".to_owned(),
+                        owner,
+                        acquired_at: 0,
+                        fence: 0,
+                        kept_until: None,
+                    },
+                }),
+                None => Record::Waiting(WaiterRecord {
+                    name: "shelf".to_owned(),
+                    owner,
+                    since: 0,
+                }),
+            };
+            kvs.push(KeyValue {
+                key: keys.place(lease),
+                value: serde_json::to_vec(&record).unwrap(),
+                create_revision: lease,
+                mod_revision: lease,
+                lease,
+            });
+            if let Some(slot) = slot {
+                kvs.push(KeyValue {
+                    key: keys.slot(slot),
+                    value: Vec::new(),
+                    create_revision: lease,
+                    mod_revision: lease,
+                    lease,
+                });
+            }
+        }
+        LineView::new(&keys, Listing { kvs, revision: 99 })
+    }
+
+    fn blocker(look: &LineView, index: usize, request: &Request) -> Blocker {
+        look.waiting(&request.owner.process, index, request).0
+    }
+
+    #[test]
+    fn sharers_up_to_the_first_exclusive_run_go_together_one_slot_each() {
+        let look = view(&[holding(Mode::Shared, 0), S, S, X, S]);
+        let shared = request(Mode::Shared, 1);
+        assert_eq!(look.group(&shared), 3);
+        assert_eq!(look.stand(2, &shared), Stand::MayTake(1));
+        assert_eq!(look.stand(3, &shared), Stand::MayTake(2));
+        assert_eq!(look.stand(5, &shared), Stand::Waiting(4));
+        assert_eq!(
+            blocker(&look, 4, &shared),
+            Blocker::Place {
+                at: 3,
+                frees: true,
+                puts: true
+            },
+            "a sharer behind a waiting writer watches it, and the writer's record"
+        );
+        assert!(!look.lets_in_newcomer(&shared), "the writer is ahead");
+    }
+
+    #[test]
+    fn an_exclusive_run_at_the_head_waits_for_every_sharer_ahead_of_it() {
+        let look = view(&[holding(Mode::Shared, 0), holding(Mode::Shared, 1), S, X]);
+        let exclusive = request(Mode::Exclusive, 1);
+        assert_eq!(look.group(&exclusive), 3);
+        assert_eq!(look.stand(4, &exclusive), Stand::Waiting(3));
+        assert_eq!(
+            blocker(&look, 3, &exclusive),
+            Blocker::Oldest { ahead: 3, to_go: 3 }
+        );
+        assert!(!look.lets_in_newcomer(&exclusive));
+        assert!(!look.lets_in_newcomer(&request(Mode::Shared, 1)));
+        let sharers = view(&[holding(Mode::Shared, 0), S]);
+        assert!(sharers.lets_in_newcomer(&request(Mode::Shared, 1)));
+        assert!(!sharers.lets_in_newcomer(&exclusive));
+    }
+
+    #[test]
+    fn the_sharers_behind_a_writer_all_watch_it_and_take_a_slot_each_when_it_goes() {
+        let look = view(&[holding(Mode::Exclusive, 0), S, S, S, X, S]);
+        let shared = request(Mode::Shared, 1);
+        assert_eq!(look.group(&shared), 1);
+        for index in 1..4 {
+            let (blocker, line) = look.waiting(&shared.owner.process, index, &shared);
+            assert_eq!(
+                blocker,
+                Blocker::Place {
+                    at: 0,
+                    frees: true,
+                    puts: false
+                }
+            );
+            assert_eq!(line.position, index as u32);
+            assert_eq!(
+                look.slot_for(index, MAX, Some(0)),
+                Some(index as u32 - 1),
+                "the writer's slot is free once it goes"
+            );
+        }
+        assert_eq!(
+            blocker(&look, 5, &shared),
+            Blocker::Place {
+                at: 4,
+                frees: false,
+                puts: true
+            },
+            "the writer ahead is not the only one"
+        );
+        assert_eq!(
+            blocker(&look, 4, &request(Mode::Exclusive, 1)),
+            Blocker::Place {
+                at: 3,
+                frees: false,
+                puts: true
+            }
+        );
+    }
+
+    #[test]
+    fn exclusive_runs_with_more_slots_are_the_oldest_as_before() {
+        let look = view(&[holding(Mode::Exclusive, 0), X, X, X]);
+        let three = request(Mode::Exclusive, 3);
+        assert_eq!(look.group(&three), 3);
+        assert_eq!(look.stand(2, &three), Stand::MayTake(1));
+        assert_eq!(look.stand(3, &three), Stand::MayTake(2));
+        assert_eq!(
+            blocker(&look, 3, &three),
+            Blocker::Oldest { ahead: 3, to_go: 1 }
+        );
+    }
+}

@@ -178,3 +178,58 @@ impl Watcher {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Mode;
+    use crate::backend::etcd::link::KeyValue;
+    use crate::backend::etcd::look::tests::{S, X, holding, request, view};
+    use crate::name::Name;
+
+    fn deleted(look: &LineView, at: usize) -> WatchEvent {
+        WatchEvent {
+            kind: EventKind::Delete,
+            kv: KeyValue {
+                key: look.places[at].key.clone(),
+                mod_revision: look.revision + 1,
+                ..KeyValue::default()
+            },
+        }
+    }
+
+    fn target(look: &LineView, index: usize, request: &Request) -> WatchTarget {
+        let keys = NameKeys::new("t", &Name::parse("shelf").unwrap());
+        let (blocker, _) = look.waiting(&request.owner.process, index, request);
+        WatchTarget::new(&keys, look, index, request, blocker)
+    }
+
+    #[test]
+    fn a_writer_at_the_head_holds_once_every_sharer_ahead_has_gone() {
+        let look = view(&[holding(Mode::Shared, 0), holding(Mode::Shared, 3), S, X]);
+        let mut writer = target(&look, 3, &request(Mode::Exclusive, 1));
+        assert_eq!(writer.judge(&deleted(&look, 1)), None);
+        assert_eq!(writer.judge(&deleted(&look, 1)), None, "counted once");
+        assert_eq!(writer.judge(&deleted(&look, 0)), None);
+        assert_eq!(writer.judge(&deleted(&look, 2)), Some(Woken::Freed(0)));
+    }
+
+    #[test]
+    fn every_sharer_behind_a_writer_is_let_in_by_its_release_with_a_slot_of_its_own() {
+        let look = view(&[holding(Mode::Exclusive, 0), S, S, S]);
+        for index in 1..4 {
+            let mut reader = target(&look, index, &request(Mode::Shared, 1));
+            assert_eq!(
+                reader.judge(&deleted(&look, 0)),
+                Some(Woken::Freed(index as u32 - 1))
+            );
+        }
+        let look = view(&[holding(Mode::Exclusive, 0), X, S]);
+        let mut reader = target(&look, 2, &request(Mode::Shared, 1));
+        assert_eq!(
+            reader.judge(&deleted(&look, 1)),
+            Some(Woken::Moved),
+            "a writer left, another is ahead"
+        );
+    }
+}
