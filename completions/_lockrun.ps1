@@ -21,7 +21,7 @@ Register-ArgumentCompleter -Native -CommandName 'lockrun' -ScriptBlock {
 
     $completions = @(switch ($command) {
         'lockrun' {
-            [CompletionResult]::new('--name', '--name', [CompletionResultType]::ParameterName, 'The lock''s name: 1 to 200 bytes, no control characters')
+            [CompletionResult]::new('--name', '--name', [CompletionResultType]::ParameterName, 'The lock''s name: 1 to 200 bytes, no control characters; several --name hold them all')
             [CompletionResult]::new('-b', '-b', [CompletionResultType]::ParameterName, 'Where the lock lives (in any case: sqlite, SQLite)')
             [CompletionResult]::new('--backend', '--backend', [CompletionResultType]::ParameterName, 'Where the lock lives (in any case: sqlite, SQLite)')
             [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'Key prefix on redis (keys start with PREFIX:) and etcd (/PREFIX/); schema on postgres')
@@ -47,6 +47,8 @@ Register-ArgumentCompleter -Native -CommandName 'lockrun' -ScriptBlock {
             [CompletionResult]::new('-c', '-c', [CompletionResultType]::ParameterName, 'Run this string with /bin/sh -c instead of COMMAND ARGS')
             [CompletionResult]::new('--command', '--command', [CompletionResultType]::ParameterName, 'Run this string with /bin/sh -c instead of COMMAND ARGS')
             [CompletionResult]::new('--log-format', '--log-format', [CompletionResultType]::ParameterName, 'Diagnostics as text lines or one JSON event per line')
+            [CompletionResult]::new('-s', '-s', [CompletionResultType]::ParameterName, 'Hold the name in shared mode: shared holders hold it together, an exclusive holder alone; only with -p 1')
+            [CompletionResult]::new('--shared', '--shared', [CompletionResultType]::ParameterName, 'Hold the name in shared mode: shared holders hold it together, an exclusive holder alone; only with -p 1')
             [CompletionResult]::new('-n', '-n', [CompletionResultType]::ParameterName, 'Give up at once if no slot is free (same as --timeout 0); trouble with the store is ridden out for 10 s')
             [CompletionResult]::new('--no-wait', '--no-wait', [CompletionResultType]::ParameterName, 'Give up at once if no slot is free (same as --timeout 0); trouble with the store is ridden out for 10 s')
             [CompletionResult]::new('-v', '-v', [CompletionResultType]::ParameterName, 'More diagnostics on stderr: waiting, acquired, renewals, release')

@@ -18,7 +18,7 @@ set edit:completion:arg-completer[lockrun] = {|@words|
     }
     var completions = [
         &'lockrun'= {
-            cand --name 'The lock''s name: 1 to 200 bytes, no control characters'
+            cand --name 'The lock''s name: 1 to 200 bytes, no control characters; several --name hold them all'
             cand -b 'Where the lock lives (in any case: sqlite, SQLite)'
             cand --backend 'Where the lock lives (in any case: sqlite, SQLite)'
             cand --prefix 'Key prefix on redis (keys start with PREFIX:) and etcd (/PREFIX/); schema on postgres'
@@ -44,6 +44,8 @@ set edit:completion:arg-completer[lockrun] = {|@words|
             cand -c 'Run this string with /bin/sh -c instead of COMMAND ARGS'
             cand --command 'Run this string with /bin/sh -c instead of COMMAND ARGS'
             cand --log-format 'Diagnostics as text lines or one JSON event per line'
+            cand -s 'Hold the name in shared mode: shared holders hold it together, an exclusive holder alone; only with -p 1'
+            cand --shared 'Hold the name in shared mode: shared holders hold it together, an exclusive holder alone; only with -p 1'
             cand -n 'Give up at once if no slot is free (same as --timeout 0); trouble with the store is ridden out for 10 s'
             cand --no-wait 'Give up at once if no slot is free (same as --timeout 0); trouble with the store is ridden out for 10 s'
             cand -v 'More diagnostics on stderr: waiting, acquired, renewals, release'

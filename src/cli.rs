@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::error::ErrorKind;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
-use crate::backend::StoreArgs;
+use crate::backend::{Mode, StoreArgs};
 use crate::duration;
 use crate::name::Name;
 use crate::report::Format;
@@ -187,6 +187,17 @@ pub struct ReleaseArgs {
 
     #[command(flatten)]
     pub output: OutputArgs,
+}
+
+impl RunArgs {
+    /// The mode the run holds its names in.
+    pub fn mode(&self) -> Mode {
+        if self.shared {
+            Mode::Shared
+        } else {
+            Mode::Exclusive
+        }
+    }
 }
 
 /// A limit that may be `inf`.

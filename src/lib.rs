@@ -26,6 +26,7 @@ use std::ffi::OsString;
 
 use cli::{Action, OutputArgs};
 use error::Error;
+use name::Name;
 use report::{Level, Reporter};
 
 /// The program, called from the C runtime's `main` (`src/main.rs`) with the
@@ -45,15 +46,11 @@ fn run(args: Vec<OsString>) -> u8 {
         Ok(cli) => cli,
         Err(code) => return code,
     };
-    let (output, name) = match &cli.action {
-        Some(Action::Status(args)) => (&args.output, args.name.as_ref().map(ToString::to_string)),
-        Some(Action::Release(args)) => (&args.output, Some(args.name.to_string())),
-        None => (
-            &cli.run.output,
-            cli.run.names.first().map(ToString::to_string),
-        ),
+    let reporter = match &cli.action {
+        Some(Action::Status(args)) => reporter(&args.output, args.name.as_ref()),
+        Some(Action::Release(args)) => reporter(&args.output, Some(&args.name)),
+        None => reporter(&cli.run.output, cli.run.names.first()).in_mode(cli.run.mode()),
     };
-    let reporter = reporter(output, name.unwrap_or_default());
     let result = match cli.action {
         Some(Action::Status(args)) => operator::status(&args),
         Some(Action::Release(args)) => operator::release(&args),
@@ -69,7 +66,7 @@ fn run(args: Vec<OsString>) -> u8 {
     })
 }
 
-fn reporter(output: &OutputArgs, name: String) -> Reporter {
+fn reporter(output: &OutputArgs, name: Option<&Name>) -> Reporter {
     let level = if output.quiet {
         Level::Quiet
     } else if output.verbose {
@@ -77,5 +74,9 @@ fn reporter(output: &OutputArgs, name: String) -> Reporter {
     } else {
         Level::Normal
     };
-    Reporter::new(level, output.log_format, name)
+    Reporter::new(
+        level,
+        output.log_format,
+        name.map(ToString::to_string).unwrap_or_default(),
+    )
 }

@@ -19,26 +19,21 @@ use crate::timing::Plan;
 
 pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
     let policy = wait_policy(&args);
+    let mode = args.mode();
     let names = canonical_order(args.names);
     if names.is_empty() {
         return Err(Error::Usage("--name is required".into()));
     }
-    let mode = if args.shared {
-        Mode::Shared
-    } else {
-        Mode::Exclusive
-    };
     if mode == Mode::Shared && args.parallelism > 1 {
         return Err(Error::Usage(format!(
             "--shared holds a name's one slot together with other sharers: it takes -p 1, not -p {}",
             args.parallelism
         )));
     }
-    let reporter = reporter.clone().in_mode(mode);
     let program = program(args.shell_command, args.command)?;
 
     supervisor::reset_inherited().map_err(Error::system)?;
-    let mut store = open_store(&args.store, &reporter)?;
+    let mut store = open_store(&args.store, reporter)?;
     let leases = store.abilities().leases;
     let plan = Plan::new(args.ttl);
     let kill_grace = plan.kill_grace(args.kill_grace, leases);
@@ -69,7 +64,7 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
         &names,
         &template,
         &policy,
-        &reporter,
+        reporter,
         kill_grace,
     )?;
     drop(store);
@@ -96,7 +91,7 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
     };
 
     let ending = Signals::block().map_err(Error::system).and_then(|signals| {
-        supervisor::supervise(&program, &env, &signals, &mut held, &limits, &reporter)
+        supervisor::supervise(&program, &env, &signals, &mut held, &limits, reporter)
     });
     let keep_until = (!args.min_hold.is_zero()).then(|| acquired_at + args.min_hold);
     // A lease that ran out by its deadline after the command ended (lockrun
@@ -123,7 +118,7 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
             reporter.error(&format!("{failure}; its lease lapses within --ttl"));
         }
     }
-    report_ending(&ending, &reporter);
+    report_ending(&ending, reporter);
     Ok(ending.exit_code())
 }
 

@@ -182,6 +182,8 @@ fn reference(command: &Command, readme: &Readme) -> Roff {
         ("THE COMMAND", "What the command gets"),
         ("SIGNALS", "Signals and the process group"),
         ("SLOTS", "Slots"),
+        ("SHARED LOCKS", "Shared locks"),
+        ("SEVERAL NAMES", "Several names"),
         ("THE WAITING LINE", "The waiting line"),
         ("EXIT STATUS", "Exit status"),
         ("STATUS", "Who holds a lock"),

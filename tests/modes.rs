@@ -307,3 +307,65 @@ pub fn several_names_are_all_or_nothing(store: &Store) {
     );
     let_go(&scratch, holder);
 }
+
+/// A run that holds its first name while it waits for the second keeps the
+/// first one's lease alive meanwhile, however long the wait: for many TTLs
+/// nobody else gets the first name, and the run then goes on with both.
+pub fn the_first_name_is_kept_while_waiting_for_the_second(store: &Store) {
+    let scratch = Scratch::new();
+    let holder = hold(store, &scratch, "later", &[]);
+    let waiter = store
+        .lockrun()
+        .args([
+            "--name", "later", "--name", "early", "--ttl", "0.3", "-w", "60",
+        ])
+        .args(["-c", "true"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .start();
+    wait_until("the run to wait for its second name", || {
+        count(store, "later", "waiting") == 1
+    });
+    // Five TTLs of asking: a lapsed lease would let one of these in.
+    let until = std::time::Instant::now() + std::time::Duration::from_millis(1500);
+    while std::time::Instant::now() < until {
+        let output = run(store
+            .lockrun()
+            .args(["--name", "early", "-n", "--ttl", "0.3", "true"]));
+        assert_status(&output, 75);
+    }
+    let_go(&scratch, holder);
+    assert_status(&finish(waiter), 0);
+
+    // Where a lease can be broken, breaking the first one ends the wait: 76, and the command never runs.
+    let scratch = Scratch::new();
+    let holder = hold(store, &scratch, "later", &[]);
+    let ran = scratch.path("ran");
+    let waiter = store
+        .lockrun()
+        .args([
+            "--name", "later", "--name", "early", "--ttl", "0.3", "-w", "60",
+        ])
+        .args(["-c", &format!("touch '{}'", ran.display())])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .start();
+    wait_until("the run to wait for its second name", || {
+        count(store, "later", "waiting") == 1
+    });
+    if run(store.release().args(["early", "--force"]))
+        .status
+        .code()
+        == Some(0)
+    {
+        let output = finish(waiter);
+        assert_status(&output, 76);
+        let err = stderr(&output);
+        assert!(
+            err.contains("early") && err.contains("did not start"),
+            "{err}"
+        );
+        assert!(!ran.exists(), "the command ran without its first lock");
+    }
+    let_go(&scratch, holder);
+}

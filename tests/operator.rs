@@ -120,6 +120,7 @@ fn status_json_has_exactly_the_spec_keys() {
             "expires_at",
             "fence",
             "host",
+            "mode",
             "name",
             "pid",
             "position",
@@ -553,12 +554,13 @@ fn a_holder_that_wrote_no_record_shows_unknown_times_not_1970() {
     let table = stdout(&output);
     let row = table.lines().nth(2).expect("a row for the holder");
     let cells: Vec<&str> = row.split_whitespace().collect();
-    // NAME STATE SLOT LINE PID SINCE FOR EXPIRES FENCE; the host and command are empty.
+    // NAME STATE MODE SLOT LINE PID SINCE FOR EXPIRES FENCE; the host and command are empty.
     assert_eq!(
         cells,
         [
             "mute",
             "holding",
+            "exclusive",
             "0",
             "-",
             &me.to_string(),

@@ -359,3 +359,51 @@ pub trait Store {
         Vec::new()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::Process;
+    use Mode::{Exclusive, Shared};
+
+    fn request(mode: Mode, parallelism: u32) -> Request {
+        Request {
+            name: Name::parse("shelf").unwrap(),
+            parallelism,
+            plan: Plan::new(Duration::from_secs(30)),
+            owner: Owner {
+                token: "t".into(),
+                process: Process::current_without_liveness(),
+                command: "true".into(),
+                parallelism: Some(parallelism),
+                mode,
+            },
+            queue: true,
+            deadline: None,
+        }
+    }
+
+    #[test]
+    fn an_exclusive_run_needs_a_free_slot_and_nobody_ahead() {
+        let one = request(Exclusive, 1);
+        assert!(one.admitted([], []));
+        assert!(!one.admitted([Exclusive], []));
+        assert!(!one.admitted([Shared], []));
+        assert!(!one.admitted([], [Shared]));
+        let three = request(Exclusive, 3);
+        assert!(three.admitted([Exclusive, Exclusive], []));
+        assert!(!three.admitted([Exclusive; 3], []));
+        assert!(!three.admitted([Exclusive], [Exclusive]));
+    }
+
+    #[test]
+    fn a_shared_run_goes_beside_sharers_behind_sharers_only() {
+        let shared = request(Shared, 1);
+        assert!(shared.admitted([], []));
+        assert!(shared.admitted([Shared, Shared], [Shared, Shared]));
+        assert!(!shared.admitted([Exclusive], []));
+        assert!(!shared.admitted([Shared], [Exclusive]));
+        assert!(!shared.admitted([Shared], [Shared, Exclusive, Shared]));
+        assert!(!shared.admitted([Shared; MAX_SHARERS as usize], []));
+    }
+}
