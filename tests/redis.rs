@@ -24,6 +24,21 @@ fn redis(extra: &[&str]) -> Option<(Store, Arc<RedisServer>)> {
     Some((Store::on_redis(&server), server))
 }
 
+/// Slot 0 of `name` held by a crashed holder on host "elsewhere", whose lease ends in `px` ms.
+fn plant_crashed_holder(server: &RedisServer, name: &str, px: u64) {
+    let record = serde_json::json!({
+        "name": name, "token": "t", "pid": 1, "start_time": 1, "boot_id": "another-boot",
+        "host": "elsewhere", "command": "crashed", "acquired_at": 0, "fence": 5,
+    });
+    let _: () = redis::cmd("SET")
+        .arg(format!("lockrun:{{{name}}}:slot:0"))
+        .arg(record.to_string())
+        .arg("PX")
+        .arg(px)
+        .query(&mut server.client())
+        .unwrap();
+}
+
 fn info(client: &mut redis::Connection, section: &str) -> String {
     redis::cmd("INFO").arg(section).query(client).expect("INFO")
 }
@@ -184,14 +199,7 @@ fn a_crashed_holder_on_another_host_is_replaced_when_its_lease_expires() {
     let Some((store, server)) = redis(&[]) else {
         return;
     };
-    let record = r#"{"name":"crash","token":"t","pid":1,"start_time":1,"boot_id":"another-boot","host":"elsewhere","command":"crashed","acquired_at":0,"fence":5}"#;
-    let _: () = redis::cmd("SET")
-        .arg("lockrun:{crash}:slot:0")
-        .arg(record)
-        .arg("PX")
-        .arg(800)
-        .query(&mut server.client())
-        .unwrap();
+    plant_crashed_holder(&server, "crash", 800);
     takes_the_slot_of_a_lapsing_holder_elsewhere(&store, "crash");
 }
 
@@ -723,14 +731,7 @@ fn readers_at_the_head_watch_the_holders_lease_and_go_together_when_it_ends() {
     let Some((store, server)) = redis(&[]) else {
         return;
     };
-    let record = r#"{"name":"fallen","token":"t","pid":1,"start_time":1,"boot_id":"another-boot","host":"elsewhere","command":"crashed","acquired_at":0,"fence":5}"#;
-    let _: () = redis::cmd("SET")
-        .arg("lockrun:{fallen}:slot:0")
-        .arg(record)
-        .arg("PX")
-        .arg(5000)
-        .query(&mut server.client())
-        .unwrap();
+    plant_crashed_holder(&server, "fallen", 5000);
     let scratch = Scratch::new();
     let mut readers: Vec<Running> = ["1", "2"]
         .iter()
