@@ -44,7 +44,8 @@ macro_rules! backend_tests {
             modes::a_stream_of_readers_does_not_starve_a_writer,
             modes::several_names_in_any_order_never_deadlock,
             modes::several_names_are_all_or_nothing,
-            modes::the_first_name_is_kept_while_waiting_for_the_second
+            modes::the_first_name_is_kept_while_waiting_for_the_second,
+            modes::release_force_breaks_one_sharer
         );
     };
     (@each $module:ident, $store:expr, $($group:ident :: $test:ident),+) => {

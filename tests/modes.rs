@@ -338,3 +338,43 @@ pub fn the_first_name_is_kept_while_waiting_for_the_second(store: &Store) {
     }
     let_go(&scratch, holder);
 }
+
+/// `release --force --slot N` breaks one sharer's lease and leaves the
+/// others holding (where leases can be broken): the broken one's command is
+/// stopped, 76, and the other runs on to its end.
+pub fn release_force_breaks_one_sharer(store: &Store) {
+    let (first, second) = (Scratch::new(), Scratch::new());
+    let kept = hold(store, &first, "pair", &["-s", "--ttl", "1"]);
+    let broken = hold(store, &second, "pair", &["-s", "--ttl", "1"]);
+    let slot_of = |scratch: &Scratch| {
+        let pid = fs::read_to_string(scratch.path("ready")).unwrap();
+        let lockrun = fs::read_to_string(format!("/proc/{}/stat", pid.trim()))
+            .unwrap()
+            .rsplit(") ")
+            .next()
+            .unwrap()
+            .split(' ')
+            .nth(1)
+            .unwrap()
+            .parse::<u64>()
+            .unwrap();
+        entries(store, "pair")
+            .into_iter()
+            .find(|entry| entry["pid"] == lockrun)
+            .expect("the sharer in status")["slot"]
+            .to_string()
+    };
+    let slot = slot_of(&second);
+    let output = run(store.release().args(["pair", "--force", "--slot", &slot]));
+    if output.status.code() == Some(64) {
+        // The file backend: no lease to break.
+        let_go(&first, kept);
+        let_go(&second, broken);
+        return;
+    }
+    assert_status(&output, 0);
+    assert_eq!(stdout(&output).lines().count(), 1, "{}", stdout(&output));
+    assert_status(&finish(broken), 76);
+    assert_eq!(count(store, "pair", "holding"), 1);
+    let_go(&first, kept);
+}
