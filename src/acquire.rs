@@ -6,7 +6,7 @@
 use std::thread;
 use std::time::Duration;
 
-use crate::backend::{Attempt, Entry, Line, Owner, Request, Slot, Store, Waited, Wakeup};
+use crate::backend::{Attempt, Entry, Line, Mode, Owner, Request, Slot, Store, Waited, Wakeup};
 use crate::backoff::{self, Backoff};
 use crate::duration::display;
 use crate::error::{Error, Result};
@@ -318,9 +318,10 @@ impl WaitLoop<'_> {
     }
 
     fn busy(&mut self, trouble: Option<&Error>) -> Error {
-        let slots = match self.request.parallelism {
-            1 => "its slot is taken".to_owned(),
-            n => format!("all {n} slots are taken"),
+        let slots = match (self.request.mode(), self.request.parallelism) {
+            (Mode::Shared, _) => "an exclusive run holds it or waits for it".to_owned(),
+            (Mode::Exclusive, 1) => "its slot is taken".to_owned(),
+            (Mode::Exclusive, n) => format!("all {n} slots are taken"),
         };
         let gave_up = match self.policy.timeout {
             Some(Duration::ZERO) => String::new(),

@@ -44,7 +44,8 @@ macro_rules! backend_tests {
             modes::a_stream_of_readers_does_not_starve_a_writer,
             modes::several_names_in_any_order_never_deadlock,
             modes::several_names_are_all_or_nothing,
-            modes::the_first_name_is_kept_while_waiting_for_the_second
+            modes::the_first_name_is_kept_while_waiting_for_the_second,
+            modes::release_force_breaks_one_sharer
         );
     };
     (@each $module:ident, $store:expr, $($group:ident :: $test:ident),+) => {
@@ -453,6 +454,27 @@ pub fn exclusion_three_slots(store: &Store) {
     exclusion(store, 3);
 }
 
+/// A wait for a contended name that looks again quickly (its backoff steps 10 to 50 ms).
+pub const QUICK_WAIT: [&str; 6] = ["-w", "60", "--initial-delay", "0.01", "--max-delay", "0.05"];
+
+/// Runs each of `commands` `runs` times over, all of them at once, each in a
+/// thread of its own: every run must exit 0.
+pub fn every_run_exits_zero(commands: impl Iterator<Item = std::process::Command>, runs: usize) {
+    let workers: Vec<_> = commands
+        .map(|mut command| {
+            thread::spawn(move || {
+                (0..runs)
+                    .map(|_| run(&mut command).status.code())
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    for worker in workers {
+        let codes = worker.join().unwrap();
+        assert!(codes.iter().all(|code| *code == Some(0)), "{codes:?}");
+    }
+}
+
 /// 8 processes x 12 runs: never more than N holders at once, never two in one slot.
 fn exclusion(store: &Store, slots: u32) {
     let scratch = Scratch::new();
@@ -466,35 +488,16 @@ echo "$LOCKRUN_FENCE" >> "$d/fences"
 sleep 0.01
 rm "$d/holders/$$"
 rmdir "$d/slot-$LOCKRUN_SLOT""#;
-    let workers: Vec<_> = (0..8)
-        .map(|_| {
-            let mut command = store.lockrun();
-            command.args([
-                "--name",
-                "contended",
-                "-p",
-                &slots.to_string(),
-                "-w",
-                "60",
-                "--initial-delay",
-                "0.01",
-            ]);
-            command
-                .args(["--max-delay", "0.05", "--", "sh", "-c", script, "sh"])
-                .arg(scratch.dir());
-            thread::spawn(move || {
-                (0..12)
-                    .map(|_| run(&mut command).status.code())
-                    .collect::<Vec<_>>()
-            })
-        })
-        .collect();
-    for worker in workers {
-        assert!(
-            worker.join().unwrap().iter().all(|code| *code == Some(0)),
-            "every run exits 0"
-        );
-    }
+    let commands = (0..8).map(|_| {
+        let mut command = store.lockrun();
+        command.args(["--name", "contended", "-p", &slots.to_string()]);
+        command
+            .args(QUICK_WAIT)
+            .args(["--", "sh", "-c", script, "sh"])
+            .arg(scratch.dir());
+        command
+    });
+    every_run_exits_zero(commands, 12);
     assert_eq!(scratch.lines("violations"), Vec::<String>::new());
     let fences: HashSet<String> = scratch.lines("fences").into_iter().collect();
     assert_eq!(fences.len(), 96, "96 runs, each with its own fence");

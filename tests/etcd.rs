@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use lockrun::backend::etcd::link::{Client, Endpoints, Keys, Op, Txn};
 
 use crate::core::{
-    hold_recording, losing_the_server_stops_the_holder, start_holding,
+    hold_after, hold_recording, losing_the_server_stops_the_holder, start_holding,
     takes_the_slot_of_a_lapsing_holder_elsewhere,
 };
 use crate::support::etcd::{EtcdCluster, EtcdServer};
@@ -172,6 +172,110 @@ fn a_waiter_watches_the_line_and_never_polls() {
     let output = finish(waiter);
     assert_status(&output, 0);
     assert!(!stderr(&output).contains("next try"), "{}", stderr(&output));
+}
+
+/// How many of `name`'s entries `status` shows waiting.
+fn waiting(store: &Store, name: &str) -> usize {
+    stdout(&run(store.status().args([name, "--json"])))
+        .matches(r#""state":"waiting""#)
+        .count()
+}
+
+/// A writer's release lets every reader waiting behind it in at once
+/// (README: "etcd backend"): eight readers watch the writer's place, not
+/// each other's, and when it goes each takes a slot of its own, the lowest
+/// eight, with one transaction and no look at the line; they run together.
+#[test]
+fn a_writers_release_lets_every_reader_behind_it_in_at_once() {
+    let Some((store, server)) = etcd() else {
+        return;
+    };
+    let scratch = Scratch::new();
+    let mut writer = hold_recording(&store, &scratch, "shelf", &[]);
+    let together = scratch.path("together");
+    fs::create_dir(&together).unwrap();
+    // Each reader runs until all eight do (for 10 s at most).
+    let script = format!(
+        "echo $LOCKRUN_SLOT > '{dir}'/$$; n=0; while [ $(ls '{dir}' | wc -l) -lt 8 ]; do \
+         n=$((n+1)); [ $n -lt 1000 ] || exit 1; sleep 0.01; done",
+        dir = together.display()
+    );
+    let readers: Vec<Running> = (0..8)
+        .map(|joined| {
+            // A TTL long enough that no reader looks to keep its place.
+            let reader = store
+                .lockrun()
+                .args(["--name", "shelf", "-s", "-w", "60", "--ttl", "60"])
+                .args(["-c", &script])
+                .stderr(std::process::Stdio::piped())
+                .start();
+            wait_until("the reader to join the line", || {
+                waiting(&store, "shelf") > joined
+            });
+            reader
+        })
+        .collect();
+    let calls = || {
+        let calls = server.calls();
+        let count = |method: &str| calls.get(method).copied().unwrap_or(0);
+        (count("Txn"), count("Range"))
+    };
+    let before = calls();
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(wait(&mut writer).code(), Some(0));
+    for reader in readers {
+        assert_status(&finish(reader), 0);
+    }
+    let after = calls();
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1),
+        (8, 0),
+        "one take per reader, and no look"
+    );
+    let mut slots: Vec<u32> = fs::read_dir(&together)
+        .unwrap()
+        .map(|entry| fs::read_to_string(entry.unwrap().path()).unwrap())
+        .map(|slot| slot.trim().parse().unwrap())
+        .collect();
+    slots.sort_unstable();
+    assert_eq!(slots, (0..8).collect::<Vec<u32>>());
+}
+
+/// A writer behind three readers holds only once the last of them has gone:
+/// with one slot it then holds by being the oldest, without a call.
+#[test]
+fn a_writer_behind_readers_waits_for_the_last_of_them() {
+    let Some((store, _server)) = etcd() else {
+        return;
+    };
+    let scratch = Scratch::new();
+    let log = scratch.path("log");
+    let readers: Vec<(Scratch, Running)> = (0..3)
+        .map(|_| {
+            let reader = Scratch::new();
+            let done = format!("trap 'echo reader >> {}' EXIT; ", log.display());
+            let holding = hold_after(&store, &reader, "ledger", &["-s"], &done);
+            (reader, holding)
+        })
+        .collect();
+    let writer = store
+        .lockrun()
+        .args(["--name", "ledger", "-w", "60"])
+        .args(["-c", &format!("echo writer >> {}", log.display())])
+        .stderr(std::process::Stdio::piped())
+        .start();
+    wait_until("the writer to join the line", || {
+        waiting(&store, "ledger") == 1
+    });
+    for (reader, mut holding) in readers {
+        fs::write(reader.path("release"), "").unwrap();
+        assert_eq!(wait(&mut holding).code(), Some(0));
+    }
+    assert_status(&finish(writer), 0);
+    assert_eq!(
+        scratch.lines("log"),
+        ["reader", "reader", "reader", "writer"]
+    );
 }
 
 #[test]

@@ -6,6 +6,8 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use nix::sys::signal::Signal;
+
 use crate::core::hold;
 use crate::support::*;
 
@@ -307,7 +309,10 @@ fn status_neither_hangs_on_a_fifo_nor_reads_a_huge_lock_file_whole() {
     assert!(status(&["pipe"]).starts_with("pipe is not held in directory "));
     let shown = status(&["huge"]);
     assert!(
-        shown.contains(&format!("holding  0     -     {}", std::process::id())),
+        shown.contains(&format!(
+            "holding  exclusive  0     -     {}",
+            std::process::id()
+        )),
         "{shown}"
     );
     // Taking the lock opens the files the same way: the FIFO is refused at once.
@@ -358,4 +363,251 @@ fn status_and_release_on_a_missing_directory_say_so_and_create_nothing() {
             );
         }
     }
+}
+
+/// A reader on `name` that runs once every reader of `together` has
+/// started (the number of files there reaches `group`), so that the readers
+/// of a group must all hold at once; its retries are 30 s apart, so only
+/// the kernel's wake-ups start it in time. Returned once it stands last in line.
+fn reader_in_a_group(
+    store: &Store,
+    name: &str,
+    together: &std::path::Path,
+    group: usize,
+    id: usize,
+) -> Running {
+    let script = format!(
+        "touch '{dir}/{id}'; n=0; while [ $(ls '{dir}' | wc -l) -lt {group} ]; do n=$((n+1)); [ $n -lt 500 ] || exit 3; sleep 0.01; done",
+        dir = together.display()
+    );
+    join_line(store, name, &["-s", "-c", &script])
+}
+
+/// Starts lockrun on `name` with `args`, waiting up to a minute with retries
+/// 30 s apart; returned once `status` shows it last in line.
+fn join_line(store: &Store, name: &str, args: &[&str]) -> Running {
+    let waiter = store
+        .lockrun()
+        .args(["--name", name, "-w", "60", "--initial-delay", "30"])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .start();
+    wait_until("the waiter to join the line", || {
+        waiting_pids(store, name).last() == Some(&u64::from(waiter.id()))
+    });
+    waiter
+}
+
+/// The pids of `name`'s waiters in line order, as `status --json` lists them.
+fn waiting_pids(store: &Store, name: &str) -> Vec<u64> {
+    let output = run(store.status().args([name, "--json"]));
+    assert_status(&output, 0);
+    let entries: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    entries
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|entry| entry["state"] == "waiting")
+        .map(|entry| entry["pid"].as_u64().unwrap())
+        .collect()
+}
+
+fn let_go(scratch: &Scratch, mut holder: Running) {
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(wait(&mut holder).code(), Some(0));
+}
+
+/// Eight readers wait behind a writer, and behind one more reader that is
+/// stopped (Ctrl-Z) while it waits. The writer's release is the one event
+/// that lets them in, and it lets all eight in at once: each waits in the
+/// kernel on slot 0's lock, shared, not for the reader ahead of it to go.
+#[test]
+fn a_writers_release_wakes_every_reader_waiting_behind_it_at_once() {
+    const READERS: usize = 8;
+    let store = Store::file();
+    let (scratch, group) = (Scratch::new(), Scratch::new());
+    let writer = hold(&store, &scratch, "report", &[]);
+    let mut stopped = join_line(&store, "report", &["-s", "true"]);
+    signal(stopped.id(), Signal::SIGSTOP);
+    let pid = stopped.id().cast_signed();
+    wait_until("the first reader to stop", || {
+        process_state(pid) == Some('T')
+    });
+    let mut readers: Vec<Running> = (0..READERS)
+        .map(|id| reader_in_a_group(&store, "report", group.dir(), READERS, id))
+        .collect();
+    let released = Instant::now();
+    let_go(&scratch, writer);
+    for reader in &mut readers {
+        assert_eq!(wait(reader).code(), Some(0), "the readers ran together");
+    }
+    assert!(
+        released.elapsed() < Duration::from_secs(10),
+        "woken, not at a retry"
+    );
+    signal(stopped.id(), Signal::SIGCONT);
+    assert_eq!(wait(&mut stopped).code(), Some(0));
+}
+
+/// A writer that dies in line between readers lets the readers behind it
+/// join the ones ahead of it: once the holder goes, all of them hold at once.
+/// Readers waiting for that writer together do not take its gone file for a
+/// live waiter because of each other's locks on it.
+#[test]
+fn readers_behind_a_dead_writer_in_line_go_with_the_readers_ahead_of_it() {
+    let store = Store::file();
+    let (scratch, group) = (Scratch::new(), Scratch::new());
+    let holder = hold(&store, &scratch, "journal", &[]);
+    let mut first = reader_in_a_group(&store, "journal", group.dir(), 3, 1);
+    let ran = scratch.path("writer-ran");
+    let touch = format!("touch '{}'", ran.display());
+    let mut writer = join_line(&store, "journal", &["-c", &touch]);
+    let mut behind: Vec<Running> = (2..4)
+        .map(|id| reader_in_a_group(&store, "journal", group.dir(), 3, id))
+        .collect();
+    writer.kill().unwrap();
+    writer.wait().unwrap();
+    wait_until("the dead writer to leave the line", || {
+        waiting_pids(&store, "journal").len() == 3
+    });
+    let_go(&scratch, holder);
+    for reader in behind.iter_mut().chain([&mut first]) {
+        assert_eq!(wait(reader).code(), Some(0), "the readers ran together");
+    }
+    assert!(!ran.exists());
+}
+
+/// A sharer released with `--min-hold` keeps writers out until then, not
+/// readers; a writer's keeps readers out. A writer waiting for a kept
+/// sharer sleeps until the hold ends, and no longer.
+#[test]
+fn min_hold_keeps_the_other_mode_out() {
+    let store = Store::file();
+    for (first, other) in [("-s", "-p1"), ("-p1", "-s")] {
+        let started = Instant::now();
+        let kept = run(store
+            .lockrun()
+            .args(["--name", "kept", first, "--min-hold", "2", "true"]));
+        assert_status(&kept, 0);
+        let no_wait = ["--name", "kept", other, "-n", "true"];
+        assert_status(&run(store.lockrun().args(no_wait)), 75);
+        let same = ["--name", "kept", first, "-n", "-c", "echo $LOCKRUN_SLOT"];
+        let beside = run(store.lockrun().args(same));
+        if first == "-s" {
+            assert_status(&beside, 0);
+            assert_eq!(stdout(&beside).trim(), "1", "the kept slot 0 stays taken");
+        } else {
+            assert_status(&beside, 75);
+        }
+        let waits = ["--name", "kept", other, "-w", "10", "--initial-delay", "30"];
+        assert_status(&run(store.lockrun().args(waits).arg("true")), 0);
+        let waited = started.elapsed();
+        assert!(
+            (Duration::from_secs(2)..Duration::from_secs(5)).contains(&waited),
+            "{first} kept {other} out for {waited:?}"
+        );
+    }
+}
+
+/// Sharers hold slot 0's file with a shared lock, as `flock -s` does: an
+/// exclusive lock on it, as an older lockrun's exclusive run takes, waits
+/// for them; a shared one joins them, and keeps a writer out in turn.
+#[test]
+fn sharers_lock_slot_0_as_flock_s_does() {
+    let store = Store::file();
+    let scratch = Scratch::new();
+    let reader = hold(&store, &scratch, "flk", &["-s"]);
+    let slot_0 = fs::File::open(store.dir().join("flk.0.lock")).unwrap();
+    assert!(matches!(
+        slot_0.try_lock(),
+        Err(fs::TryLockError::WouldBlock)
+    ));
+    let_go(&scratch, reader);
+    slot_0.try_lock_shared().unwrap();
+    assert_status(
+        &run(store.lockrun().args(["--name", "flk", "-n", "true"])),
+        75,
+    );
+    assert_status(
+        &run(store.lockrun().args(["--name", "flk", "-s", "-n", "true"])),
+        0,
+    );
+}
+
+/// Sharers hold a name with `-p 1`: a `-p 3` run is refused beside them,
+/// and a sharer beside `-p 3` holders, even when slot 0 is free.
+#[test]
+fn a_sharer_and_another_parallelism_are_refused_both_ways() {
+    let store = Store::file();
+    let scratch = Scratch::new();
+    let reader = hold(&store, &scratch, "mix", &["-s"]);
+    let three = ["--name", "mix", "-p", "3", "-n", "true"];
+    assert_status(&run(store.lockrun().args(three)), 64);
+    let_go(&scratch, reader);
+
+    let (first, second) = (Scratch::new(), Scratch::new());
+    let on_slot_0 = hold(&store, &first, "mix", &["-p", "3"]);
+    let on_slot_1 = hold(&store, &second, "mix", &["-p", "3"]);
+    let sharer = ["--name", "mix", "-s", "-n", "true"];
+    assert_status(&run(store.lockrun().args(sharer)), 64);
+    let_go(&first, on_slot_0);
+    assert_status(&run(store.lockrun().args(sharer)), 64);
+    let_go(&second, on_slot_1);
+    assert_status(&run(store.lockrun().args(sharer)), 0);
+}
+
+/// While every one of the 1024 share slots is taken, a sharer waits in line
+/// without spinning, and takes the first one let go at once, woken by the
+/// directory's watch, not a retry. (The test holds the slots' files itself.)
+#[test]
+fn a_sharer_waits_for_a_share_slot_when_every_one_is_taken() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    const SHARERS: usize = 1024;
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    if hard < 2 * SHARERS as u64 {
+        eprintln!("skipped: at most {hard} open files");
+        return;
+    }
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).unwrap();
+    }
+    let store = Store::file();
+    let mut shares: Vec<fs::File> = (0..SHARERS)
+        .map(|slot| {
+            let file = fs::File::create(store.dir().join(format!("full.{slot}.shared"))).unwrap();
+            file.lock().unwrap();
+            file
+        })
+        .collect();
+    assert_status(
+        &run(store.lockrun().args(["--name", "full", "-s", "-n", "true"])),
+        75,
+    );
+    let mut waiter = join_line(&store, "full", &["-s", "-c", "exit $LOCKRUN_SLOT"]);
+    let pid = waiter.id();
+    let cpu = || {
+        let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let fields: Vec<u64> = stat
+            .rsplit_once(") ")
+            .unwrap()
+            .1
+            .split(' ')
+            .skip(11)
+            .take(2)
+            .map(|field| field.parse().unwrap())
+            .collect();
+        fields.iter().sum::<u64>()
+    };
+    let before = cpu();
+    // A window to see it spin in, not a wait for anything.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(cpu() - before < 10, "the waiter spun");
+    let released = Instant::now();
+    drop(shares.remove(700));
+    assert_eq!(wait(&mut waiter).code(), Some(700 % 256));
+    assert!(
+        released.elapsed() < Duration::from_secs(5),
+        "woken, not at a retry"
+    );
 }

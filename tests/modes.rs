@@ -4,11 +4,10 @@
 //! one order. Run against each backend through `backend_tests!` (tests/core.rs).
 
 use std::fs;
-use std::thread;
 
 use serde_json::Value;
 
-use crate::core::hold;
+use crate::core::{QUICK_WAIT, every_run_exits_zero, hold};
 use crate::support::*;
 
 /// `status NAME --json` as its entries.
@@ -120,40 +119,19 @@ fi
 echo "$LOCKRUN_FENCE" >> "$d/fences"
 sleep 0.01
 if [ "$2" = writer ]; then rmdir "$d/writer"; else rm "$d/readers/$$"; fi"#;
-    let workers: Vec<_> = ["reader", "writer"]
-        .iter()
-        .cycle()
-        .take(6)
-        .map(|role| {
-            let mut command = store.lockrun();
-            command.args([
-                "--name",
-                "mixed",
-                "-w",
-                "60",
-                "--initial-delay",
-                "0.01",
-                "--max-delay",
-                "0.05",
-            ]);
-            if *role == "reader" {
-                command.arg("-s");
-            }
-            command
-                .args(["--", "sh", "-c", script, "sh"])
-                .arg(scratch.dir())
-                .arg(role);
-            thread::spawn(move || {
-                (0..8)
-                    .map(|_| run(&mut command).status.code())
-                    .collect::<Vec<_>>()
-            })
-        })
-        .collect();
-    for worker in workers {
-        let codes = worker.join().unwrap();
-        assert!(codes.iter().all(|code| *code == Some(0)), "{codes:?}");
-    }
+    let commands = ["reader", "writer"].iter().cycle().take(6).map(|role| {
+        let mut command = store.lockrun();
+        command.args(["--name", "mixed"]).args(QUICK_WAIT);
+        if *role == "reader" {
+            command.arg("-s");
+        }
+        command
+            .args(["--", "sh", "-c", script, "sh"])
+            .arg(scratch.dir())
+            .arg(role);
+        command
+    });
+    every_run_exits_zero(commands, 8);
     assert_eq!(scratch.lines("violations"), Vec::<String>::new());
     let mut fences = scratch.lines("fences");
     fences.sort();
@@ -232,29 +210,20 @@ for name in $LOCKRUN_NAME; do
 done
 sleep 0.01
 for name in $LOCKRUN_NAME; do rmdir "$d/$name"; done"#;
-    let workers: Vec<_> = [
+    let orders = [
         ["--name", "db", "--name", "cache"],
         ["--name", "cache", "--name", "db"],
-    ]
-    .into_iter()
-    .map(|names| {
+    ];
+    let commands = orders.into_iter().map(|names| {
         let mut command = store.lockrun();
         command
             .args(names)
-            .args(["-w", "60", "--initial-delay", "0.01", "--max-delay", "0.05"])
+            .args(QUICK_WAIT)
             .args(["--", "sh", "-c", script, "sh"])
             .arg(scratch.dir());
-        thread::spawn(move || {
-            (0..20)
-                .map(|_| run(&mut command).status.code())
-                .collect::<Vec<_>>()
-        })
-    })
-    .collect();
-    for worker in workers {
-        let codes = worker.join().unwrap();
-        assert!(codes.iter().all(|code| *code == Some(0)), "{codes:?}");
-    }
+        command
+    });
+    every_run_exits_zero(commands, 20);
     assert_eq!(scratch.lines("violations"), Vec::<String>::new());
 
     let output = run(store.lockrun().args([
@@ -368,4 +337,44 @@ pub fn the_first_name_is_kept_while_waiting_for_the_second(store: &Store) {
         assert!(!ran.exists(), "the command ran without its first lock");
     }
     let_go(&scratch, holder);
+}
+
+/// `release --force --slot N` breaks one sharer's lease and leaves the
+/// others holding (where leases can be broken): the broken one's command is
+/// stopped, 76, and the other runs on to its end.
+pub fn release_force_breaks_one_sharer(store: &Store) {
+    let (first, second) = (Scratch::new(), Scratch::new());
+    let kept = hold(store, &first, "pair", &["-s", "--ttl", "1"]);
+    let broken = hold(store, &second, "pair", &["-s", "--ttl", "1"]);
+    let slot_of = |scratch: &Scratch| {
+        let pid = fs::read_to_string(scratch.path("ready")).unwrap();
+        let lockrun = fs::read_to_string(format!("/proc/{}/stat", pid.trim()))
+            .unwrap()
+            .rsplit(") ")
+            .next()
+            .unwrap()
+            .split(' ')
+            .nth(1)
+            .unwrap()
+            .parse::<u64>()
+            .unwrap();
+        entries(store, "pair")
+            .into_iter()
+            .find(|entry| entry["pid"] == lockrun)
+            .expect("the sharer in status")["slot"]
+            .to_string()
+    };
+    let slot = slot_of(&second);
+    let output = run(store.release().args(["pair", "--force", "--slot", &slot]));
+    if output.status.code() == Some(64) {
+        // The file backend: no lease to break.
+        let_go(&first, kept);
+        let_go(&second, broken);
+        return;
+    }
+    assert_status(&output, 0);
+    assert_eq!(stdout(&output).lines().count(), 1, "{}", stdout(&output));
+    assert_status(&finish(broken), 76);
+    assert_eq!(count(store, "pair", "holding"), 1);
+    let_go(&first, kept);
 }

@@ -2,9 +2,10 @@
 //! holder fails, fencing across data loss, connection errors and secrets.
 
 use std::fs;
-use std::io::Write;
-use std::net::TcpListener;
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -12,7 +13,7 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
 use crate::core::{
-    hold_recording, losing_the_server_stops_the_holder,
+    hold, hold_recording, losing_the_server_stops_the_holder, start_holding,
     takes_the_slot_of_a_lapsing_holder_elsewhere,
 };
 use crate::support::*;
@@ -21,6 +22,21 @@ use crate::support::*;
 fn redis(extra: &[&str]) -> Option<(Store, Arc<RedisServer>)> {
     let server = Arc::new(RedisServer::start(extra)?);
     Some((Store::on_redis(&server), server))
+}
+
+/// Slot 0 of `name` held by a crashed holder on host "elsewhere", whose lease ends in `px` ms.
+fn plant_crashed_holder(server: &RedisServer, name: &str, px: u64) {
+    let record = serde_json::json!({
+        "name": name, "token": "t", "pid": 1, "start_time": 1, "boot_id": "another-boot",
+        "host": "elsewhere", "command": "crashed", "acquired_at": 0, "fence": 5,
+    });
+    let _: () = redis::cmd("SET")
+        .arg(format!("lockrun:{{{name}}}:slot:0"))
+        .arg(record.to_string())
+        .arg("PX")
+        .arg(px)
+        .query(&mut server.client())
+        .unwrap();
 }
 
 fn info(client: &mut redis::Connection, section: &str) -> String {
@@ -183,14 +199,7 @@ fn a_crashed_holder_on_another_host_is_replaced_when_its_lease_expires() {
     let Some((store, server)) = redis(&[]) else {
         return;
     };
-    let record = r#"{"name":"crash","token":"t","pid":1,"start_time":1,"boot_id":"another-boot","host":"elsewhere","command":"crashed","acquired_at":0,"fence":5}"#;
-    let _: () = redis::cmd("SET")
-        .arg("lockrun:{crash}:slot:0")
-        .arg(record)
-        .arg("PX")
-        .arg(800)
-        .query(&mut server.client())
-        .unwrap();
+    plant_crashed_holder(&server, "crash", 800);
     takes_the_slot_of_a_lapsing_holder_elsewhere(&store, "crash");
 }
 
@@ -608,4 +617,274 @@ fn a_dead_waiter_on_another_host_stalls_the_line_only_until_its_place_lapses() {
         "the line moved on when the dead waiter's place lapsed, after {:?}",
         released.elapsed()
     );
+}
+
+/// Eight readers wait behind a writer; the writer's release is the one event
+/// that may start them (the writer runs in a pid namespace of its own, as on
+/// another host, so that nobody watches its process): it wakes all eight at
+/// once, and they hold together. Each reader's command waits until all have
+/// begun, so a reader let in alone would hold the others out.
+#[test]
+fn a_writers_release_wakes_every_reader_waiting_behind_it_at_once() {
+    const READERS: usize = 8;
+    let Some(mut elsewhere) = lockrun_in_a_pid_namespace() else {
+        return;
+    };
+    let Some((store, server)) = redis(&[]) else {
+        return;
+    };
+    let scratch = Scratch::new();
+    elsewhere.args(store.args());
+    let end = scratch.path("end");
+    let writer = start_holding(
+        elsewhere,
+        &scratch,
+        "group",
+        &["--ttl", "60"],
+        &format!("trap 'date +%s%N > {}' EXIT; ", end.display()),
+    );
+    let began = |reader: usize| scratch.path(&format!("at.{reader}"));
+    let mut readers: Vec<Running> = (0..READERS)
+        .map(|reader| {
+            let script = format!(
+                "date +%s%N > {}; {}",
+                began(reader).display(),
+                together(scratch.dir(), &reader.to_string(), READERS)
+            );
+            in_line(&store, "group", &["-s"], &script)
+        })
+        .collect();
+    let mut client = server.client();
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut client)
+        .unwrap();
+    let released = Instant::now();
+    fs::write(scratch.path("release"), "").unwrap();
+    stderr_of(writer);
+    for reader in &mut readers {
+        assert_eq!(wait(reader).code(), Some(0), "held together with the rest");
+    }
+    assert!(
+        released.elapsed() < Duration::from_secs(10),
+        "woken by the release, not by their retries: {:?}",
+        released.elapsed()
+    );
+    let last_ms = (0..READERS)
+        .map(|reader| nanos(&began(reader)) - nanos(&end))
+        .max()
+        .unwrap() as f64
+        / 1e6;
+    eprintln!(
+        "redis group handoff: the last of {READERS} readers began {last_ms:.1} ms after the writer's command ended"
+    );
+    let pushes = server.command_calls().get("lpush").copied().unwrap_or(0);
+    assert_eq!(
+        pushes, READERS as u64,
+        "one wake-up each, all from the writer's release"
+    );
+}
+
+/// A run of `name` with `extra` flags and the shell `script`, whose only ways
+/// in are a wake-up and a process it watches (its first retry is 15 s or more
+/// away, its place keeps for 20 s); returned once it stands in line.
+fn in_line(store: &Store, name: &str, extra: &[&str], script: &str) -> Running {
+    let waiting = || {
+        let output = run(store.status().args([name, "--json"]));
+        stdout(&output).matches(r#""state":"waiting""#).count()
+    };
+    let before = waiting();
+    let run = store
+        .lockrun()
+        .args([
+            "--name",
+            name,
+            "-w",
+            "60",
+            "--ttl",
+            "60",
+            "--initial-delay",
+            "30",
+        ])
+        .args(extra)
+        .args(["-c", script])
+        .start();
+    wait_until("the run to stand in line", || waiting() > before);
+    run
+}
+
+/// Shell code that touches `mark` and waits (10 s at most, else fails) until
+/// `count` files named `began.*` are in `dir`: run by readers that must hold together.
+fn together(dir: &std::path::Path, mark: &str, count: usize) -> String {
+    let dir = dir.display();
+    format!(
+        "touch {dir}/began.{mark}; n=0; while [ $(ls {dir} | grep -c began) -lt {count} ] && [ $n -lt 1000 ]; do sleep 0.01; n=$((n+1)); done; [ $n -lt 1000 ]"
+    )
+}
+
+/// Two readers wait behind a holder on another host that crashed: both
+/// watch when its lease ends (the second goes with the first, so it is at
+/// the head too), and both hold together then, not the second only at its
+/// next retry.
+#[test]
+fn readers_at_the_head_watch_the_holders_lease_and_go_together_when_it_ends() {
+    let Some((store, server)) = redis(&[]) else {
+        return;
+    };
+    plant_crashed_holder(&server, "fallen", 5000);
+    let scratch = Scratch::new();
+    let mut readers: Vec<Running> = ["1", "2"]
+        .iter()
+        .map(|mark| in_line(&store, "fallen", &["-s"], &together(scratch.dir(), mark, 2)))
+        .collect();
+    for reader in &mut readers {
+        assert_eq!(wait(reader).code(), Some(0), "held together");
+    }
+}
+
+/// A writer waits behind two readers that wait behind a holder. The second
+/// reader dies: the writer, right behind the readers, watches both and drops
+/// it at once; so when the holder ends and the first reader has come and
+/// gone, the writer runs, without waiting for the dead reader's place to lapse.
+#[test]
+fn a_writer_behind_waiting_readers_drops_a_dead_one_at_once() {
+    let Some((store, _server)) = redis(&[]) else {
+        return;
+    };
+    let scratch = Scratch::new();
+    let holder = hold_recording(&store, &scratch, "behind", &["--ttl", "60"]);
+    let mut first = in_line(&store, "behind", &["-s"], "true");
+    let mut second = in_line(&store, "behind", &["-s"], "true");
+    let written = scratch.path("written");
+    let mut writer = in_line(
+        &store,
+        "behind",
+        &[],
+        &format!("touch {}", written.display()),
+    );
+    second.kill().unwrap();
+    second.wait().unwrap();
+    let released = Instant::now();
+    fs::write(scratch.path("release"), "").unwrap();
+    stderr_of(holder);
+    assert_eq!(wait(&mut first).code(), Some(0));
+    assert_eq!(wait(&mut writer).code(), Some(0));
+    assert!(written.exists());
+    assert!(
+        released.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        released.elapsed()
+    );
+}
+
+/// A writer waits behind three readers that hold: the releases of the first
+/// two free nothing for it and wake nobody; the last one's wakes it.
+#[test]
+fn a_writer_behind_readers_is_woken_by_the_last_ones_release_only() {
+    let Some((store, server)) = redis(&[]) else {
+        return;
+    };
+    let scratches = [Scratch::new(), Scratch::new(), Scratch::new()];
+    let readers: Vec<Running> = scratches
+        .iter()
+        .map(|scratch| hold(&store, scratch, "last", &["-s"]))
+        .collect();
+    let mut writer = in_line(&store, "last", &[], "true");
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut server.client())
+        .unwrap();
+    for (scratch, reader) in scratches.iter().zip(readers) {
+        fs::write(scratch.path("release"), "").unwrap();
+        stderr_of(reader);
+    }
+    assert_eq!(wait(&mut writer).code(), Some(0));
+    let pushes = server.command_calls().get("lpush").copied().unwrap_or(0);
+    assert_eq!(pushes, 1, "the writer woken once");
+}
+
+/// A proxy to `server` that, once, lets a release (the script run with a
+/// slot's key and the line's) reach the server and cuts the connection
+/// before its answer reaches the client, as a network cut would. Its port,
+/// and whether it cut.
+fn cutting_the_first_release_answer(server: &RedisServer) -> (u16, Arc<AtomicBool>) {
+    let front = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = front.local_addr().unwrap().port();
+    let upstream = server.port();
+    let cut = Arc::new(AtomicBool::new(false));
+    let cutting = Arc::clone(&cut);
+    thread::spawn(move || {
+        for client in front.incoming().map_while(Result::ok) {
+            let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                continue;
+            };
+            let (mut from_client, mut to_server) =
+                (client.try_clone().unwrap(), server.try_clone().unwrap());
+            let this_one = Arc::new(AtomicBool::new(false));
+            let (cutting, marked) = (Arc::clone(&cutting), Arc::clone(&this_one));
+            thread::spawn(move || {
+                let mut buffer = [0u8; 8192];
+                while let Ok(read) = from_client.read(&mut buffer) {
+                    let request = String::from_utf8_lossy(&buffer[..read]);
+                    // A script given a slot's key and the line's: a release.
+                    if request.contains("EVALSHA")
+                        && request.contains(":slot:")
+                        && request.contains(":line")
+                        && !cutting.swap(true, Ordering::SeqCst)
+                    {
+                        marked.store(true, Ordering::SeqCst);
+                    }
+                    if read == 0 || to_server.write_all(&buffer[..read]).is_err() {
+                        break;
+                    }
+                }
+            });
+            let (mut from_server, mut to_client) = (server, client);
+            thread::spawn(move || {
+                let mut buffer = [0u8; 8192];
+                while let Ok(read) = from_server.read(&mut buffer) {
+                    if read == 0 || this_one.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    if to_client.write_all(&buffer[..read]).is_err() {
+                        break;
+                    }
+                }
+                let _ = to_client.shutdown(Shutdown::Both);
+                let _ = from_server.shutdown(Shutdown::Both);
+            });
+        }
+    });
+    (port, cut)
+}
+
+/// A release whose answer is lost is made again on a new connection; the
+/// slot is gone by then, and the release knows it freed it itself: the run
+/// exits with its command's status, not 76. One that keeps the slot
+/// (`--min-hold`) finds it kept, and keeps it once. A lease broken by `release
+/// --force` is still found lost (`sessions::a_lease_found_lost_at_release_gives_76`).
+#[test]
+fn a_release_made_again_after_its_answer_was_lost_is_not_found_lost() {
+    let Some((store, server)) = redis(&[]) else {
+        return;
+    };
+    // The first run loads the scripts: the cut release must run, not meet NOSCRIPT.
+    assert_status(&run(store.lockrun().args(["--name", "cut", "true"])), 0);
+    for (name, extra) in [("cut", &[][..]), ("kept", &["--min-hold", "30"][..])] {
+        let (port, cut) = cutting_the_first_release_answer(&server);
+        let output = run(lockrun()
+            .args(["--backend", "redis", "--redis-url"])
+            .arg(format!("redis://127.0.0.1:{port}"))
+            .args(["--name", name, "-c", "exit 3"])
+            .args(extra));
+        assert!(cut.load(Ordering::SeqCst), "the proxy cut no release");
+        assert_status(&output, 3);
+        assert_eq!(stderr(&output), "", "nothing said about a lost lease");
+    }
+    assert_status(
+        &run(store.lockrun().args(["--name", "cut", "-n", "true"])),
+        0,
+    );
+    let status = stdout(&run(store.status().args(["kept", "--json"])));
+    assert!(status.contains(r#""state":"holding""#), "{status}");
 }

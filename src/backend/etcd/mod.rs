@@ -1,8 +1,10 @@
 //! The etcd backend (README: "etcd backend"): etcd's own lock recipe on the
 //! seam. Each waiter and holder has a lease and a place in line, a key
-//! attached to that lease whose create revision orders the line; the N oldest
-//! places hold the slots, each taking a slot key of its own, and a waiter
-//! watches what must change for it to move up ([`watching`]).
+//! attached to that lease whose create revision orders the line; the oldest
+//! places that the rule lets in hold the slots (the N oldest with `-p N`, or
+//! the sharers up to the first exclusive run: `look`), each taking a slot
+//! key of its own, and a waiter watches what must change for it to move up
+//! ([`watching`]).
 
 mod keys;
 pub mod link;

@@ -30,7 +30,11 @@ pub fn claim(keys: &NameKeys, lease: i64, holding: &Holding, waiting: Option<&Re
     claim.otherwise(Op::Range(keys.all()))
 }
 
-/// Takes `holding.slot` if it is free and the place of the owner of `lease` is still on it.
+/// Takes `holding.slot` if it is free and the place of the owner of `lease`
+/// is still on it. The look that let the place in needs no compare: places
+/// are only added behind it and deleted ahead of it, and a place's mode never
+/// changes, so a place let in stays in; the slot key is what another look
+/// can take first.
 pub fn take(keys: &NameKeys, lease: i64, holding: &Holding) -> Txn {
     let place = keys.place(lease);
     let slot = keys.slot(holding.slot);

@@ -92,11 +92,12 @@ impl Waiter {
         let newcomer = !self.lease.as_ref().is_some_and(|mine| mine.in_line);
         let mut look = match woken {
             _ if newcomer => self.claim(keys, request, request.queue, within)?,
-            // The place ahead of ours at the head is gone, so ours is the
+            // The places ahead of ours at the head are gone, so ours is the
             // oldest: with one slot, that is what holds it (etcd's own lock
             // recipe). No call stands between the release and our command;
-            // the first renewal writes our record.
-            Some(Woken::Freed(slot)) if parallelism == 1 => {
+            // the first renewal writes our record. A sharer takes a slot
+            // key of its own, below.
+            Some(Woken::Freed(slot)) if request.capacity() == 1 => {
                 let mine = self.lease.as_ref().expect("in line with a lease");
                 let fence = mine.revision;
                 return Ok(Attempt::Taken(self.slot(
@@ -115,8 +116,8 @@ impl Waiter {
             return Ok(Attempt::Waiting(Line::refused(theirs)));
         }
         // A take fails only when another new holder took that slot first: the next look decides.
-        for _ in 0..=parallelism {
-            match look.stand(lease, parallelism) {
+        for _ in 0..=request.capacity() {
+            match look.stand(lease, request) {
                 Stand::Holding(slot) => {
                     let place = look.places.iter().find(|place| place.lease == lease);
                     let holding = match place.and_then(Place::record).cloned() {
@@ -129,22 +130,23 @@ impl Waiter {
                 }
                 Stand::MayTake(slot) => look = self.take(keys, slot, request, within)?,
                 // --no-wait joins only when it may take a slot at once.
-                Stand::Absent if request.queue || look.places.len() < parallelism as usize => {
+                Stand::Absent if request.queue || look.lets_in_newcomer(request) => {
                     look = self.claim(keys, request, true, within)?;
                 }
-                Stand::Absent => return Ok(Attempt::Waiting(look.outside(request, parallelism))),
+                Stand::Absent => return Ok(Attempt::Waiting(look.outside(request))),
                 Stand::Waiting(_) if !request.queue => {
                     self.leave(within)?;
-                    return Ok(Attempt::Waiting(look.outside(request, parallelism)));
+                    return Ok(Attempt::Waiting(look.outside(request)));
                 }
                 Stand::Waiting(index) => {
                     if let Some(mine) = &mut self.lease {
                         mine.revision = look.places[index].revision;
                     }
-                    self.watcher
-                        .aim(WatchTarget::new(keys, &look, index, parallelism));
                     let me = &request.owner.process;
-                    return Ok(Attempt::Waiting(look.line(me, index, parallelism)));
+                    let (blocker, line) = look.waiting(me, index, request);
+                    self.watcher
+                        .aim(WatchTarget::new(keys, &look, index, request, blocker));
+                    return Ok(Attempt::Waiting(line));
                 }
             }
         }

@@ -1,15 +1,18 @@
 //! What a waiter watches between looks (README: "etcd backend"): at the head
-//! of the line, the holders' places, whose deletion frees a slot for it;
-//! further back, the place just ahead, which wakes it when it leaves or takes
-//! a slot (its record then says so). So a release wakes the head, and the
-//! new holder the next head, however long the line. A watch is kept from look
-//! to look while its keys stay the same.
+//! of the line, the places of the group ahead of it, whose deletion lets it
+//! in; a sharer, the nearest exclusive run ahead of it, whose deletion lets
+//! in every sharer up to the next exclusive run at once; further back, the
+//! place just ahead, which wakes it when it leaves or takes a slot (its
+//! record then says so). So a release wakes the head (or the sharers at the
+//! head), and the new holder the next head, however long the line. A watch is
+//! kept from look to look while its keys stay the same.
 
 use std::time::Duration;
 
 use super::keys::NameKeys;
 use super::link::{self, Client, EventKind, Keys, Watch, WatchEvent};
-use super::look::LineView;
+use super::look::{Blocker, LineView};
+use crate::backend::Request;
 use crate::backend::net::Deadline;
 use crate::platform::clock::Moment;
 
@@ -17,11 +20,12 @@ use crate::platform::clock::Moment;
 pub struct WatchTarget {
     keys: Keys,
     deletes_only: bool,
-    /// The places whose change concerns us, and the slot to try for when one
-    /// of them is deleted while we are at the head; empty: any change does.
+    /// The places whose change concerns us, each with the slot to try for
+    /// when its deletion lets us in; empty: any change does.
     wakers: Vec<(Vec<u8>, u32)>,
-    /// We are the head: a deleted waker leaves fewer than N places ahead of us.
-    head: bool,
+    /// How many wakers must be deleted before we may take a slot; 0: a
+    /// change of one only means that the line moved.
+    to_go: usize,
     /// The look's revision: what it saw needs no wake-up.
     after: i64,
 }
@@ -29,7 +33,7 @@ pub struct WatchTarget {
 /// Why a wait ended early.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Woken {
-    /// A place ahead of us at the head was deleted: a slot is ours, this one most likely.
+    /// What kept us out was deleted: a slot is ours, this one most likely.
     Freed(u32),
     /// The line moved: look again.
     Moved,
@@ -38,53 +42,68 @@ pub enum Woken {
 }
 
 impl WatchTarget {
-    /// For a waiter at `index` of `look`'s line.
-    pub fn new(keys: &NameKeys, look: &LineView, index: usize, parallelism: u32) -> Self {
-        let slots = parallelism as usize;
-        let free = look.free_slot(parallelism).unwrap_or(0);
-        let waker = |at: usize| {
-            (
-                look.places[at].key.clone(),
-                look.slot_at(at).unwrap_or(free),
-            )
-        };
-        let (keys, deletes_only, wakers) = if index < slots {
-            // Among the N oldest without a free slot key: anything may change that.
-            (keys.all(), false, Vec::new())
-        } else if index > slots {
-            // The place just ahead: its delete moves us up, and its put (it
-            // now holds a slot) makes us the head.
-            let ahead = waker(index - 1);
-            (Keys::one(&ahead.0), false, vec![ahead])
-        } else if slots == 1 {
-            // The head of a line with one slot: the holder's place.
-            let holder = waker(0);
-            (Keys::one(&holder.0), true, vec![holder])
-        } else {
-            (keys.line(), true, (0..index).map(waker).collect())
+    /// For the waiter at `index` of `look`'s line, kept out by `blocker`.
+    pub fn new(
+        keys: &NameKeys,
+        look: &LineView,
+        index: usize,
+        request: &Request,
+        blocker: Blocker,
+    ) -> Self {
+        let key = |at: usize| look.places[at].key.clone();
+        let (keys, deletes_only, wakers, to_go) = match blocker {
+            Blocker::NoFreeSlot => (keys.all(), false, Vec::new(), 0),
+            Blocker::Oldest { ahead, to_go } => {
+                let slots = request.parallelism;
+                let free = look.slot_for(index, slots, None).unwrap_or(0);
+                let wakers: Vec<_> = (0..ahead)
+                    .map(|at| {
+                        let slot = look.slot_at(at).filter(|&slot| slot < slots);
+                        (key(at), slot.unwrap_or(free))
+                    })
+                    .collect();
+                let keys = match wakers.as_slice() {
+                    [(only, _)] => Keys::one(only),
+                    _ => keys.line(),
+                };
+                (keys, true, wakers, to_go)
+            }
+            Blocker::Place { at, frees, puts } => {
+                let slot = look.slot_for(index, request.capacity(), Some(at));
+                (
+                    Keys::one(&key(at)),
+                    !puts,
+                    vec![(key(at), slot.unwrap_or(0))],
+                    usize::from(frees),
+                )
+            }
         };
         Self {
             keys,
             deletes_only,
             wakers,
-            head: index == slots,
+            to_go,
             after: look.revision,
         }
     }
 
-    fn judge(&self, event: &WatchEvent) -> Option<Woken> {
+    fn judge(&mut self, event: &WatchEvent) -> Option<Woken> {
         if event.kv.mod_revision <= self.after {
             return None;
         }
         if self.wakers.is_empty() {
             return Some(Woken::Moved);
         }
-        let &(_, slot) = self.wakers.iter().find(|(key, _)| *key == event.kv.key)?;
-        Some(if self.head && event.kind == EventKind::Delete {
-            Woken::Freed(slot)
-        } else {
-            Woken::Moved
-        })
+        let waker = self
+            .wakers
+            .iter()
+            .position(|(key, _)| *key == event.kv.key)?;
+        if self.to_go == 0 || event.kind != EventKind::Delete {
+            return Some(Woken::Moved);
+        }
+        let (_, slot) = self.wakers.swap_remove(waker);
+        self.to_go -= 1;
+        (self.to_go == 0).then_some(Woken::Freed(slot))
     }
 }
 
@@ -121,7 +140,7 @@ impl Watcher {
         until: Moment,
         within: Duration,
     ) -> link::Result<Option<Woken>> {
-        let Some(target) = self.target.as_ref().filter(|_| until.remaining() >= SET_UP) else {
+        let Some(target) = self.target.as_mut().filter(|_| until.remaining() >= SET_UP) else {
             std::thread::sleep(until.remaining());
             return Ok(None);
         };
@@ -157,5 +176,60 @@ impl Watcher {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Mode;
+    use crate::backend::etcd::link::KeyValue;
+    use crate::backend::etcd::look::tests::{S, X, holding, request, view};
+    use crate::name::Name;
+
+    fn deleted(look: &LineView, at: usize) -> WatchEvent {
+        WatchEvent {
+            kind: EventKind::Delete,
+            kv: KeyValue {
+                key: look.places[at].key.clone(),
+                mod_revision: look.revision + 1,
+                ..KeyValue::default()
+            },
+        }
+    }
+
+    fn target(look: &LineView, index: usize, request: &Request) -> WatchTarget {
+        let keys = NameKeys::new("t", &Name::parse("shelf").unwrap());
+        let (blocker, _) = look.waiting(&request.owner.process, index, request);
+        WatchTarget::new(&keys, look, index, request, blocker)
+    }
+
+    #[test]
+    fn a_writer_at_the_head_holds_once_every_sharer_ahead_has_gone() {
+        let look = view(&[holding(Mode::Shared, 0), holding(Mode::Shared, 3), S, X]);
+        let mut writer = target(&look, 3, &request(Mode::Exclusive, 1));
+        assert_eq!(writer.judge(&deleted(&look, 1)), None);
+        assert_eq!(writer.judge(&deleted(&look, 1)), None, "counted once");
+        assert_eq!(writer.judge(&deleted(&look, 0)), None);
+        assert_eq!(writer.judge(&deleted(&look, 2)), Some(Woken::Freed(0)));
+    }
+
+    #[test]
+    fn every_sharer_behind_a_writer_is_let_in_by_its_release_with_a_slot_of_its_own() {
+        let look = view(&[holding(Mode::Exclusive, 0), S, S, S]);
+        for index in 1..4 {
+            let mut reader = target(&look, index, &request(Mode::Shared, 1));
+            assert_eq!(
+                reader.judge(&deleted(&look, 0)),
+                Some(Woken::Freed(index as u32 - 1))
+            );
+        }
+        let look = view(&[holding(Mode::Exclusive, 0), X, S]);
+        let mut reader = target(&look, 2, &request(Mode::Shared, 1));
+        assert_eq!(
+            reader.judge(&deleted(&look, 1)),
+            Some(Woken::Moved),
+            "a writer left, another is ahead"
+        );
     }
 }

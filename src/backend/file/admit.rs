@@ -5,11 +5,12 @@
 //! left by a holder that crashed can only refuse a run, never let one in.
 
 use std::fs::{self, File};
+use std::path::Path;
 use std::time::SystemTime;
 
 use super::dir::{LockDir, open_existing};
-use super::line::{waiter_path, waiter_tickets};
-use super::slot::{first_json_value, read_record, slot_path};
+use super::line::{is_live, waiter_path, waiter_tickets};
+use super::slot::{SlotFile, first_json_value, read_record};
 use crate::backend::record::WaiterRecord;
 use crate::backend::refuses;
 use crate::error::{Error, Result};
@@ -20,35 +21,21 @@ use crate::identity::epoch_millis;
 pub fn other_parallelism(
     dir: &LockDir,
     stem: &str,
-    own: Option<u32>,
+    own: Option<SlotFile>,
     ours: u32,
     waiters: bool,
 ) -> Result<Option<u32>> {
     // Slot files are made in order from slot 0, so the first missing one at
     // or past ours ends them: every holder's slot is below its own -p.
-    for slot in 0.. {
-        let path = slot_path(dir.path(), stem, slot);
-        if own == Some(slot) {
-            continue;
-        }
-        let Some(file) = open_existing(&path)? else {
-            if slot >= ours {
-                break;
-            }
-            continue;
-        };
-        let theirs = if is_locked(&file, &path)? {
-            read_record(&file).and_then(|record| record.owner.parallelism)
-        } else {
-            // Free, unless a --min-hold keeps it; our moment's lock goes with the file.
-            let now = epoch_millis(SystemTime::now());
-            read_record(&file)
-                .filter(|record| record.kept_until.is_some_and(|until| until > now))
-                .and_then(|record| record.owner.parallelism)
-        };
-        if refuses(theirs, ours) {
-            return Ok(theirs);
-        }
+    if let Some(theirs) = refusing_holder(dir, stem, SlotFile::Lock, own, ours, ours)? {
+        return Ok(Some(theirs));
+    }
+    // Sharers hold with -p 1: their share files refuse only another -p.
+    // They are made in order from 0: the first missing one ends them.
+    if ours != 1
+        && let Some(theirs) = refusing_holder(dir, stem, SlotFile::Share, own, ours, 0)?
+    {
+        return Ok(Some(theirs));
     }
     if !waiters {
         return Ok(None);
@@ -58,8 +45,7 @@ pub fn other_parallelism(
         let Some(file) = open_existing(&path)? else {
             continue;
         };
-        if !is_locked(&file, &path)? {
-            // Its waiter is gone.
+        if !is_live(&file, &path)? {
             continue;
         }
         let theirs = first_json_value::<WaiterRecord>(&file).and_then(|r| r.owner.parallelism);
@@ -70,14 +56,55 @@ pub fn other_parallelism(
     Ok(None)
 }
 
-/// Whether someone else holds `file`'s lock.
-fn is_locked(file: &File, path: &std::path::Path) -> Result<bool> {
-    match file.try_lock() {
-        Ok(()) => Ok(false),
-        Err(fs::TryLockError::WouldBlock) => Ok(true),
-        Err(fs::TryLockError::Error(err)) => Err(Error::unavailable(
-            format!("cannot lock {}", path.display()),
-            err,
-        )),
+/// Another `-p` than `ours` recorded by a holder of one of `stem`'s slot
+/// files of this `kind` (`own` left out), looked at in order from 0 up to
+/// the first missing one at or past `gaps_below`.
+fn refusing_holder(
+    dir: &LockDir,
+    stem: &str,
+    kind: fn(u32) -> SlotFile,
+    own: Option<SlotFile>,
+    ours: u32,
+    gaps_below: u32,
+) -> Result<Option<u32>> {
+    for slot in 0.. {
+        let slot_file = kind(slot);
+        if own == Some(slot_file) {
+            continue;
+        }
+        let path = slot_file.path(dir.path(), stem);
+        let Some(file) = open_existing(&path)? else {
+            if slot >= gaps_below {
+                break;
+            }
+            continue;
+        };
+        let theirs = holders_parallelism(&file, &path)?;
+        if refuses(theirs, ours) {
+            return Ok(theirs);
+        }
     }
+    Ok(None)
+}
+
+/// The `-p` recorded in a slot's file by its holder: a live one, or one that a
+/// `--min-hold` keeps.
+fn holders_parallelism(file: &File, path: &Path) -> Result<Option<u32>> {
+    let failed = |err| Error::unavailable(format!("cannot lock {}", path.display()), err);
+    let record = match file.try_lock() {
+        // Free, unless a --min-hold keeps it; our moment's lock goes with the file.
+        Ok(()) => read_record(file).filter(|record| {
+            record
+                .kept_until
+                .is_some_and(|until| until > epoch_millis(SystemTime::now()))
+        }),
+        Err(fs::TryLockError::WouldBlock) => match file.try_lock_shared() {
+            // Slot 0's file held shared: by sharers, whose own files say their -p.
+            Ok(()) => None,
+            Err(fs::TryLockError::WouldBlock) => read_record(file),
+            Err(fs::TryLockError::Error(err)) => return Err(failed(err)),
+        },
+        Err(fs::TryLockError::Error(err)) => return Err(failed(err)),
+    };
+    Ok(record.and_then(|record| record.owner.parallelism))
 }

@@ -15,7 +15,7 @@ use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
 use super::dir::LockDir;
-use super::wait::{brief_lock_deadline, lock_until};
+use super::wait::{LockMode, brief_lock_deadline, lock_until};
 use crate::error::{Error, Result, Trouble};
 use crate::platform::clock::Moment;
 
@@ -39,7 +39,12 @@ impl Counter {
         dir.trusts(&meta).map_err(|why| {
             Error::Unavailable(format!("refusing the fence counter {shown}: {why}"))
         })?;
-        if !lock_until(&file, brief_lock_deadline(deadline), &path)? {
+        if !lock_until(
+            &file,
+            LockMode::Exclusive,
+            brief_lock_deadline(deadline),
+            &path,
+        )? {
             return Err(Error::trouble(
                 Trouble::Transient,
                 format!("cannot number the acquisition: another process keeps {shown} locked"),

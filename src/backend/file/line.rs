@@ -4,20 +4,26 @@
 //! that a newcomer can tell in one call that nobody waits (when the lock is
 //! taken, the waiters' files tell): a waiter must not be overtaken. Its place
 //! is a file `NAME.TICKET.wait` (the ticket is the moment it began waiting on
-//! the host's monotonic clock, then its pid), locked by it and holding its
-//! record for `status`; it is made as `NAME.TICKET.joining`, locked, and
-//! renamed, so it is never seen unlocked. A waiter waits for the one ahead of it
-//! to leave by blocking on that file's lock: the kernel wakes it the moment the
-//! one ahead takes a slot or dies, and no one else. Files of dead waiters are
-//! removed by the waiter behind them.
+//! the host's monotonic clock, then its pid), locked exclusively by it and
+//! holding its record for `status`; it is made as `NAME.TICKET.joining`,
+//! locked, and renamed, so it is never seen unlocked. Everyone else only ever
+//! locks it shared: so a waiter lives while its file is locked exclusively.
+//! A waiter waits for the one in its way to leave by blocking on that file's
+//! lock, shared: the kernel wakes it the moment that one takes a slot or dies,
+//! and no one else. In an exclusive run's way is the waiter just ahead; in a
+//! sharer's, the nearest exclusive waiter ahead, since the sharers between go
+//! together with it: so every sharer behind one exclusive waiter wakes at once
+//! when it leaves. Files of dead waiters are removed by the waiter behind them.
 
 use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use super::dir::{LockDir, open_existing};
-use super::wait::{brief_lock_deadline, lock_shared_until};
+use super::slot::first_json_value;
+use super::wait::{LockMode, brief_lock_deadline, lock_until};
 use crate::backend::record::WaiterRecord;
+use crate::backend::{Mode, Request};
 use crate::error::{Error, Result, Trouble};
 use crate::platform::clock::Moment;
 use crate::platform::proc::live_flocks;
@@ -48,7 +54,12 @@ impl PlaceInLine {
         let line_path = dir.path().join(format!("{stem}{LINE_SUFFIX}"));
         let line = dir.open_lock_file(&line_path)?;
         // Newcomers hold it exclusively for a moment (`is_occupied`); a neighbour who holds it longer is stuck.
-        if !lock_shared_until(&line, brief_lock_deadline(deadline), &line_path)? {
+        if !lock_until(
+            &line,
+            LockMode::Shared,
+            brief_lock_deadline(deadline),
+            &line_path,
+        )? {
             return Err(Error::trouble(
                 Trouble::Transient,
                 format!(
@@ -113,38 +124,51 @@ impl PlaceInLine {
     }
 }
 
-/// The live waiter nearest ahead of us, opened (not locked) so that we can wait
-/// for it to leave, and how many files of dead waiters on the way were removed.
-pub fn nearest_live(ahead: &[PathBuf]) -> Result<(Option<File>, usize)> {
+/// The live waiter nearest ahead of us that `request` must wait for, opened
+/// (not locked) so that we can wait for it to leave, and how many files of
+/// dead waiters on the way were removed. A waiter is in our way unless the
+/// line would let us go with it (a sharer with sharers).
+pub fn nearest_in_the_way(ahead: &[PathBuf], request: &Request) -> Result<(Option<File>, usize)> {
     let mut dead = 0;
     for path in ahead {
         let Some(file) = open_existing(path)? else {
             dead += 1;
             continue;
         };
-        match file.try_lock() {
-            Err(fs::TryLockError::WouldBlock) => return Ok((Some(file), dead)),
-            // Nobody holds it: its waiter died, or is leaving and removes it itself.
-            Ok(()) => {
-                dead += 1;
-                let _ = fs::remove_file(path);
-            }
-            Err(fs::TryLockError::Error(err)) => {
-                return Err(Error::unavailable(
-                    format!("cannot lock {}", path.display()),
-                    err,
-                ));
-            }
+        if !is_live(&file, path)? {
+            // Its waiter died, or is leaving and removes it itself.
+            dead += 1;
+            let _ = fs::remove_file(path);
+        } else if !request.admitted([], [mode_of(&file)]) {
+            return Ok((Some(file), dead));
         }
     }
     Ok((None, dead))
 }
 
-/// True when someone is in the line of `stem`: a newcomer must not overtake them.
-/// A free line lock says so in one call. A taken one may be held by another
-/// newcomer asking the same at this moment rather than by a waiter, so then
-/// the waiters' own files say whether a live one is there or joining.
-pub fn is_occupied(dir: &LockDir, stem: &str) -> Result<bool> {
+/// Whether the waiter whose file this is still waits: it holds the file's lock exclusively.
+pub fn is_live(file: &File, path: &Path) -> Result<bool> {
+    match file.try_lock_shared() {
+        Ok(()) => Ok(false),
+        Err(fs::TryLockError::WouldBlock) => Ok(true),
+        Err(fs::TryLockError::Error(err)) => Err(Error::unavailable(
+            format!("cannot lock {}", path.display()),
+            err,
+        )),
+    }
+}
+
+/// How a waiter waits to hold the name; one whose record cannot be read is taken to wait alone.
+fn mode_of(file: &File) -> Mode {
+    first_json_value::<WaiterRecord>(file).map_or(Mode::Exclusive, |record| record.owner.mode)
+}
+
+/// True when someone `request` must not overtake is in the line of `stem`:
+/// a live waiter in its way, or one joining the line (of a mode not known yet).
+/// A free line lock says nobody is there in one call. A taken one may be held
+/// by another newcomer asking the same at this moment rather than by a
+/// waiter, so then the waiters' own files say.
+pub fn is_occupied(dir: &LockDir, stem: &str, request: &Request) -> Result<bool> {
     let path = dir.path().join(format!("{stem}{LINE_SUFFIX}"));
     let line = dir.open_lock_file(&path)?;
     match line.try_lock() {
@@ -154,7 +178,8 @@ pub fn is_occupied(dir: &LockDir, stem: &str) -> Result<bool> {
                 .into_iter()
                 .map(|ticket| waiter_path(dir.path(), stem, &ticket))
                 .collect();
-            Ok(nearest_live(&waiters)?.0.is_some() || someone_joining(dir.path(), stem)?)
+            Ok(nearest_in_the_way(&waiters, request)?.0.is_some()
+                || someone_joining(dir.path(), stem)?)
         }
         Err(fs::TryLockError::Error(err)) => Err(Error::unavailable(
             format!("cannot lock {}", path.display()),

@@ -1,12 +1,14 @@
 //! The file backend (README: "File backend"): one lock file per slot in a
 //! directory, held with flock(2), and a waiting line of files the kernel keeps
-//! in order. Nothing polls: waiters sleep in the kernel (or on inotify, for
-//! more than one slot) and wake when the line moves.
+//! in order; sharers hold slot 0's file shared (see `share`). Nothing polls:
+//! waiters sleep in the kernel (or on inotify, for more than one slot, or for
+//! a share slot when every one is taken) and wake when the line moves.
 
 mod admit;
 mod dir;
 mod fence;
 mod line;
+mod share;
 mod slot;
 mod wait;
 
@@ -17,7 +19,9 @@ use std::thread;
 use std::time::SystemTime;
 
 use super::record::{HolderRecord, WaiterRecord};
-use super::{Abilities, Attempt, Common, Entry, Line, Owner, Request, Slot, Store, Waited, Wakeup};
+use super::{
+    Abilities, Attempt, Common, Entry, Line, Mode, Owner, Request, Slot, Store, Waited, Wakeup,
+};
 use crate::error::{Error, Result};
 use crate::identity::epoch_millis;
 use crate::name::Name;
@@ -26,7 +30,8 @@ use crate::platform::proc::live_flocks;
 use crate::platform::watch::DirWatch;
 use dir::LockDir;
 use line::PlaceInLine;
-use slot::Probe;
+use slot::{Probe, SlotFile};
+use wait::LockMode;
 
 /// Its command-line options (a group of their own is not needed: clap flattens them).
 #[derive(Debug, clap::Args)]
@@ -52,10 +57,11 @@ struct FileStore {
     dir: LockDir,
     /// Our place in line, once we joined it.
     place: Option<PlaceInLine>,
-    /// The waiter just ahead of us, whose leaving we wait for.
+    /// The waiter in our way (see `line`), whose leaving we wait for.
     ahead: Option<File>,
     /// At the head of a line for more than one slot: every slot's file, kept
-    /// open (closing one would wake us), and the directory watched.
+    /// open (closing one would wake us), and the directory watched. A sharer
+    /// at the head watches it too while every share slot is taken.
     head: Option<Head>,
 }
 
@@ -80,10 +86,18 @@ impl NoSlot {
             ..Self::default()
         }
     }
+
+    fn kept(until: SystemTime) -> Self {
+        Self {
+            kept_until: Some(until),
+            ..Self::default()
+        }
+    }
 }
 
 impl FileStore {
-    /// A newcomer takes a free slot only when nobody waits: it would overtake them.
+    /// A newcomer takes a free slot only when nobody waits: it would overtake
+    /// them (a sharer, nobody but sharers, whom it joins).
     fn take_as_newcomer(
         &mut self,
         request: &Request,
@@ -92,17 +106,16 @@ impl FileStore {
         let mut kept_until = None;
         for slot in 0..request.parallelism {
             let path = slot::slot_path(self.dir.path(), stem, slot);
-            match slot::probe(self.dir.open_lock_file(&path)?, &path)? {
+            let lock = LockMode::from(request.mode());
+            match slot::probe(self.dir.open_lock_file(&path)?, &path, lock)? {
                 Probe::Free(file) => {
-                    if line::is_occupied(&self.dir, stem)? {
+                    if line::is_occupied(&self.dir, stem, request)? {
                         let _ = file.unlock();
                         // The head of the line may be watching this very file.
                         let _ = file.set_modified(SystemTime::now());
                         return Ok(Err(NoSlot::default()));
                     }
-                    return Ok(self
-                        .take(request, stem, slot, file)?
-                        .map_err(NoSlot::refused));
+                    return self.take_free(request, stem, slot, file);
                 }
                 Probe::Held => {}
                 Probe::Kept(until) => kept_until = Some(earliest(kept_until, until)),
@@ -122,22 +135,20 @@ impl FileStore {
     ) -> Result<Result<Box<dyn Slot>, NoSlot>> {
         if request.parallelism == 1 {
             let path = slot::slot_path(self.dir.path(), stem, 0);
-            return match slot::probe(self.dir.open_lock_file(&path)?, &path)? {
-                Probe::Free(file) => {
-                    Ok(self.take(request, stem, 0, file)?.map_err(NoSlot::refused))
+            let lock = LockMode::from(request.mode());
+            return match slot::probe(self.dir.open_lock_file(&path)?, &path, lock)? {
+                Probe::Free(file) => self.take_free(request, stem, 0, file),
+                Probe::Held => {
+                    // Held exclusively: a sharer waits in the kernel for it, not for a share slot.
+                    self.head = None;
+                    Ok(Err(NoSlot::default()))
                 }
-                Probe::Held => Ok(Err(NoSlot::default())),
-                Probe::Kept(until) => Ok(Err(NoSlot {
-                    kept_until: Some(until),
-                    ..NoSlot::default()
-                })),
+                Probe::Kept(until) => Ok(Err(NoSlot::kept(until))),
             };
         }
         if self.head.is_none() {
             // Watched before the first look: a slot freed in between still wakes us.
-            let watch = DirWatch::closed_or_touched_in(self.dir.path()).map_err(|err| {
-                Error::unavailable(format!("cannot watch {}", self.dir.path().display()), err)
-            })?;
+            let watch = self.watch_dir()?;
             let files = (0..request.parallelism)
                 .map(|slot| {
                     self.dir
@@ -155,7 +166,8 @@ impl FileStore {
         for (slot, open) in head.slots.iter().enumerate() {
             let path = slot::slot_path(self.dir.path(), stem, slot as u32);
             // A second descriptor of the same open file: dropping it closes nothing, so wakes nobody.
-            match slot::probe(open.try_clone().map_err(|err| unusable(&path, err))?, &path)? {
+            let open = open.try_clone().map_err(|err| unusable(&path, err))?;
+            match slot::probe(open, &path, LockMode::Exclusive)? {
                 Probe::Free(locked) => {
                     free = Some((slot as u32, locked));
                     break;
@@ -165,9 +177,7 @@ impl FileStore {
             }
         }
         match free {
-            Some((slot, locked)) => Ok(self
-                .take(request, stem, slot, locked)?
-                .map_err(NoSlot::refused)),
+            Some((slot, locked)) => self.take(request, stem, SlotFile::Lock(slot), locked, None),
             None => Ok(Err(NoSlot {
                 kept_until,
                 ..NoSlot::default()
@@ -175,18 +185,65 @@ impl FileStore {
         }
     }
 
-    /// Takes the slot whose lock `file` holds, unless a holder has another
-    /// `-p` (returned, the slot given back).
-    fn take(
+    /// Takes the free slot whose file's lock we got: for a sharer, slot 0's
+    /// file locked shared lets it take a share slot.
+    fn take_free(
         &mut self,
         request: &Request,
         stem: &str,
         slot: u32,
         file: File,
-    ) -> Result<Result<Box<dyn Slot>, u32>> {
-        let mut taken = match slot::take(&self.dir, stem, slot, file, request)? {
+    ) -> Result<Result<Box<dyn Slot>, NoSlot>> {
+        match request.mode() {
+            Mode::Exclusive => self.take(request, stem, SlotFile::Lock(slot), file, None),
+            Mode::Shared => self.take_share(request, stem, file),
+        }
+    }
+
+    /// A sharer holding `gate` (slot 0's file, locked shared) takes the lowest
+    /// free share slot. When every one is taken, a sharer in line watches the
+    /// directory for one to be let go, from before its next look on.
+    fn take_share(
+        &mut self,
+        request: &Request,
+        stem: &str,
+        gate: File,
+    ) -> Result<Result<Box<dyn Slot>, NoSlot>> {
+        loop {
+            match share::take_lowest_free(&self.dir, stem, self.head.is_some())? {
+                Ok((slot, file)) => {
+                    return self.take(request, stem, SlotFile::Share(slot), file, Some(gate));
+                }
+                Err(kept_until) if self.place.is_none() || self.head.is_some() => {
+                    let _ = gate.unlock();
+                    return Ok(Err(NoSlot {
+                        kept_until,
+                        ..NoSlot::default()
+                    }));
+                }
+                Err(_) => {
+                    self.head = Some(Head {
+                        watch: self.watch_dir()?,
+                        slots: Vec::new(),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Takes the slot whose lock `file` holds (with `gate`, for a sharer),
+    /// unless it is given back: see `slot::take`.
+    fn take(
+        &mut self,
+        request: &Request,
+        stem: &str,
+        slot: SlotFile,
+        file: File,
+        gate: Option<File>,
+    ) -> Result<Result<Box<dyn Slot>, NoSlot>> {
+        let mut taken = match slot::take(&self.dir, stem, slot, file, gate, request)? {
             Ok(taken) => taken,
-            Err(theirs) => return Ok(Err(theirs)),
+            Err(no_slot) => return Ok(Err(no_slot)),
         };
         // The directory's watch is closed only once the slot is released:
         // closing an inotify instance waits for the kernel's grace period
@@ -195,8 +252,15 @@ impl FileStore {
         Ok(Ok(Box::new(taken)))
     }
 
+    /// A watch on the lock directory for slot files let go.
+    fn watch_dir(&self) -> Result<DirWatch> {
+        DirWatch::closed_or_touched_in(self.dir.path()).map_err(|err| {
+            Error::unavailable(format!("cannot watch {}", self.dir.path().display()), err)
+        })
+    }
+
     /// Leaves the line, the one behind us woken first; returns the directory's
-    /// watch if we were at the head of a line for more than one slot.
+    /// watch if we watched it at the head of the line.
     fn leave_line(&mut self) -> Option<DirWatch> {
         if let Some(place) = self.place.take() {
             place.leave();
@@ -268,7 +332,7 @@ impl Store for FileStore {
             .ahead(self.dir.path(), &stem)?;
         // Our own lock on a file ahead would make that waiter look alive.
         self.ahead = None;
-        let (nearest, dead) = line::nearest_live(&ahead)?;
+        let (nearest, dead) = line::nearest_in_the_way(&ahead, request)?;
         self.ahead = nearest;
         let mut moves_by = None;
         if self.ahead.is_none() {
@@ -297,18 +361,16 @@ impl Store for FileStore {
     fn wait(&mut self, request: &Request, until: Moment) -> Result<Waited> {
         let stem = request.name.stem();
         if let Some(ahead) = self.ahead.take() {
-            // Woken when the waiter ahead of us takes a slot, gives up or dies.
-            return Ok(Waited::told(wait::lock_until(
-                &ahead,
-                until,
-                self.dir.path(),
-            )?));
+            // Woken when the waiter in our way takes a slot, gives up or dies.
+            let left = wait::lock_until(&ahead, LockMode::Shared, until, self.dir.path())?;
+            return Ok(Waited::told(left));
         }
         if let Some(head) = &self.head {
+            // A sharer waits for a share file; our own looks at slot 0's file wake nobody then.
             let lock_file = |name: &std::ffi::OsString| {
                 name.to_str()
-                    .and_then(slot::parse_slot_file_name)
-                    .is_some_and(|(s, _)| s == stem)
+                    .and_then(SlotFile::parse)
+                    .is_some_and(|(s, slot)| s == stem && slot.mode() == request.mode())
             };
             while !until.has_passed() {
                 let changed = head.watch.changes(until.remaining()).map_err(|err| {
@@ -320,23 +382,30 @@ impl Store for FileStore {
             }
             return Ok(Waited::Quiet);
         }
-        // The head of a one-slot line waits in the kernel for the slot itself, as flock(1) does.
+        // The head of a one-slot line waits in the kernel for the slot itself,
+        // as flock(1) does; the sharers at the head for a shared lock on it, as
+        // flock -s does, so that the release that lets them in wakes them all.
         let path = slot::slot_path(self.dir.path(), &stem, 0);
         let file = self.dir.open_lock_file(&path)?;
-        if !wait::lock_until(&file, until, &path)? {
+        if !wait::lock_until(&file, request.mode().into(), until, &path)? {
             return Ok(Waited::Quiet);
         }
-        match slot::free_or_kept(file) {
-            Probe::Free(file) => Ok(match self.take(request, &stem, 0, file)? {
-                Ok(slot) => Waited::Taken(slot),
-                // The next look says why.
-                Err(_) => Waited::Moved,
-            }),
-            Probe::Kept(kept_until) => {
+        let taken = match slot::free_or_kept(file) {
+            Probe::Free(file) => self.take_free(request, &stem, 0, file)?,
+            Probe::Kept(kept_until) => Err(NoSlot::kept(kept_until)),
+            Probe::Held => unreachable!("the lock was just got"),
+        };
+        match taken {
+            Ok(slot) => Ok(Waited::Taken(slot)),
+            Err(NoSlot {
+                kept_until: Some(kept_until),
+                ..
+            }) => {
                 thread::sleep(moment_of(kept_until).min(until).remaining());
                 Ok(Waited::Moved)
             }
-            Probe::Held => unreachable!("the lock was just got"),
+            // The next look says why.
+            Err(_) => Ok(Waited::Moved),
         }
     }
 
@@ -363,7 +432,7 @@ impl Store for FileStore {
                 continue;
             };
             let path = entry.path();
-            if let Some((stem, slot)) = slot::parse_slot_file_name(file_name) {
+            if let Some((stem, slot)) = SlotFile::parse(file_name) {
                 if wanted.as_deref().is_some_and(|wanted| wanted != stem) {
                     continue;
                 }
@@ -417,20 +486,20 @@ impl Store for FileStore {
 /// the one whose `--min-hold` still keeps the slot.
 fn holder_entry(
     stem: &str,
-    slot: u32,
+    slot: SlotFile,
     record: Option<HolderRecord>,
     lock_pid: Option<u32>,
     now: u64,
 ) -> Option<Entry> {
     match (record, lock_pid) {
-        (Some(record), Some(_)) => Some(record.entry(slot)),
+        (Some(record), Some(_)) => Some(record.entry(slot.number())),
         (Some(record), None) if record.kept_until.is_some_and(|until| until > now) => {
-            Some(record.entry(slot))
+            Some(record.entry(slot.number()))
         }
         // Locked, but not (yet) by a holder that wrote its record.
         (_, Some(pid)) => Some(Entry {
             name: stem.to_owned(),
-            slot: Some(slot),
+            slot: Some(slot.number()),
             position: 0,
             pid,
             host: String::new(),
@@ -438,7 +507,7 @@ fn holder_entry(
             since: None,
             expires_at: None,
             fence: None,
-            mode: super::Mode::Exclusive,
+            mode: slot.mode(),
         }),
         _ => None,
     }

@@ -1,6 +1,7 @@
 //! Slot files: `NAME.SLOT.lock` is held with flock(2) by the slot's holder and,
 //! while held, names the holder and its fence; after a `--min-hold` release it
-//! says until when the slot stays taken though nobody holds its lock. Files are
+//! says until when the slot stays taken though nobody holds its lock. A sharer's
+//! record is in a share file, `NAME.SLOT.shared`, alike (see `share`). Files are
 //! never deleted: a waiter blocked on a deleted file's inode would never see the
 //! next holder.
 
@@ -10,26 +11,65 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use super::dir::LockDir;
-use super::{admit, fence};
+use super::wait::LockMode;
+use super::{NoSlot, admit, fence, share};
 use crate::backend::record::HolderRecord;
-use crate::backend::{Released, Renewal, Request, Slot};
+use crate::backend::{Mode, Released, Renewal, Request, Slot};
 use crate::error::{Error, Result};
 use crate::identity::epoch_millis;
 use crate::platform::clock::Moment;
 use crate::platform::watch::DirWatch;
 
 pub const LOCK_SUFFIX: &str = ".lock";
+const SHARE_SUFFIX: &str = ".shared";
 /// More than any record lockrun writes: a larger file is not read further.
 pub const MAX_RECORD: u64 = 64 * 1024;
 
-/// `STEM.SLOT.lock` → (STEM, SLOT).
-pub fn parse_slot_file_name(file_name: &str) -> Option<(&str, u32)> {
-    let (stem, slot) = file_name.strip_suffix(LOCK_SUFFIX)?.rsplit_once('.')?;
-    Some((stem, slot.parse().ok()?))
+/// The file a holder's record is in: its slot's (an exclusive holder) or its
+/// share file (a sharer, who also holds slot 0's file shared).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotFile {
+    Lock(u32),
+    Share(u32),
+}
+
+impl SlotFile {
+    /// `STEM.SLOT.lock` or `STEM.SLOT.shared` → (STEM, the slot file).
+    pub fn parse(file_name: &str) -> Option<(&str, Self)> {
+        let numbered = |suffix| -> Option<(&str, u32)> {
+            let (stem, slot) = file_name.strip_suffix(suffix)?.rsplit_once('.')?;
+            Some((stem, slot.parse().ok()?))
+        };
+        numbered(LOCK_SUFFIX)
+            .map(|(stem, slot)| (stem, Self::Lock(slot)))
+            .or_else(|| numbered(SHARE_SUFFIX).map(|(stem, slot)| (stem, Self::Share(slot))))
+    }
+
+    pub fn path(self, dir: &Path, stem: &str) -> PathBuf {
+        match self {
+            Self::Lock(slot) => dir.join(format!("{stem}.{slot}{LOCK_SUFFIX}")),
+            Self::Share(slot) => dir.join(format!("{stem}.{slot}{SHARE_SUFFIX}")),
+        }
+    }
+
+    /// The slot's number, as `LOCKRUN_SLOT` and `status` show it.
+    pub fn number(self) -> u32 {
+        match self {
+            Self::Lock(slot) | Self::Share(slot) => slot,
+        }
+    }
+
+    /// How its holder holds the name.
+    pub fn mode(self) -> Mode {
+        match self {
+            Self::Lock(_) => Mode::Exclusive,
+            Self::Share(_) => Mode::Shared,
+        }
+    }
 }
 
 pub fn slot_path(dir: &Path, stem: &str, slot: u32) -> PathBuf {
-    dir.join(format!("{stem}.{slot}{LOCK_SUFFIX}"))
+    SlotFile::Lock(slot).path(dir, stem)
 }
 
 /// What trying a slot's lock found.
@@ -42,9 +82,10 @@ pub enum Probe {
     Kept(SystemTime),
 }
 
-/// Tries the lock of an open slot file without waiting.
-pub fn probe(file: File, path: &Path) -> Result<Probe> {
-    match file.try_lock() {
+/// Tries the lock of an open slot file without waiting: exclusive, or shared
+/// for a sharer at slot 0's.
+pub fn probe(file: File, path: &Path, mode: LockMode) -> Result<Probe> {
+    match mode.try_lock(&file) {
         Ok(()) => Ok(free_or_kept(file)),
         Err(fs::TryLockError::WouldBlock) => Ok(Probe::Held),
         Err(fs::TryLockError::Error(err)) => Err(Error::unavailable(
@@ -56,17 +97,21 @@ pub fn probe(file: File, path: &Path) -> Result<Probe> {
 
 /// A slot whose lock we just got: free, unless its last holder kept it (the lock is let go then).
 pub fn free_or_kept(file: File) -> Probe {
-    let kept = read_record(&file)
-        .and_then(|record| record.kept_until)
-        .map(|until| SystemTime::UNIX_EPOCH + Duration::from_millis(until))
-        .filter(|until| *until > SystemTime::now());
-    match kept {
+    match kept_until(&file) {
         Some(until) => {
             let _ = file.unlock();
             Probe::Kept(until)
         }
         None => Probe::Free(file),
     }
+}
+
+/// Until when a `--min-hold` keeps the slot of `file` taken, if it still does.
+pub fn kept_until(file: &File) -> Option<SystemTime> {
+    read_record(file)
+        .and_then(|record| record.kept_until)
+        .map(|until| SystemTime::UNIX_EPOCH + Duration::from_millis(until))
+        .filter(|until| *until > SystemTime::now())
 }
 
 /// The record in a slot file, if it holds one (it is read only so far).
@@ -86,27 +131,37 @@ pub fn first_json_value<T: serde::de::DeserializeOwned>(file: &File) -> Option<T
         .ok()
 }
 
-/// Makes the slot whose lock `file` holds ours for `request`, under the fence
+/// Makes the slot whose lock `file` holds ours for `request` (a sharer's
+/// share file, with `gate`, slot 0's file, locked shared), under the fence
 /// counter's lock (waited for no later than its deadline): unless a holder has
-/// another `-p` (then the slot is given back and that `-p` returned), numbers
-/// the acquisition and writes our record.
+/// another `-p`, or sharers that `--min-hold` keeps hold the slot 0 an
+/// exclusive run took (then the slot is given back and that said), numbers the
+/// acquisition and writes our record.
 pub fn take(
     dir: &LockDir,
     stem: &str,
-    slot: u32,
+    slot: SlotFile,
     file: File,
+    gate: Option<File>,
     request: &Request,
-) -> Result<Result<FileSlot, u32>> {
+) -> Result<Result<FileSlot, NoSlot>> {
     let taken_at = Moment::now();
     let last_of_slot = read_record(&file).map_or(0, |record| record.fence);
     let counter = fence::Counter::lock(dir, stem, request.deadline)?;
-    if let Some(theirs) =
-        admit::other_parallelism(dir, stem, Some(slot), request.parallelism, false)?
+    let refused = match admit::other_parallelism(dir, stem, Some(slot), request.parallelism, false)?
     {
+        Some(theirs) => Some(NoSlot::refused(theirs)),
+        None if slot == SlotFile::Lock(0) => share::kept_until(dir.path(), stem)?.map(NoSlot::kept),
+        None => None,
+    };
+    if let Some(no_slot) = refused {
         let _ = file.unlock();
         // Touched, so that a waiter watching the directory looks again.
         let _ = file.set_modified(SystemTime::now());
-        return Ok(Err(theirs));
+        if let Some(gate) = gate {
+            let _ = gate.unlock();
+        }
+        return Ok(Err(no_slot));
     }
     let record = HolderRecord {
         name: request.name.to_string(),
@@ -115,12 +170,13 @@ pub fn take(
         fence: counter.next(last_of_slot)?,
         kept_until: None,
     };
-    let path = slot_path(dir.path(), stem, slot);
+    let path = slot.path(dir.path(), stem);
     // Written under the counter's lock: whoever is let in next sees our -p.
     write_record(&file, &record, &path)?;
     drop(counter);
     Ok(Ok(FileSlot {
         file,
+        gate,
         path,
         slot,
         record,
@@ -142,8 +198,10 @@ fn write_record(file: &File, record: &HolderRecord, path: &Path) -> Result<()> {
 /// lockrun (or its watchdog, which shares the open file) lives.
 pub struct FileSlot {
     file: File,
+    /// A sharer's lock on slot 0's file, which keeps exclusive runs out.
+    gate: Option<File>,
     path: PathBuf,
-    slot: u32,
+    slot: SlotFile,
     record: HolderRecord,
     taken_at: Moment,
     /// The watch its waiter had on the directory, closed only with the slot (see `FileStore::take`).
@@ -159,7 +217,7 @@ impl FileSlot {
 
 impl Slot for FileSlot {
     fn number(&self) -> u32 {
-        self.slot
+        self.slot.number()
     }
 
     fn fence(&self) -> u64 {
@@ -191,6 +249,11 @@ impl Slot for FileSlot {
         let _ = self.file.unlock();
         // Touched, so that a waiter watching the directory for more than one slot wakes now.
         let _ = self.file.set_modified(SystemTime::now());
+        // Let go last, once our share file says whether --min-hold keeps the
+        // slot: the exclusive run this lets in reads that.
+        if let Some(gate) = &self.gate {
+            let _ = gate.unlock();
+        }
         // The kernel held the lock for as long as we lived: it cannot have been lost.
         written.map(|()| Released::Ours)
     }
@@ -202,9 +265,12 @@ mod tests {
 
     #[test]
     fn slot_file_names_parse_from_the_right() {
-        assert_eq!(parse_slot_file_name("backup.0.lock"), Some(("backup", 0)));
-        assert_eq!(parse_slot_file_name("a.1.12.lock"), Some(("a.1", 12)));
-        assert_eq!(parse_slot_file_name("backup.fence"), None);
-        assert_eq!(parse_slot_file_name("backup.x.lock"), None);
+        let parse = SlotFile::parse;
+        assert_eq!(parse("backup.0.lock"), Some(("backup", SlotFile::Lock(0))));
+        assert_eq!(parse("a.1.12.lock"), Some(("a.1", SlotFile::Lock(12))));
+        assert_eq!(parse("a.1.7.shared"), Some(("a.1", SlotFile::Share(7))));
+        assert_eq!(parse("backup.fence"), None);
+        assert_eq!(parse("backup.x.lock"), None);
+        assert_eq!(parse("backup.line"), None);
     }
 }

@@ -6,6 +6,7 @@ use std::io;
 use std::path::Path;
 use std::time::Duration;
 
+use crate::backend::Mode;
 use crate::error::{Error, Result};
 use crate::platform::alarm::Alarm;
 use crate::platform::clock::Moment;
@@ -28,42 +29,11 @@ pub fn brief_lock_deadline(deadline: Option<Moment>) -> Moment {
     Moment::now() + patience
 }
 
-/// Blocks on `file`'s exclusive lock until we get it or `until` passes; true when we got it.
-pub fn lock_until(file: &File, until: Moment, path: &Path) -> Result<bool> {
-    blocking_until(file, LockMode::Exclusive, until, path)
-}
-
-/// Blocks on `file`'s shared lock until we get it or `until` passes; true when we got it.
-pub fn lock_shared_until(file: &File, until: Moment, path: &Path) -> Result<bool> {
-    blocking_until(file, LockMode::Shared, until, path)
-}
-
-#[derive(Clone, Copy)]
-enum LockMode {
-    Exclusive,
-    Shared,
-}
-
-impl LockMode {
-    fn try_lock(self, file: &File) -> std::result::Result<(), TryLockError> {
-        match self {
-            Self::Exclusive => file.try_lock(),
-            Self::Shared => file.try_lock_shared(),
-        }
-    }
-
-    fn lock(self, file: &File) -> io::Result<()> {
-        match self {
-            Self::Exclusive => file.lock(),
-            Self::Shared => file.lock_shared(),
-        }
-    }
-}
-
-fn blocking_until(file: &File, sharing: LockMode, until: Moment, path: &Path) -> Result<bool> {
+/// Blocks on `file`'s lock until we get it or `until` passes; true when we got it.
+pub fn lock_until(file: &File, mode: LockMode, until: Moment, path: &Path) -> Result<bool> {
     let failed = |err| Error::unavailable(format!("cannot lock {}", path.display()), err);
     // A free lock is taken without arming the alarm (six system calls, for most locks).
-    match sharing.try_lock(file) {
+    match mode.try_lock(file) {
         Ok(()) => return Ok(true),
         Err(TryLockError::WouldBlock) => {}
         Err(TryLockError::Error(err)) => return Err(failed(err)),
@@ -75,7 +45,7 @@ fn blocking_until(file: &File, sharing: LockMode, until: Moment, path: &Path) ->
     let _alarm = Alarm::after(until.remaining())
         .map_err(|err| Error::internal("arming the wait's alarm", err))?;
     loop {
-        match sharing.lock(file) {
+        match mode.lock(file) {
             Ok(()) => return Ok(true),
             Err(err) if err.kind() == io::ErrorKind::Interrupted => {
                 if until.has_passed() {
@@ -83,6 +53,40 @@ fn blocking_until(file: &File, sharing: LockMode, until: Moment, path: &Path) ->
                 }
             }
             Err(err) => return Err(failed(err)),
+        }
+    }
+}
+
+/// How a file is locked: by one process alone, or shared with others (flock(2)'s
+/// `LOCK_EX` and `LOCK_SH`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockMode {
+    Exclusive,
+    Shared,
+}
+
+impl From<Mode> for LockMode {
+    /// An exclusive run locks slot files exclusively; a sharer locks slot 0's shared.
+    fn from(mode: Mode) -> Self {
+        match mode {
+            Mode::Exclusive => Self::Exclusive,
+            Mode::Shared => Self::Shared,
+        }
+    }
+}
+
+impl LockMode {
+    pub fn try_lock(self, file: &File) -> std::result::Result<(), TryLockError> {
+        match self {
+            Self::Exclusive => file.try_lock(),
+            Self::Shared => file.try_lock_shared(),
+        }
+    }
+
+    fn lock(self, file: &File) -> io::Result<()> {
+        match self {
+            Self::Exclusive => file.lock(),
+            Self::Shared => file.lock_shared(),
         }
     }
 }

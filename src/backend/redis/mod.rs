@@ -1,8 +1,9 @@
 //! The Redis backend (README: "Redis backend"): leases as slot keys with a PX
 //! TTL kept by the server, a waiting line as a sorted set by ticket, changed
-//! only by atomic Lua scripts that check tokens; a release wakes the one
-//! waiter the freed slot is for, through a list it BLPOPs. Where the server
-//! is (one node, Sentinel's primary, a Cluster's node) is the link's business.
+//! only by atomic Lua scripts that check tokens and modes; a release wakes
+//! the waiters the freed slot is for (the head of the line, or every sharer
+//! at its head at once), through lists they BLPOP. Where the server is (one
+//! node, Sentinel's primary, a Cluster's node) is the link's business.
 
 mod cluster;
 mod link;
@@ -17,7 +18,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::{Duration, SystemTime};
 
-use super::record::{HolderRecord, WaiterRecord, local_ahead, sort, waiting};
+use super::record::{HolderRecord, WaiterRecord, sort, waiting};
 use super::{Abilities, Attempt, Common, Entry, Line, Owner, Request, Store, Waited};
 use crate::error::{Error, Result};
 use crate::identity::epoch_millis;
@@ -65,8 +66,9 @@ impl Options {
 }
 
 /// The acquire script's answer: taken (1) with slot and fence, or not (0) with
-/// place, earliest holder PTTL, and the records of holders and the waiter ahead on our host.
-type Reply = (i64, i64, i64, Vec<String>, Vec<String>);
+/// place, when what we watch lapses first (PTTL), and the records of what we
+/// watch (holders, or the waiters right ahead) on our host.
+type Reply = (i64, i64, i64, Vec<String>);
 
 /// What an acquisition is called in messages.
 const ACQUIRING: &str = "acquiring a slot";
@@ -247,10 +249,11 @@ impl Store for RedisStore {
         })?;
         let fence = keys.fence();
         let mut invocation = self.scripts.acquire.key(&fence);
-        invocation.key(keys.line()).key(keys.ticket());
-        for slot in keys.slots(request.parallelism) {
-            invocation.key(slot);
-        }
+        invocation
+            .key(keys.line())
+            .key(keys.ticket())
+            .key(keys.sharers())
+            .key(keys.widest());
         invocation
             .arg(&owner.token)
             .arg(holder)
@@ -260,11 +263,12 @@ impl Store for RedisStore {
             .arg(keys.base())
             .arg(&owner.process.boot_id)
             .arg(WAKE_TTL.as_millis() as u64)
-            .arg(request.parallelism);
+            .arg(request.parallelism)
+            .arg(request.mode().as_str());
         let sent = Moment::now();
         // Safe to repeat after a lost reply: a second run finds our slot ours, or our place kept.
         let replicas = self.replicas;
-        let ((taken, first, second, holders, before), acknowledged): (Reply, u32) = self
+        let ((taken, first, second, watched), acknowledged): (Reply, u32) = self
             .link
             .borrow_mut()
             .call(Route::Key(&fence), ACQUIRING, FREE_CALL, |c| {
@@ -292,17 +296,15 @@ impl Store for RedisStore {
         if taken == 2 {
             return Ok(Attempt::Waiting(Line::refused(first as u32)));
         }
-        let owners = |records: Vec<String>| -> Vec<Owner> {
-            records
-                .iter()
-                .filter_map(|record| serde_json::from_str(record).ok())
-                .collect()
-        };
-        let (holders, before) = (owners(holders), owners(before));
-        let position = first as u32;
+        // The script chose what we watch (README: "The waiting line"); of it, what runs here.
+        let local_ahead = watched
+            .iter()
+            .filter_map(|record| serde_json::from_str::<Owner>(record).ok())
+            .filter(|ahead| ahead.process.shares_host_with(&owner.process))
+            .collect();
         Ok(Attempt::Waiting(Line {
-            position,
-            local_ahead: local_ahead(&owner.process, position, holders.iter(), before.first()),
+            position: first as u32,
+            local_ahead,
             // PTTL rounds down: one more millisecond and the key has certainly expired.
             moves_by: u64::try_from(second)
                 .ok()
@@ -315,9 +317,7 @@ impl Store for RedisStore {
         let keys = self.keys(&request.name);
         let line = keys.line();
         let mut invocation = self.scripts.evict.key(&line);
-        for slot in keys.slots(request.parallelism) {
-            invocation.key(slot);
-        }
+        invocation.key(keys.sharers()).key(keys.widest());
         invocation.arg(keys.base()).arg(WAKE_TTL.as_millis() as u64);
         for owner in owners {
             invocation.arg(&owner.token);
@@ -414,7 +414,7 @@ impl Store for RedisStore {
                 &keys,
                 &key,
                 &record.owner.token,
-                Duration::ZERO,
+                Release::Break,
                 FREE_CALL,
             )? {
                 broken.push(record.entry(slot));
@@ -430,26 +430,48 @@ impl Store for RedisStore {
     }
 }
 
-/// Frees the slot at `key` if it is held with `token` (or keeps it taken for
-/// `keep`), waking the head of the line. False when the slot was not (any
-/// longer) held with it.
+/// What a release does with a slot. Its holder's release is remembered for
+/// as long as the call may be made again, so that one whose answer was lost
+/// is not found lost when made again.
+#[derive(Clone, Copy)]
+pub(super) enum Release {
+    /// Its holder frees it.
+    Free,
+    /// Its holder keeps it taken this long (`--min-hold`).
+    Keep(Duration),
+    /// An operator takes it away from its holder (`release --force`), whose
+    /// own release must then find it lost: nothing is remembered.
+    Break,
+}
+
+/// Releases the slot at `key` if it is held with `token`, waking the waiters
+/// it is for. False when the slot was not (any longer) held with it.
 pub(super) fn release(
     link: &RefCell<RedisLink>,
     scripts: &Scripts,
     keys: &RedisKeys,
     key: &str,
     token: &str,
-    keep: Duration,
+    how: Release,
     timeout: Duration,
 ) -> Result<bool> {
+    let (keep, remember) = match how {
+        Release::Free => (Duration::ZERO, timeout),
+        Release::Keep(keep) => (keep, timeout),
+        Release::Break => (Duration::ZERO, Duration::ZERO),
+    };
     let mut invocation = scripts.release.key(key);
-    invocation.key(keys.line());
+    invocation
+        .key(keys.line())
+        .key(keys.sharers())
+        .key(keys.widest());
     invocation
         .arg(token)
         .arg(keep.as_millis() as u64)
         .arg(epoch_millis(SystemTime::now() + keep))
         .arg(keys.base())
-        .arg(WAKE_TTL.as_millis() as u64);
+        .arg(WAKE_TTL.as_millis() as u64)
+        .arg(remember.as_millis() as u64);
     let released: i64 =
         link.borrow_mut()
             .call(Route::Key(key), "releasing the lock", timeout, |c| {

@@ -7,14 +7,19 @@
 //! - `PREFIX:{STEM}:slot:N`: the holder of slot N, a JSON record with a PX TTL;
 //! - `PREFIX:{STEM}:fence`: the fence counter, without TTL;
 //! - `PREFIX:{STEM}:line`: the waiting line, a sorted set of waiters' tokens by ticket;
+//! - `PREFIX:{STEM}:sharers`: the shared waiters of the line, by the same tickets;
 //! - `PREFIX:{STEM}:ticket`: the ticket counter;
-//! - `PREFIX:{STEM}:widest`: the largest `-p` a run of the name took or waited
-//!   with, without TTL: every holder's slot is below it;
+//! - `PREFIX:{STEM}:widest`: one more than the highest slot taken, without
+//!   TTL: every holder's slot is below it (older lockruns also raised it to
+//!   the `-p` of every run that looked);
 //! - `PREFIX:{STEM}:waiter:TOKEN`: a waiter's JSON record, with a PX TTL its waiter refreshes;
-//! - `PREFIX:{STEM}:wake:TOKEN`: a short-lived list a waiter BLPOPs, pushed to when it may go.
+//! - `PREFIX:{STEM}:wake:TOKEN`: a short-lived list a waiter BLPOPs, pushed to when it may go;
+//! - `PREFIX:{STEM}:released:TOKEN`: set by a release for as long as the
+//!   release may be made again (its answer lost), which then knows it was done.
 
 use redis::Script;
 
+use crate::backend::MAX_SHARERS;
 use crate::name::Name;
 
 pub struct RedisKeys {
@@ -44,16 +49,20 @@ impl RedisKeys {
         format!("{}slot:{slot}", self.base)
     }
 
-    pub fn slots(&self, parallelism: u32) -> impl Iterator<Item = String> + '_ {
-        (0..parallelism).map(|slot| self.slot(slot))
-    }
-
     pub fn fence(&self) -> String {
         format!("{}fence", self.base)
     }
 
     pub fn line(&self) -> String {
         format!("{}line", self.base)
+    }
+
+    pub fn sharers(&self) -> String {
+        format!("{}sharers", self.base)
+    }
+
+    pub fn widest(&self) -> String {
+        format!("{}widest", self.base)
     }
 
     pub fn ticket(&self) -> String {
@@ -98,7 +107,7 @@ fn glob_escape(text: &str) -> String {
     escaped
 }
 
-/// Shared by the scripts below.
+/// Shared by the scripts below (after `MAX_SHARERS`, set from Rust's constant).
 const PRELUDE: &str = r#"
 local function decoded(value)
   local ok, record = pcall(cjson.decode, value)
@@ -127,58 +136,75 @@ local function take(key, fence_key, meta, ttl)
   return fence
 end
 
--- The numbers of the free slots among `keys[first..]`, slot 0 first, and
--- the one `token` holds already, if any.
-local function free_slots(keys, first, token)
-  local free, mine = {}, nil
-  local marker = '"token":"' .. token .. '"'
-  for i = first, #keys do
-    local value = redis.call('GET', keys[i])
-    if not value then
-      table.insert(free, i - first)
-    elseif string.find(value, marker, 1, true) then
-      mine = i - first
-    end
+-- One more than the highest slot any holder may be in: slots 0 .. widest - 1 hold them all.
+local function widest_slot(key)
+  return tonumber(redis.call('GET', key) or '0')
+end
+
+-- The holders of slots 0 .. span - 1, by slot number: each its JSON and its record.
+local function holders(base, span)
+  local held = {}
+  for slot = 0, span - 1 do
+    local value = redis.call('GET', base .. 'slot:' .. slot)
+    if value then held[slot] = {value = value, record = decoded(value)} end
   end
-  return free, mine
+  return held
 end
 
 -- Drops the waiters at the head of the line whose places lapsed (they stopped
--- asking); returns the first live one's token, if any.
-local function head(line, base)
+-- asking); true when it dropped any: the line moved.
+local function drop_lapsed(line, sharers, base)
+  local dropped = false
   while true do
     local token = redis.call('ZRANGE', line, 0, 0)[1]
-    if not token or redis.call('EXISTS', base .. 'waiter:' .. token) == 1 then return token end
+    if not token or redis.call('EXISTS', base .. 'waiter:' .. token) == 1 then return dropped end
     redis.call('ZREM', line, token)
+    redis.call('ZREM', sharers, token)
+    dropped = true
   end
 end
 
-local function push(base, token, wake_ttl)
-  redis.call('LPUSH', base .. 'wake:' .. token, '1')
-  redis.call('PEXPIRE', base .. 'wake:' .. token, wake_ttl)
+-- The waiters that go first: the head and, when it is shared, the shared
+-- waiters right behind it, who go with it (at most MAX_SHARERS); then the
+-- waiter after them, if any.
+local function front(line, sharers)
+  local head = redis.call('ZRANGE', line, 0, 0)[1]
+  if not head then return {}, nil end
+  local group = {head}
+  if not redis.call('ZSCORE', sharers, head) then
+    return group, redis.call('ZRANGE', line, 1, 1)[1]
+  end
+  while true do
+    local token = redis.call('ZRANGE', line, #group, #group)[1]
+    if not token or not redis.call('ZSCORE', sharers, token) or #group == MAX_SHARERS then
+      return group, token
+    end
+    table.insert(group, token)
+  end
 end
 
--- Wakes the waiter at the head of the line: a slot is free for it.
-local function wake(line, base, wake_ttl)
-  local token = head(line, base)
-  if token then push(base, token, wake_ttl) end
+local function wake(base, tokens, wake_ttl)
+  for _, token in ipairs(tokens) do
+    redis.call('LPUSH', base .. 'wake:' .. token, '1')
+    redis.call('PEXPIRE', base .. 'wake:' .. token, wake_ttl)
+  end
 end
 
--- Wakes the first two waiters after the line moved: the head may take a free
--- slot, the second watches whether the head still lives. Slots go out in
--- line order, one wake at a time; the waiters further back sleep on.
-local function wake_front(line, base, wake_ttl)
-  head(line, base)
-  for _, token in ipairs(redis.call('ZRANGE', line, 0, 1)) do push(base, token, wake_ttl) end
+-- Wakes the front after the line moved: the head (with its sharers) may take
+-- a free slot, the waiter after them watches whether they still live. Slots
+-- go out in line order; the waiters further back sleep on.
+local function wake_front(line, sharers, base, wake_ttl)
+  local group, after = front(line, sharers)
+  if after then table.insert(group, after) end
+  wake(base, group, wake_ttl)
 end
 
--- The `-p` that the name's holders and waiters recorded, if any did (older
--- lockruns did not). They all agree, as this script lets in no other, so the
--- first one found says it. Every holder's slot lies below `widest`.
-local function parallelism_in_use(base, line, widest)
-  for slot = 0, widest - 1 do
-    local theirs = decoded(redis.call('GET', base .. 'slot:' .. slot) or '').parallelism
-    if theirs then return theirs end
+-- The `-p` that the name's holders (`held`) and waiters recorded, if any did
+-- (older lockruns did not). They all agree, as this script lets in no
+-- other, so the first one found says it.
+local function parallelism_in_use(held, line, base)
+  for _, holder in pairs(held) do
+    if holder.record.parallelism then return holder.record.parallelism end
   end
   for _, token in ipairs(redis.call('ZRANGE', line, 0, -1)) do
     local theirs = decoded(redis.call('GET', base .. 'waiter:' .. token) or '').parallelism
@@ -186,104 +212,150 @@ local function parallelism_in_use(base, line, widest)
   end
 end
 
+-- Request::admitted in Rust (README: "Shared locks"): a run that holds alone
+-- needs fewer than `capacity` holders and nobody ahead; a shared one needs no
+-- holder that holds alone, fewer than `capacity` holders, and only sharers
+-- ahead (`ahead` waiters, `shared_ahead` of them shared).
+local function admitted(shared, capacity, held, ahead, shared_ahead)
+  local count = 0
+  for _, holder in pairs(held) do
+    if shared and holder.record.mode ~= 'shared' then return false end
+    count = count + 1
+  end
+  return count < capacity and (ahead == 0 or (shared and shared_ahead == ahead))
+end
+
+-- The lowest slot below `capacity` that nobody in `held` holds.
+local function lowest_free(held, capacity)
+  for slot = 0, capacity - 1 do
+    if not held[slot] then return slot end
+  end
+end
+
 -- Redis before 5 replicates scripts, not their effects, and refuses writes after TIME.
 if redis.replicate_commands then redis.replicate_commands() end
 "#;
 
-/// KEYS: fence, line, ticket, slot 0 .. slot N-1. ARGV: token, holder JSON,
-/// waiter JSON, TTL ms, 1 to join the line (0: only look), key base, our boot
-/// id, wake TTL ms, our `-p`. A newcomer whose `-p` is not that of the name's
+/// KEYS: fence, line, ticket, sharers, widest. ARGV: token, holder JSON, waiter
+/// JSON, TTL ms, 1 to join the line (0: only look), key base, our boot id, wake
+/// TTL ms, our `-p`, our mode. A newcomer whose `-p` is not that of the name's
 /// holders and waiters gets {2, theirs} and changes nothing (README: "Slots").
 /// A slot our token holds already (our last answer was lost) is ours again,
-/// for another TTL: {1, slot, its fence}. Else takes a free slot when nobody
-/// waits ahead of us: returns {1, slot, fence}
-/// (and wakes the next waiter if another slot is free). Else joins (or stays
-/// in) the line, keeping our place for another TTL, and returns {0, place (0:
-/// not in line), PTTL or -1, {records of holders}, {record of the head}}, the
-/// records only for owners on our boot. At the head of the line (or not in
-/// it) that is about the holders and the earliest lease's end; second in line,
-/// about the head and when its place lapses; further back, nothing.
+/// for another TTL: {1, slot, its fence}. Else takes the lowest free slot when
+/// `admitted` lets us (the modes of the holders and of the waiters ahead):
+/// {1, slot, fence}. Else joins (or stays in) the line, keeping our place for
+/// another TTL, and returns {0, place (0: not in line), PTTL or -1, {records}},
+/// the records only of owners on our boot: at the head of the line (or not in
+/// it, or among the sharers at its head) the holders and the earliest lease's
+/// end; right behind the head (one waiter, or the sharers there), those
+/// waiters and when the first of their places lapses; further back, nothing.
 const ACQUIRE: &str = r#"
 local token, base, ttl = ARGV[1], ARGV[6], ARGV[4]
-local line = KEYS[2]
-local free, mine = free_slots(KEYS, 4, token)
+local ours, shared = tonumber(ARGV[9]), ARGV[10] == 'shared'
+local fence_key, line, ticket, sharers, widest_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local widest = widest_slot(widest_key)
+local held = holders(base, math.max(widest, ours))
 -- Asked again after a lost answer (a connection cut, a failover): the slot is ours already.
-if mine then
-  local value = redis.call('GET', KEYS[mine + 4])
-  redis.call('PEXPIRE', KEYS[mine + 4], ttl)
-  return {1, mine, decoded(value).fence, {}, {}}
+for slot, holder in pairs(held) do
+  if holder.record.token == token then
+    redis.call('PEXPIRE', base .. 'slot:' .. slot, ttl)
+    return {1, slot, holder.record.fence, {}}
+  end
 end
 -- Places of waiters that stopped asking lapse here, before anyone counts them.
-head(line, base)
+local moved = drop_lapsed(line, sharers, base)
 local rank = redis.call('ZRANK', line, token)
 if not rank then
-  local ours = tonumber(ARGV[9])
-  local widest = tonumber(redis.call('GET', base .. 'widest') or '0')
-  local theirs = parallelism_in_use(base, line, math.max(widest, ours))
-  if theirs and theirs ~= ours then return {2, theirs, 0, {}, {}} end
-  if ours > widest then redis.call('SET', base .. 'widest', ours) end
+  local theirs = parallelism_in_use(held, line, base)
+  if theirs and theirs ~= ours then return {2, theirs, 0, {}} end
 end
 local ahead = rank or redis.call('ZCARD', line)
-if ahead == 0 and #free > 0 then
+local shared_ahead = 0
+if rank and rank > 0 then
+  shared_ahead = redis.call('ZCOUNT', sharers, '-inf', '(' .. redis.call('ZSCORE', line, token))
+elseif not rank then
+  shared_ahead = redis.call('ZCARD', sharers)
+end
+local capacity = ours
+if shared then capacity = MAX_SHARERS end
+local slot = admitted(shared, capacity, held, ahead, shared_ahead) and lowest_free(held, capacity)
+local wake_key = base .. 'wake:' .. token
+if slot then
   if rank then
     redis.call('ZREM', line, token)
+    redis.call('ZREM', sharers, token)
     redis.call('DEL', base .. 'waiter:' .. token)
   end
-  redis.call('DEL', base .. 'wake:' .. token)
-  local slot = free[1]
-  local fence = take(KEYS[slot + 4], KEYS[1], ARGV[2], ttl)
-  if rank then wake_front(line, base, ARGV[8]) end
-  return {1, slot, fence, {}, {}}
+  redis.call('DEL', wake_key)
+  if slot >= widest then redis.call('SET', widest_key, slot + 1) end
+  local fence = take(base .. 'slot:' .. slot, fence_key, ARGV[2], ttl)
+  -- The sharers left at the head know already; after the last of them, or a
+  -- run that holds alone, the next ones must learn what they now wait for.
+  local head = redis.call('ZRANGE', line, 0, 0)[1]
+  if moved or (rank and head and not (shared and redis.call('ZSCORE', sharers, head))) then
+    wake_front(line, sharers, base, ARGV[8])
+  end
+  return {1, slot, fence, {}}
 end
 local place = 0
 if rank or ARGV[5] == '1' then
   if not rank then
-    redis.call('ZADD', line, redis.call('INCR', KEYS[3]), token)
+    local number = redis.call('INCR', ticket)
+    redis.call('ZADD', line, number, token)
+    if shared then redis.call('ZADD', sharers, number, token) end
   end
   redis.call('SET', base .. 'waiter:' .. token, ARGV[3], 'PX', ttl)
   place = ahead + 1
 end
+if moved then wake_front(line, sharers, base, ARGV[8]) end
+-- What this look saw makes any wake-up sent to us so far old news.
+redis.call('DEL', wake_key)
 local earliest = -1
-local holders, before = {}, {}
+local watched = {}
 local marker = '"boot_id":"' .. ARGV[7] .. '"'
-local function ours(value)
-  return ARGV[7] ~= '' and value and string.find(value, marker, 1, true)
-end
-if place <= 1 then
-  for i = 4, #KEYS do
-    local left = redis.call('PTTL', KEYS[i])
-    if left >= 0 and (earliest < 0 or left < earliest) then earliest = left end
-    local value = redis.call('GET', KEYS[i])
-    if ours(value) and not decoded(value).kept_until then table.insert(holders, value) end
-  end
-elseif place == 2 then
-  -- The head: the line moves when its place lapses, if it stopped asking.
-  local token_before = redis.call('ZRANGE', line, 0, 0)[1]
-  if token_before then
-    local key = base .. 'waiter:' .. token_before
-    earliest = redis.call('PTTL', key)
-    local value = redis.call('GET', key)
-    if ours(value) then table.insert(before, value) end
+local function watch(key, value)
+  local left = redis.call('PTTL', key)
+  if left >= 0 and (earliest < 0 or left < earliest) then earliest = left end
+  if ARGV[7] ~= '' and value and string.find(value, marker, 1, true) then
+    table.insert(watched, value)
   end
 end
-return {0, place, earliest, holders, before}
+if place <= 1 or (shared and shared_ahead == ahead) then
+  for number, holder in pairs(held) do
+    -- A slot kept by --min-hold has no process to watch, only its end.
+    local value = holder.value
+    if holder.record.kept_until then value = nil end
+    watch(base .. 'slot:' .. number, value)
+  end
+elseif ahead == 1 or shared_ahead == ahead then
+  -- The line moves when the place of one of them lapses, if it stopped asking.
+  for _, before in ipairs(redis.call('ZRANGE', line, 0, ahead - 1)) do
+    local key = base .. 'waiter:' .. before
+    watch(key, redis.call('GET', key))
+  end
+end
+return {0, place, earliest, watched}
 "#;
 
-/// KEYS: line, slot 0 .. slot N-1. ARGV: key base, wake TTL ms, then the tokens
-/// of dead entries. Drops each from the line and from any slot it holds (not
-/// one kept by `--min-hold`), then wakes the front of the line.
+/// KEYS: line, sharers, widest. ARGV: key base, wake TTL ms, then the tokens of
+/// dead entries. Drops each from the line and from any slot it holds (not one
+/// kept by `--min-hold`), then wakes the front of the line.
 const EVICT: &str = r"
-local base = ARGV[1]
+local line, sharers, base = KEYS[1], KEYS[2], ARGV[1]
+local dead = {}
 for t = 3, #ARGV do
   local token = ARGV[t]
-  redis.call('ZREM', KEYS[1], token)
+  dead[token] = true
+  redis.call('ZREM', line, token)
+  redis.call('ZREM', sharers, token)
   redis.call('DEL', base .. 'waiter:' .. token, base .. 'wake:' .. token)
-  for i = 2, #KEYS do
-    local record = decoded(redis.call('GET', KEYS[i]) or '')
-    if record.token == token and not record.kept_until then redis.call('DEL', KEYS[i]) end
+end
+for slot, holder in pairs(holders(base, widest_slot(KEYS[3]))) do
+  if dead[holder.record.token] and not holder.record.kept_until then
+    redis.call('DEL', base .. 'slot:' .. slot)
   end
 end
-wake_front(KEYS[1], base, ARGV[2])
+wake_front(line, sharers, base, ARGV[2])
 return 1
 ";
 
@@ -298,20 +370,40 @@ end
 return 0
 ";
 
-/// KEYS: our slot, line. ARGV: token, keep ms (0: free now), kept-until (epoch
-/// ms, for `status`), key base, wake TTL ms. With keep, the slot stays taken
-/// that long, marked kept so that no one reclaims it for its holder's process
-/// being gone. Otherwise it is freed and the head of the line woken. Returns
-/// 1, or 0 when the slot was not (any longer) held with that token.
+/// KEYS: our slot, line, sharers, widest. ARGV: token, keep ms (0: free now),
+/// kept-until (epoch ms, for `status`), key base, wake TTL ms, how long to
+/// remember the release (ms; 0: not). With keep, the slot stays taken that
+/// long, marked kept so that no one reclaims it for its holder's process being
+/// gone. Otherwise it is freed and the waiters it is for woken (the head of
+/// the line, or every sharer at its head at once; none when a sharer leaves
+/// others holding before a waiter that holds alone). Returns 1, or
+/// 0 when the slot was not (any longer) held with that token. A remembered
+/// release made again after its answer was lost finds it done: that tells it
+/// from a lease lost before it (expired, or broken by `release --force`,
+/// which remembers nothing).
 const RELEASE: &str = r#"
+local token, base, remember = ARGV[1], ARGV[4], tonumber(ARGV[6])
+local released = base .. 'released:' .. token
 local value = redis.call('GET', KEYS[1])
-if not value or decoded(value).token ~= ARGV[1] then return 0 end
+local record = decoded(value or '')
+if not value or record.token ~= token then
+  if remember > 0 then return redis.call('EXISTS', released) end
+  return 0
+end
+if remember > 0 then redis.call('SET', released, '1', 'PX', remember) end
 if tonumber(ARGV[2]) > 0 then
-  redis.call('SET', KEYS[1], '{"kept_until":' .. ARGV[3] .. ',' .. string.sub(value, 2), 'PX', ARGV[2])
+  -- Kept already: this is the same release made again.
+  if not record.kept_until then
+    redis.call('SET', KEYS[1], '{"kept_until":' .. ARGV[3] .. ',' .. string.sub(value, 2), 'PX', ARGV[2])
+  end
   return 1
 end
 redis.call('DEL', KEYS[1])
-wake(KEYS[2], ARGV[4], ARGV[5])
+local group = front(KEYS[2], KEYS[3])
+local alone = group[1] and not redis.call('ZSCORE', KEYS[3], group[1])
+if not (alone and record.mode == 'shared' and next(holders(base, widest_slot(KEYS[4])))) then
+  wake(base, group, ARGV[5])
+end
 return 1
 "#;
 
@@ -324,7 +416,11 @@ pub struct Scripts {
 
 impl Scripts {
     pub fn new() -> Self {
-        let script = |body: &str| Script::new(&format!("{PRELUDE}{body}"));
+        let script = |body: &str| {
+            Script::new(&format!(
+                "local MAX_SHARERS = {MAX_SHARERS}\n{PRELUDE}{body}"
+            ))
+        };
         Self {
             acquire: script(ACQUIRE),
             evict: script(EVICT),

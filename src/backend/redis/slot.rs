@@ -5,6 +5,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::{Duration, SystemTime};
 
+use super::Release;
 use super::link::{RedisLink, Route};
 use super::replicas::Replicas;
 use super::scripts::{RedisKeys, Scripts};
@@ -37,7 +38,7 @@ impl RedisSlot {
             &self.keys,
             &self.keys.slot(self.slot),
             &self.token,
-            Duration::ZERO,
+            Release::Free,
             FREE_CALL,
         )
     }
@@ -81,17 +82,17 @@ impl Slot for RedisSlot {
 
     fn release(self: Box<Self>, keep_until: Option<SystemTime>) -> Result<Released> {
         // A duration from now, not a time: only the server's clock decides expiry.
-        let keep = keep_until
+        let how = keep_until
             .and_then(|until| until.duration_since(SystemTime::now()).ok())
             .filter(|keep| keep.as_millis() > 0)
-            .unwrap_or_default();
+            .map_or(Release::Free, Release::Keep);
         let ours = super::release(
             &self.link,
             &self.scripts,
             &self.keys,
             &self.keys.slot(self.slot),
             &self.token,
-            keep,
+            how,
             self.plan.holder_call(),
         )?;
         Ok(Released::ours(ours))
