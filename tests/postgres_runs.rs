@@ -12,7 +12,6 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::core::{hold, line_up, served};
-use crate::line;
 use crate::support::postgres::{PASSWORD, PostgresServer, Proxy, USER};
 use crate::support::*;
 
@@ -572,22 +571,6 @@ fn a_server_too_busy_to_answer_at_first_contact_is_waited_out() {
         "{}",
         stderr(&output)
     );
-}
-
-#[test]
-fn a_writers_release_starts_every_waiting_reader_at_once() {
-    let Some(store) = Store::postgres() else {
-        return;
-    };
-    line::a_writers_release_starts_every_waiting_reader_at_once(&store);
-}
-
-#[test]
-fn dead_readers_at_the_head_hold_nobody_up() {
-    let Some(store) = Store::postgres() else {
-        return;
-    };
-    line::dead_readers_at_the_head_hold_nobody_up(&store);
 }
 
 /// `status` and `release --force` read a schema from before the rows said

@@ -13,7 +13,6 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
 use crate::core::{hold, start_holding};
-use crate::line;
 use crate::support::*;
 
 /// `lockrun [SUBCOMMAND] --backend sqlite --db PATH ARGS`.
@@ -602,14 +601,4 @@ fn status_and_release_on_a_missing_database_say_so_and_create_nothing() {
             );
         }
     }
-}
-
-#[test]
-fn a_writers_release_starts_every_waiting_reader_at_once() {
-    line::a_writers_release_starts_every_waiting_reader_at_once(&Store::sqlite());
-}
-
-#[test]
-fn dead_readers_at_the_head_hold_nobody_up() {
-    line::dead_readers_at_the_head_hold_nobody_up(&Store::sqlite());
 }
