@@ -7,27 +7,29 @@
 //! compares the clients' wall clocks, so the database belongs on one host's local disk.
 
 mod database;
+mod line;
+mod look;
+mod rows;
 mod slot;
 
-use std::collections::HashSet;
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::thread;
 use std::time::{Duration, SystemTime};
 
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::params;
 
-use super::record::{Ahead, line, sort, waiting};
-use super::{
-    Abilities, Attempt, Common, Entry, Line, Mode, Owner, Request, Store, Waited, admitted,
-    capacity, refuses,
-};
+use super::record::{sort, waiting};
+use super::{Abilities, Attempt, Common, Entry, Line, Owner, Request, Store, Waited};
 use crate::error::Result;
-use crate::identity::{Process, epoch_millis};
+use crate::identity::epoch_millis;
 use crate::name::Name;
 use crate::platform::clock::Moment;
-use crate::platform::doorbell::{self, Doorbell};
-use database::{BUSY_TIMEOUT, Database, MODES_SINCE, PARALLELISM_SINCE, SCHEMA_VERSION};
+use crate::platform::doorbell::Doorbell;
+use database::{BUSY_TIMEOUT, Database, SCHEMA_VERSION};
+use line::{drop_entries, join, moved, purge_expired, refresh_waiter, ring, take_slot};
+use look::{Granted, LineRows};
+use rows::{HolderRow, live_holders, live_waiters};
 use slot::SqliteSlot;
 
 /// Its command-line options (a group of their own is not needed: clap flattens them).
@@ -58,8 +60,6 @@ impl Options {
 /// How often a waiter looks for a change when the write-ahead log cannot be
 /// rung: `PRAGMA data_version` is answered from shared memory, with no disk access.
 const CHANGE_POLL: Duration = Duration::from_millis(5);
-/// The longest one renewal waits for the write lock (less when the supervisor needs an answer sooner).
-const RENEWAL_BUSY_TIMEOUT: Duration = Duration::from_millis(250);
 
 struct SqliteStore {
     db: Rc<Database>,
@@ -71,141 +71,6 @@ struct SqliteStore {
     seen: i64,
     /// Rung by whoever moves the line in a way that concerns us (README: "SQLite backend").
     doorbell: Option<Doorbell>,
-}
-
-/// A holder's row.
-struct HolderRow {
-    name: String,
-    slot: u32,
-    owner: Owner,
-    fence: u64,
-    acquired_at: u64,
-    expires_at: u64,
-    /// Its lockrun has finished; the slot stays taken until expiry (`--min-hold`).
-    released: bool,
-}
-
-/// A waiter's row.
-struct WaiterRow {
-    name: String,
-    owner: Owner,
-    since: u64,
-    expires_at: u64,
-    /// The lease of a slot granted to it, in milliseconds; unknown in rows of older lockruns.
-    ttl: Option<u64>,
-}
-
-/// A slot granted to us while we waited: its number, fence, and when it was granted.
-struct Granted {
-    slot: u32,
-    fence: u64,
-    acquired_at: u64,
-}
-
-/// One look at the line of a name, in one transaction.
-struct LineRows {
-    holders: Vec<HolderRow>,
-    /// Our ticket, if our row is there.
-    ticket: Option<i64>,
-    /// The slot granted to us, if one was.
-    granted: Option<Granted>,
-    /// Waiters ahead of us (all of them when we are not in line).
-    ahead: Vec<WaiterRow>,
-    data_version: i64,
-}
-
-impl LineRows {
-    fn take(tx: &Connection, name: &str, token: &str, now: u64) -> rusqlite::Result<Self> {
-        let ticket: Option<i64> = tx
-            .query_row(
-                "SELECT ticket FROM waiters WHERE token = ?1 AND expires_at > ?2",
-                params![token, now],
-                |row| row.get(0),
-            )
-            .optional()?;
-        let granted = tx
-            .query_row(
-                "SELECT slot, fence, acquired_at FROM holders
-                 WHERE name = ?1 AND token = ?2 AND released = 0 AND expires_at > ?3",
-                params![name, token, now],
-                |row| {
-                    Ok(Granted {
-                        slot: row.get(0)?,
-                        fence: row.get(1)?,
-                        acquired_at: row.get(2)?,
-                    })
-                },
-            )
-            .optional()?;
-        Ok(Self {
-            holders: live_holders(tx, Some(name), now, SCHEMA_VERSION)?,
-            ahead: live_waiters(tx, Some(name), ticket, now, SCHEMA_VERSION)?,
-            ticket,
-            granted,
-            data_version: tx.query_row("PRAGMA data_version", [], |row| row.get(0))?,
-        })
-    }
-
-    /// The lowest free slot, if the line lets us have one (README: "Shared locks").
-    fn free_slot(&self, request: &Request) -> Option<u32> {
-        let holders = self.holders.iter().map(|row| row.owner.mode);
-        let ahead = self.ahead.iter().map(|row| row.owner.mode);
-        if !request.admitted(holders, ahead) {
-            return None;
-        }
-        lowest_free(&self.holders, request.capacity())
-    }
-
-    /// The `-p` of a holder or a waiter ahead of us, when it is not ours.
-    fn other_parallelism(&self, ours: u32) -> Option<u32> {
-        let holders = self.holders.iter().map(|row| row.owner.parallelism);
-        let waiters = self.ahead.iter().map(|row| row.owner.parallelism);
-        holders
-            .chain(waiters)
-            .find(|&theirs| refuses(theirs, ours))
-            .flatten()
-    }
-
-    fn line(&self, request: &Request, in_line: bool) -> Line {
-        let mut places = Places::default();
-        let places_ahead: Vec<u32> = self
-            .ahead
-            .iter()
-            .map(|row| places.next(row.owner.mode))
-            .collect();
-        let (position, place) = if in_line {
-            (self.ahead.len() as u32 + 1, places.next(request.mode()))
-        } else {
-            (0, 0)
-        };
-        let holders: Vec<Ahead> = self
-            .holders
-            .iter()
-            .map(|row| Ahead {
-                owner: &row.owner,
-                kept: row.released,
-                ends: moment_at(row.expires_at),
-            })
-            .collect();
-        let just_ahead: Vec<Ahead> = self
-            .ahead
-            .iter()
-            .zip(places_ahead)
-            .filter(|&(_, theirs)| theirs + 1 == place)
-            .map(|(row, _)| Ahead {
-                owner: &row.owner,
-                kept: false,
-                ends: moment_at(row.expires_at),
-            })
-            .collect();
-        line(
-            &request.owner.process,
-            position,
-            place,
-            &holders,
-            &just_ahead,
-        )
-    }
 }
 
 impl SqliteStore {
@@ -399,339 +264,6 @@ impl Store for SqliteStore {
     }
 }
 
-impl HolderRow {
-    fn entry(&self) -> Entry {
-        Entry::holder(&self.name, self.slot, &self.owner, Some(self.acquired_at))
-            .fenced(self.fence)
-            .expiring(Some(self.expires_at))
-    }
-}
-
-/// Puts `owner` at the end of the line of `name`, its place kept for `ttl` ms.
-fn join(tx: &Connection, name: &str, owner: &Owner, now: u64, ttl: u64) -> rusqlite::Result<()> {
-    let process = &owner.process;
-    tx.execute(
-        "INSERT INTO waiters (name, token, pid, start_time, boot_id, host, command, since, expires_at,
-                              parallelism, mode, ttl)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
-        params![
-            name,
-            owner.token,
-            process.pid,
-            process.start_time,
-            process.boot_id,
-            process.host,
-            owner.command,
-            now,
-            now + ttl,
-            owner.parallelism,
-            owner.mode.as_str(),
-            ttl,
-        ],
-    )?;
-    Ok(())
-}
-
-/// Gives `owner` slot `slot` of `name` until `expires_at`, taking it out of
-/// the line: the acquisition's fence.
-fn take_slot(
-    tx: &Connection,
-    name: &str,
-    owner: &Owner,
-    slot: u32,
-    now: u64,
-    expires_at: u64,
-) -> rusqlite::Result<u64> {
-    tx.execute("DELETE FROM waiters WHERE token = ?1", params![owner.token])?;
-    let fence: u64 = tx.query_row(
-        "INSERT INTO fences (name, fence) VALUES (?1, 1)
-         ON CONFLICT (name) DO UPDATE SET fence = fence + 1
-         RETURNING fence",
-        params![name],
-        |row| row.get(0),
-    )?;
-    let process = &owner.process;
-    tx.execute(
-        "INSERT INTO holders (name, slot, token, fence, pid, start_time, boot_id, host,
-                              command, acquired_at, expires_at, parallelism, mode)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
-        params![
-            name,
-            slot,
-            owner.token,
-            fence,
-            process.pid,
-            process.start_time,
-            process.boot_id,
-            process.host,
-            owner.command,
-            now,
-            expires_at,
-            owner.parallelism,
-            owner.mode.as_str(),
-        ],
-    )?;
-    Ok(fence)
-}
-
-/// Drops the holder (unless kept by `--min-hold`) and the waiter of `name` that `token` is.
-fn drop_entries(tx: &Connection, name: &str, token: &str) -> rusqlite::Result<()> {
-    tx.execute(
-        "DELETE FROM holders WHERE name = ?1 AND token = ?2 AND released = 0",
-        params![name, token],
-    )?;
-    tx.execute(
-        "DELETE FROM waiters WHERE name = ?1 AND token = ?2",
-        params![name, token],
-    )?;
-    Ok(())
-}
-
-/// After a change to the line of `name`: grants the slots it frees and says
-/// whom to ring, those it granted slots to and the first two places.
-fn moved(tx: &Connection, name: &str, now: u64) -> rusqlite::Result<Vec<String>> {
-    let mut tell = grant(tx, name, now)?;
-    tell.extend(front(tx, name, now)?);
-    Ok(tell)
-}
-
-/// Grants free slots of `name`, in line order, to the waiters at the head of
-/// its line whom the line lets in (the rule of `Request::admitted`, for each
-/// with those ahead of it let in first): every sharer there at once. Their
-/// leases run for their TTL from now (to the end of their places, for rows of
-/// older lockruns). Their tokens.
-fn grant(tx: &Connection, name: &str, now: u64) -> rusqlite::Result<Vec<String>> {
-    let mut holders = live_holders(tx, Some(name), now, SCHEMA_VERSION)?;
-    let mut granted = Vec::new();
-    let mut after = None;
-    while let Some((ticket, waiter)) = next_waiter(tx, name, after, now)? {
-        let owner = &waiter.owner;
-        let parallelism = owner.parallelism.unwrap_or(1);
-        let modes = holders.iter().map(|row| row.owner.mode);
-        let let_in = admitted(owner.mode, parallelism, modes, []);
-        let free = lowest_free(&holders, capacity(owner.mode, parallelism));
-        let Some(slot) = free.filter(|_| let_in) else {
-            break;
-        };
-        let expires_at = waiter.ttl.map_or(waiter.expires_at, |ttl| now + ttl);
-        let fence = take_slot(tx, name, owner, slot, now, expires_at)?;
-        granted.push(owner.token.clone());
-        holders.push(HolderRow {
-            name: waiter.name,
-            slot,
-            owner: waiter.owner,
-            fence,
-            acquired_at: now,
-            expires_at,
-            released: false,
-        });
-        after = Some(ticket);
-    }
-    Ok(granted)
-}
-
-/// The lowest slot number below `capacity` that none of `holders` has.
-fn lowest_free(holders: &[HolderRow], capacity: u32) -> Option<u32> {
-    let taken: HashSet<u32> = holders.iter().map(|row| row.slot).collect();
-    (0..capacity).find(|slot| !taken.contains(slot))
-}
-
-/// The tokens of the waiters in the first two places of the line of `name`:
-/// when the line moves, those at the head may take a slot (every sharer there
-/// at once) and those second must watch the head (README: "The waiting line").
-fn front(tx: &Connection, name: &str, now: u64) -> rusqlite::Result<Vec<String>> {
-    let mut statement = tx.prepare(
-        "SELECT token, mode FROM waiters WHERE name = ?1 AND expires_at > ?2 ORDER BY ticket",
-    )?;
-    let waiters = statement.query_map(params![name, now], |row| {
-        Ok((
-            row.get::<_, String>(0)?,
-            Mode::parse(&row.get::<_, String>(1)?),
-        ))
-    })?;
-    let mut places = Places::default();
-    let mut front = Vec::new();
-    for waiter in waiters {
-        let (token, mode) = waiter?;
-        if places.next(mode) > 2 {
-            break;
-        }
-        front.push(token);
-    }
-    Ok(front)
-}
-
-/// Counts the places of a line, waiter by waiter in line order: consecutive
-/// sharers stand in one place, as they go together (README: "Shared locks");
-/// an exclusive waiter stands alone.
-#[derive(Default)]
-struct Places {
-    place: u32,
-    last: Option<Mode>,
-}
-
-impl Places {
-    /// The place, from 1, of the next waiter, who waits in `mode`.
-    fn next(&mut self, mode: Mode) -> u32 {
-        if mode == Mode::Exclusive || self.last != Some(Mode::Shared) {
-            self.place += 1;
-        }
-        self.last = Some(mode);
-        self.place
-    }
-}
-
-/// Wakes the waiters of `tokens`, once what they must see is committed.
-fn ring(tokens: &[String]) {
-    for token in tokens {
-        doorbell::ring(token);
-    }
-}
-
-/// Drops the rows of `name` whose leases or places in line have lapsed.
-fn purge_expired(tx: &Connection, name: &str, now: u64) -> rusqlite::Result<()> {
-    tx.execute(
-        "DELETE FROM holders WHERE name = ?1 AND expires_at <= ?2",
-        params![name, now],
-    )?;
-    tx.execute(
-        "DELETE FROM waiters WHERE name = ?1 AND expires_at <= ?2",
-        params![name, now],
-    )?;
-    Ok(())
-}
-
-fn refresh_waiter(tx: &Connection, token: &str, expires_at: u64) -> rusqlite::Result<()> {
-    tx.execute(
-        "UPDATE waiters SET expires_at = ?1 WHERE token = ?2",
-        params![expires_at, token],
-    )?;
-    Ok(())
-}
-
-/// The holders of `name` (or of every name) whose leases have not expired, by
-/// name and slot, in a database of schema `version`.
-fn live_holders(
-    tx: &Connection,
-    name: Option<&str>,
-    now: u64,
-    version: u32,
-) -> rusqlite::Result<Vec<HolderRow>> {
-    tx.prepare(&format!(
-        "SELECT name, slot, token, fence, pid, start_time, boot_id, host, command,
-                acquired_at, expires_at, released, {}
-         FROM holders WHERE (?1 IS NULL OR name = ?1) AND expires_at > ?2 ORDER BY name, slot",
-        later_columns(version)
-    ))?
-    .query_map(params![name, now], |row| {
-        Ok(HolderRow {
-            name: row.get("name")?,
-            slot: row.get("slot")?,
-            owner: owner(row)?,
-            fence: row.get("fence")?,
-            acquired_at: row.get("acquired_at")?,
-            expires_at: row.get("expires_at")?,
-            released: row.get("released")?,
-        })
-    })?
-    .collect()
-}
-
-/// The waiters of `name` (or of every name) whose places have not lapsed, in
-/// line order; only those ahead of `before` when given; in a database of schema `version`.
-fn live_waiters(
-    tx: &Connection,
-    name: Option<&str>,
-    before: Option<i64>,
-    now: u64,
-    version: u32,
-) -> rusqlite::Result<Vec<WaiterRow>> {
-    tx.prepare(&format!(
-        "SELECT {} FROM waiters
-         WHERE (?1 IS NULL OR name = ?1) AND (?2 IS NULL OR ticket < ?2) AND expires_at > ?3
-         ORDER BY name, ticket",
-        waiter_columns(version)
-    ))?
-    .query_map(params![name, before, now], waiter_row)?
-    .collect()
-}
-
-/// The first waiter of `name` behind ticket `after` (from the head without)
-/// whose place has not lapsed, with its ticket.
-fn next_waiter(
-    tx: &Connection,
-    name: &str,
-    after: Option<i64>,
-    now: u64,
-) -> rusqlite::Result<Option<(i64, WaiterRow)>> {
-    tx.query_row(
-        &format!(
-            "SELECT ticket, {} FROM waiters
-             WHERE name = ?1 AND (?2 IS NULL OR ticket > ?2) AND expires_at > ?3
-             ORDER BY ticket LIMIT 1",
-            waiter_columns(SCHEMA_VERSION)
-        ),
-        params![name, after, now],
-        |row| Ok((row.get("ticket")?, waiter_row(row)?)),
-    )
-    .optional()
-}
-
-/// The columns [`waiter_row`] reads, in a database of schema `version`.
-fn waiter_columns(version: u32) -> String {
-    let ttl = if version >= MODES_SINCE {
-        "ttl"
-    } else {
-        "NULL AS ttl"
-    };
-    format!(
-        "name, token, pid, start_time, boot_id, host, command, since, expires_at, {ttl}, {}",
-        later_columns(version)
-    )
-}
-
-fn waiter_row(row: &rusqlite::Row) -> rusqlite::Result<WaiterRow> {
-    Ok(WaiterRow {
-        name: row.get("name")?,
-        owner: owner(row)?,
-        since: row.get("since")?,
-        expires_at: row.get("expires_at")?,
-        ttl: row.get("ttl")?,
-    })
-}
-
-fn owner(row: &rusqlite::Row) -> rusqlite::Result<Owner> {
-    Ok(Owner {
-        token: row.get("token")?,
-        process: Process {
-            pid: row.get("pid")?,
-            start_time: row.get("start_time")?,
-            boot_id: row.get("boot_id")?,
-            host: row.get("host")?,
-        },
-        command: row.get("command")?,
-        mode: Mode::parse(&row.get::<_, String>("mode")?),
-        parallelism: row.get("parallelism")?,
-    })
-}
-
-/// The `parallelism` and `mode` columns, or what a database older than them
-/// means by their absence (no known `-p`, exclusive): `status` reads an older
-/// database without bringing it up to date (it never writes).
-fn later_columns(version: u32) -> String {
-    let parallelism = if version >= PARALLELISM_SINCE {
-        "parallelism"
-    } else {
-        "NULL AS parallelism"
-    };
-    let mode = if version >= MODES_SINCE {
-        "mode"
-    } else {
-        "'exclusive' AS mode"
-    };
-    format!("{parallelism}, {mode}")
-}
-
 fn now_millis() -> u64 {
     epoch_millis(SystemTime::now())
 }
@@ -754,6 +286,7 @@ fn moment_at(millis: u64) -> Moment {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::Mode;
     use database::tests::{VERSION_3_ROWS, database_of_version};
 
     #[test]

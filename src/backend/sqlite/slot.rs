@@ -7,11 +7,15 @@ use std::time::{Duration, SystemTime};
 use rusqlite::params;
 
 use super::database::{BUSY_TIMEOUT, Database};
-use super::{RENEWAL_BUSY_TIMEOUT, millis, moved, now_millis, ring};
+use super::line::{moved, ring};
+use super::{millis, now_millis};
 use crate::backend::{Released, Renewal, Slot};
 use crate::error::Result;
 use crate::identity::epoch_millis;
 use crate::platform::clock::Moment;
+
+/// The longest one renewal waits for the write lock (less when the supervisor needs an answer sooner).
+const RENEWAL_BUSY_TIMEOUT: Duration = Duration::from_millis(250);
 
 /// A slot of the SQLite backend: a row with a lease.
 pub(super) struct SqliteSlot {

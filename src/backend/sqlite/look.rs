@@ -1,0 +1,129 @@
+//! One look at a name's line, in one transaction: its live holders, the waiters
+//! ahead of us, our ticket and a slot granted to us; and what they let us do.
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::database::SCHEMA_VERSION;
+use super::line::{Places, lowest_free};
+use super::moment_at;
+use super::rows::{HolderRow, WaiterRow, live_holders, live_waiters};
+use crate::backend::record::{Ahead, line};
+use crate::backend::{Line, Request, refuses};
+
+/// A slot granted to us while we waited: its number, fence, and when it was granted.
+pub(super) struct Granted {
+    pub(super) slot: u32,
+    pub(super) fence: u64,
+    pub(super) acquired_at: u64,
+}
+
+/// One look at the line of a name, in one transaction.
+pub(super) struct LineRows {
+    pub(super) holders: Vec<HolderRow>,
+    /// Our ticket, if our row is there.
+    pub(super) ticket: Option<i64>,
+    /// The slot granted to us, if one was.
+    pub(super) granted: Option<Granted>,
+    /// Waiters ahead of us (all of them when we are not in line).
+    pub(super) ahead: Vec<WaiterRow>,
+    pub(super) data_version: i64,
+}
+
+impl LineRows {
+    pub(super) fn take(
+        tx: &Connection,
+        name: &str,
+        token: &str,
+        now: u64,
+    ) -> rusqlite::Result<Self> {
+        let ticket: Option<i64> = tx
+            .query_row(
+                "SELECT ticket FROM waiters WHERE token = ?1 AND expires_at > ?2",
+                params![token, now],
+                |row| row.get(0),
+            )
+            .optional()?;
+        let granted = tx
+            .query_row(
+                "SELECT slot, fence, acquired_at FROM holders
+                 WHERE name = ?1 AND token = ?2 AND released = 0 AND expires_at > ?3",
+                params![name, token, now],
+                |row| {
+                    Ok(Granted {
+                        slot: row.get(0)?,
+                        fence: row.get(1)?,
+                        acquired_at: row.get(2)?,
+                    })
+                },
+            )
+            .optional()?;
+        Ok(Self {
+            holders: live_holders(tx, Some(name), now, SCHEMA_VERSION)?,
+            ahead: live_waiters(tx, Some(name), ticket, now, SCHEMA_VERSION)?,
+            ticket,
+            granted,
+            data_version: tx.query_row("PRAGMA data_version", [], |row| row.get(0))?,
+        })
+    }
+
+    /// The lowest free slot, if the line lets us have one (README: "Shared locks").
+    pub(super) fn free_slot(&self, request: &Request) -> Option<u32> {
+        let holders = self.holders.iter().map(|row| row.owner.mode);
+        let ahead = self.ahead.iter().map(|row| row.owner.mode);
+        if !request.admitted(holders, ahead) {
+            return None;
+        }
+        lowest_free(&self.holders, request.capacity())
+    }
+
+    /// The `-p` of a holder or a waiter ahead of us, when it is not ours.
+    pub(super) fn other_parallelism(&self, ours: u32) -> Option<u32> {
+        let holders = self.holders.iter().map(|row| row.owner.parallelism);
+        let waiters = self.ahead.iter().map(|row| row.owner.parallelism);
+        holders
+            .chain(waiters)
+            .find(|&theirs| refuses(theirs, ours))
+            .flatten()
+    }
+
+    pub(super) fn line(&self, request: &Request, in_line: bool) -> Line {
+        let mut places = Places::default();
+        let places_ahead: Vec<u32> = self
+            .ahead
+            .iter()
+            .map(|row| places.next(row.owner.mode))
+            .collect();
+        let (position, place) = if in_line {
+            (self.ahead.len() as u32 + 1, places.next(request.mode()))
+        } else {
+            (0, 0)
+        };
+        let holders: Vec<Ahead> = self
+            .holders
+            .iter()
+            .map(|row| Ahead {
+                owner: &row.owner,
+                kept: row.released,
+                ends: moment_at(row.expires_at),
+            })
+            .collect();
+        let just_ahead: Vec<Ahead> = self
+            .ahead
+            .iter()
+            .zip(places_ahead)
+            .filter(|&(_, theirs)| theirs + 1 == place)
+            .map(|(row, _)| Ahead {
+                owner: &row.owner,
+                kept: false,
+                ends: moment_at(row.expires_at),
+            })
+            .collect();
+        line(
+            &request.owner.process,
+            position,
+            place,
+            &holders,
+            &just_ahead,
+        )
+    }
+}
