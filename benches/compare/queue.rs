@@ -1,5 +1,5 @@
-//! The queue round shared by (c), (ii), (i) and (iii): holders take every slot, waiters line up
-//! behind them as the round says, the holders let go, and each command's stamp logs when it ran.
+//! The queue round shared by (c), (ii), (i), (iii) and (k): holders take every slot, waiters line
+//! up behind them as the round says, the holders let go, and each command's stamp logs when it ran.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -91,6 +91,39 @@ impl Served {
             .zip(&ends)
             .map(|(start, end)| Duration::from_nanos((start - end).max(0) as u64))
             .collect()
+    }
+
+    /// Each waiter's gap from the last holder's end to its own start: with
+    /// shared waiters, how long each of them waited once the holders let go.
+    pub(crate) fn starts_after_holders(&self, slots: u32) -> Vec<Duration> {
+        let (holders, waiters): (Vec<&Span>, Vec<&Span>) =
+            self.spans.iter().partition(|s| s.id < slots as usize);
+        let Some(released) = holders.iter().map(|s| s.end).max() else {
+            return Vec::new();
+        };
+        waiters
+            .iter()
+            .map(|s| Duration::from_nanos((s.start - released).max(0) as u64))
+            .collect()
+    }
+
+    /// The most waiters' commands that ran at once.
+    pub(crate) fn most_waiters_at_once(&self, slots: u32) -> usize {
+        let mut events: Vec<(i128, i64)> = self
+            .spans
+            .iter()
+            .filter(|s| s.id >= slots as usize)
+            .flat_map(|s| [(s.start, 1), (s.end, -1)])
+            .collect();
+        // An end and a start at the same instant: the end first.
+        events.sort_unstable();
+        let mut running = 0_i64;
+        let mut most = 0;
+        for (_, change) in events {
+            running += change;
+            most = most.max(running);
+        }
+        most as usize
     }
 
     /// Pairs of waiters served out of their arrival order.
@@ -332,7 +365,7 @@ fn await_line(locker: &Locker, name: &str, done: impl Fn(&[u32]) -> bool) -> boo
     }
 }
 
-fn await_path(path: &Path, limit: Duration) -> bool {
+pub(crate) fn await_path(path: &Path, limit: Duration) -> bool {
     let deadline = Instant::now() + limit;
     while !path.exists() {
         if Instant::now() > deadline {
@@ -343,7 +376,7 @@ fn await_path(path: &Path, limit: Duration) -> bool {
     true
 }
 
-fn wait_until(child: &mut Child, deadline: Instant) -> Option<ExitStatus> {
+pub(crate) fn wait_until(child: &mut Child, deadline: Instant) -> Option<ExitStatus> {
     loop {
         if let Ok(Some(status)) = child.try_wait() {
             return Some(status);
@@ -355,7 +388,7 @@ fn wait_until(child: &mut Child, deadline: Instant) -> Option<ExitStatus> {
     }
 }
 
-fn stop_all(children: &mut [Child]) {
+pub(crate) fn stop_all(children: &mut [Child]) {
     for child in children {
         let _ = child.kill();
         let _ = child.wait();
