@@ -149,13 +149,14 @@ impl Bench {
             .into_iter()
             .map(|figures| figures.map(Readers::summary))
             .collect();
-        let anchor = match &summaries[0] {
+        let anchor = |file: &Summary| match &summaries[0] {
             Ok(flock) => format!(
-                "flock(1) -s: {}, {}",
+                "flock(1)'s {READERS} readers: {}, {} its single waiter; file's last reader {} flock(1)'s",
                 ms(flock.largest),
-                ratio_text(flock.largest, flock.single)
+                ratio_text(flock.largest, flock.single),
+                ratio_text(file.largest, flock.largest)
             ),
-            Err(why) => format!("flock(1) -s not measured: {why}"),
+            Err(why) => format!("flock(1)'s readers not measured: {why}"),
         };
         let target = format!("≤ {READERS_SPREAD:.2}× single waiter");
         for ((backend, _), summary) in contenders.iter().zip(&summaries) {
@@ -183,7 +184,7 @@ impl Bench {
                     " (`flock -x` writer, `flock -s` readers: the file backend's anchor, {READERS} commands started at once on this machine)"
                 );
             } else if *backend == "file" {
-                let _ = write!(what, " ({anchor})");
+                let _ = write!(what, " ({})", anchor(summary));
             }
             let _ = write!(
                 what,
