@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crate::lockers::{Lock, Locker, Mode};
 use crate::queue::{Arrival, Round, await_path, stop_all, wait_until};
 use crate::report::Outcome;
-use crate::single::interleaved_in_modes;
+use crate::single::{Order, interleaved_in_modes};
 use crate::stats::{median, ms, ratio_text};
 use crate::{Bench, QUEUE_LIMIT, READER_ROUNDS, READERS, READERS_SPREAD, SHARED_COST, SHARED_RUNS};
 
@@ -45,16 +45,17 @@ impl Bench {
             .filter_map(|(_, locker)| locker.as_ref().ok())
             .flat_map(|locker| [(locker, Mode::Exclusive), (locker, Mode::Shared)])
             .collect();
-        let mut medians = interleaved_in_modes(&runs, "j", SHARED_RUNS).into_iter();
+        let mut medians =
+            interleaved_in_modes(&runs, "j", SHARED_RUNS, Order::Alternating).into_iter();
         let pairs: Vec<Result<(Duration, Duration), String>> = contenders
             .iter()
             .map(|(_, locker)| {
-                let locker = locker.as_ref().map_err(Clone::clone);
-                let (exclusive, shared) = (medians.next(), medians.next());
-                locker.and_then(|_| match (exclusive, shared) {
+                // Two medians, exclusive then shared, for each contender measured.
+                locker.as_ref().map_err(Clone::clone)?;
+                match (medians.next(), medians.next()) {
                     (Some(exclusive), Some(shared)) => Ok((exclusive?, shared?)),
-                    _ => unreachable!("two medians per contender"),
-                })
+                    _ => unreachable!("two medians per contender measured"),
+                }
             })
             .collect();
         let flock = match &pairs[0] {

@@ -171,11 +171,23 @@ impl Bench {
 /// from elsewhere on the machine falls on every contender alike.
 pub(crate) fn interleaved_medians(lockers: &[Locker], name: &str, runs: usize) -> Vec<Duration> {
     let contenders: Vec<(&Locker, Mode)> = lockers.iter().map(|l| (l, Mode::Exclusive)).collect();
-    interleaved_in_modes(&contenders, name, runs)
+    interleaved_in_modes(&contenders, name, runs, Order::Fixed)
         .into_iter()
         .zip(lockers)
         .map(|(median, locker)| median.unwrap_or_else(|why| panic!("{}: {why}", locker.label())))
         .collect()
+}
+
+/// The order of the contenders in each round of interleaved runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Order {
+    /// The same every round, as (a), (d) and (f) have always run.
+    Fixed,
+    /// Reversed every other round. A contender listed twice in a row (once per
+    /// mode) then runs second as often as first: the second run of a binary
+    /// finds it warm from the first (0.93× for `flock -s` after `flock -x`,
+    /// always second, against `flock -x` in one run), and both get that alike.
+    Alternating,
 }
 
 /// The same with each contender in its own mode, or why it has no median: a
@@ -185,6 +197,7 @@ pub(crate) fn interleaved_in_modes(
     contenders: &[(&Locker, Mode)],
     name: &str,
     runs: usize,
+    order: Order,
 ) -> Vec<Result<Duration, String>> {
     let mut samples: Vec<Result<Vec<Duration>, String>> =
         vec![Ok(Vec::with_capacity(runs)); contenders.len()];
@@ -205,7 +218,13 @@ pub(crate) fn interleaved_in_modes(
             }
         });
         for round in 0..WARMUP + runs {
-            for (&(locker, mode), samples) in contenders.iter().zip(&mut samples) {
+            let mut turns: Vec<usize> = (0..contenders.len()).collect();
+            if order == Order::Alternating && round % 2 == 1 {
+                turns.reverse();
+            }
+            for turn in turns {
+                let (locker, mode) = contenders[turn];
+                let samples = &mut samples[turn];
                 let Ok(collected) = samples else {
                     continue;
                 };
