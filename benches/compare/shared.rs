@@ -46,7 +46,7 @@ impl Bench {
             .flat_map(|locker| [(locker, Mode::Exclusive), (locker, Mode::Shared)])
             .collect();
         let mut medians =
-            interleaved_in_modes(&runs, "j", SHARED_RUNS, Order::Alternating).into_iter();
+            interleaved_in_modes(&runs, "j", SHARED_RUNS, Order::SwappedPairs).into_iter();
         let pairs: Vec<Result<(Duration, Duration), String>> = contenders
             .iter()
             .map(|(_, locker)| {
