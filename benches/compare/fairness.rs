@@ -1,6 +1,7 @@
 //! (i): first come, first served. Waiters arriving one at a time and the pairs of them served
 //! out of their arrival order, per backend and for flock(1).
 
+use crate::lockers::Mode;
 use crate::queue::{Arrival, Round};
 use crate::report::Outcome;
 use crate::{Bench, FAIR_ROUNDS, FAIR_SPACING, FAIR_WAITERS};
@@ -24,6 +25,7 @@ impl Bench {
                     locker,
                     slots: 1,
                     waiters: FAIR_WAITERS,
+                    waiters_mode: Mode::Exclusive,
                     arrival: Arrival::Spaced(FAIR_SPACING),
                 };
                 match self.queue_round(&round) {

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::lockers::Locker;
+use crate::lockers::{Locker, Mode};
 use crate::queue::{Arrival, Round};
 use crate::report::Outcome;
 use crate::servers::work_unit;
@@ -32,6 +32,7 @@ impl Bench {
                     locker,
                     slots: 1,
                     waiters,
+                    waiters_mode: Mode::Exclusive,
                     arrival: Arrival::Spaced(Duration::ZERO),
                 };
                 let served = self.queue_round(&round);

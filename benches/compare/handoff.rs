@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::lockers::Locker;
+use crate::lockers::{Locker, Mode};
 use crate::queue::{Arrival, Round};
 use crate::report::Outcome;
 use crate::servers::locker;
@@ -117,6 +117,7 @@ impl Bench {
                     locker,
                     slots,
                     waiters: QUEUE,
+                    waiters_mode: Mode::Exclusive,
                     arrival,
                 };
                 match self.queue_round(&round) {

@@ -12,6 +12,45 @@ use crate::SLOTS;
 use crate::builds::Build;
 use crate::machine::first_line;
 
+/// How a command holds its lock: alone (the default of lockrun and flock(1)) or
+/// together with the other sharers (`-s`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Exclusive,
+    Shared,
+}
+
+/// The lock a command runs under: its name, how many slots it has, the
+/// command's place in its round (flock(1) gives it slot file `id % slots`) and
+/// its mode. [`Lock::named`] is one slot, exclusive.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Lock<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) slots: u32,
+    pub(crate) id: usize,
+    pub(crate) mode: Mode,
+}
+
+impl<'a> Lock<'a> {
+    pub(crate) fn named(name: &'a str) -> Self {
+        Self {
+            name,
+            slots: 1,
+            id: 0,
+            mode: Mode::Exclusive,
+        }
+    }
+
+    /// `slots` slots, for the `id`-th command of a round.
+    pub(crate) fn slots(self, slots: u32, id: usize) -> Self {
+        Self { slots, id, ..self }
+    }
+
+    pub(crate) fn mode(self, mode: Mode) -> Self {
+        Self { mode, ..self }
+    }
+}
+
 /// How one contender runs a command under the lock called `name`.
 #[derive(Clone, Debug)]
 pub(crate) enum Locker {
@@ -52,35 +91,42 @@ impl Locker {
     }
 
     pub(crate) fn command<S: AsRef<std::ffi::OsStr>>(&self, name: &str, argv: &[S]) -> Command {
-        self.command_with_slots(name, 1, 0, argv)
+        self.command_under(Lock::named(name), argv)
     }
 
-    /// `argv`, the `id`-th command of a round, under the lock `name` with
-    /// `slots` slots. flock(1) has one slot per file: with more, the command
-    /// is given file `id % slots` beforehand, so its waiter never looks for a
-    /// free one (no line and no search: the least any slot handoff costs).
-    pub(crate) fn command_with_slots<S: AsRef<std::ffi::OsStr>>(
+    /// `argv` under `lock`. flock(1) has one slot per file: with more, the
+    /// command is given file `id % slots` beforehand, so its waiter never looks
+    /// for a free one (no line and no search: the least any slot handoff costs).
+    /// A shared lock is flock(1)'s `-s` and lockrun's `-s`.
+    pub(crate) fn command_under<S: AsRef<std::ffi::OsStr>>(
         &self,
-        name: &str,
-        slots: u32,
-        id: usize,
+        lock: Lock,
         argv: &[S],
     ) -> Command {
+        let shared = lock.mode == Mode::Shared;
         let mut command = match self {
             Self::Bare => Command::new(&argv[0]),
             Self::Flock { dir } => {
-                let slot = id % slots as usize;
+                let slot = lock.id % lock.slots as usize;
                 let mut command = Command::new("flock");
-                command.arg(Self::flock_file(dir, name, slot)).arg(&argv[0]);
+                if shared {
+                    command.arg("-s");
+                }
+                command
+                    .arg(Self::flock_file(dir, lock.name, slot))
+                    .arg(&argv[0]);
                 command
             }
             Self::Lockrun { build, flags, .. } => {
                 let mut command = Command::new(&build.path);
                 command.args(flags);
-                if slots > 1 {
-                    command.args(["-p", &slots.to_string()]);
+                if lock.slots > 1 {
+                    command.args(["-p", &lock.slots.to_string()]);
                 }
-                command.args(["--name", name, "--"]).arg(&argv[0]);
+                if shared {
+                    command.arg("-s");
+                }
+                command.args(["--name", lock.name, "--"]).arg(&argv[0]);
                 command
             }
         };
@@ -88,6 +134,23 @@ impl Locker {
         clean_environment(&mut command);
         command.stdin(Stdio::null()).stdout(Stdio::null());
         command
+    }
+
+    /// Runs `true` under `lock` once; why not when it fails (lockrun's words on stderr).
+    pub(crate) fn probe(&self, lock: Lock) -> Result<(), String> {
+        let output = self
+            .command_under(lock, &["true"])
+            .stderr(Stdio::piped())
+            .output()
+            .map_err(|err| format!("cannot run {}: {err}", self.label()))?;
+        if output.status.success() {
+            return Ok(());
+        }
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        Err(match stderr.trim() {
+            "" => output.status.to_string(),
+            said => said.to_owned(),
+        })
     }
 
     fn flock_file(dir: &Path, name: &str, slot: usize) -> PathBuf {
@@ -188,15 +251,9 @@ fn users_library_path() -> Option<&'static OsString> {
 
 /// The locker, or why it cannot be measured (`lockrun --backend X -- true` fails).
 pub(crate) fn available(locker: Locker) -> Result<Locker, String> {
-    let output = locker
-        .command("probe", &["true"])
-        .stderr(Stdio::piped())
-        .output()
-        .map_err(|err| format!("cannot run lockrun: {err}"))?;
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    if !output.status.success() {
-        return Err(format!("backend unavailable: {}", stderr.trim()));
-    }
+    locker
+        .probe(Lock::named("probe"))
+        .map_err(|why| format!("backend unavailable: {why}"))?;
     Ok(locker)
 }
 

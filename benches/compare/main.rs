@@ -36,6 +36,7 @@ mod machine;
 mod queue;
 mod report;
 mod servers;
+mod shared;
 mod single;
 mod stats;
 
@@ -74,9 +75,23 @@ const GROWTH: [usize; 2] = [10, 100];
 const FLAT: f64 = 1.5;
 /// A queue round that takes longer is stopped and reported incomplete.
 const QUEUE_LIMIT: Duration = Duration::from_secs(90);
+/// (a), (d), (f) and (j): a run of `true` that takes longer is killed and its contender reported
+/// as not measured (or, in (a), (d) and (f), the benchmark stops).
+const RUN_LIMIT: Duration = Duration::from_secs(30);
+/// (j): uncontended runs of `true` per contender and mode, and the most a shared one may cost.
+const SHARED_RUNS: usize = 300;
+const SHARED_COST: f64 = 1.10;
+/// (k): readers waiting behind a writer, rounds (each beside one with a single waiter), and the
+/// most the last reader's gap may be against the single waiter's.
+const READERS: usize = 8;
+const READER_ROUNDS: usize = 7;
+const READERS_SPREAD: f64 = 1.30;
 const RSS_RUNS: usize = 5;
 /// (a) and (d): runs before the measured ones, left out of the medians.
 const WARMUP: usize = 20;
+
+/// The families `LOCKRUN_BENCH_ONLY` runs alone: (f) and (j)/(k).
+const ONLY: [&str; 2] = ["deployed", "shared"];
 
 fn main() {
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
@@ -107,14 +122,30 @@ struct Bench {
     rounds: usize,
 }
 
+/// The family `LOCKRUN_BENCH_ONLY` names, if any: it runs alone, printed, and
+/// BENCHMARKS.md is left as it is.
+fn only() -> Option<String> {
+    let only = std::env::var("LOCKRUN_BENCH_ONLY").ok()?;
+    if !ONLY.contains(&only.as_str()) {
+        eprintln!("bench: LOCKRUN_BENCH_ONLY is one of {ONLY:?}, not {only:?}");
+        std::process::exit(64);
+    }
+    Some(only)
+}
+
 fn benchmark() {
     if let Err(why) = Command::new("flock").arg("--version").output() {
         eprintln!("bench: flock(1) is needed as the baseline: {why}");
         std::process::exit(1);
     }
+    let only = only();
     let default = default_build();
-    let statically = static_build();
-    if let Err(why) = &statically {
+    // Neither family that runs alone measures the static build: it is not built for them.
+    let statically = match only {
+        Some(_) => Err("not measured when one family runs alone".to_owned()),
+        None => static_build(),
+    };
+    if let (None, Err(why)) = (&only, &statically) {
         println!("static opt-in build: not measured: {why}");
     }
     let scratch = tempfile::tempdir().expect("a scratch directory");
@@ -180,9 +211,12 @@ fn benchmark() {
         notes: Vec::new(),
         rounds: 0,
     };
-    // (f) alone: `LOCKRUN_BENCH_ONLY=deployed scripts/bench` prints it and writes nothing.
-    if std::env::var_os("LOCKRUN_BENCH_ONLY").is_some_and(|only| only == "deployed") {
-        bench.deployed(&default);
+    if let Some(only) = only {
+        match only.as_str() {
+            "deployed" => bench.deployed(&default),
+            "shared" => bench.shared(),
+            other => unreachable!("LOCKRUN_BENCH_ONLY={other} was refused above"),
+        }
         bench.outcomes.iter().for_each(Outcome::print);
         return;
     }
@@ -195,6 +229,7 @@ fn benchmark() {
     bench.handoff_with_slots();
     bench.fairness();
     bench.growth();
+    bench.shared();
     bench.networked_against_file();
     bench.deployed(&default);
     bench.peak_rss();

@@ -1,5 +1,5 @@
-//! The queue round shared by (c), (ii), (i) and (iii): holders take every slot, waiters line up
-//! behind them as the round says, the holders let go, and each command's stamp logs when it ran.
+//! The queue round shared by (c), (ii), (i), (iii) and (k): holders take every slot, waiters line
+//! up behind them as the round says, the holders let go, and each command's stamp logs when it ran.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -8,7 +8,7 @@ use std::process::{Child, ExitStatus};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::lockers::Locker;
+use crate::lockers::{Lock, Locker, Mode};
 use crate::{Bench, QUEUE_HOLD, QUEUE_LIMIT};
 
 /// How the waiters of a queue round line up before the holders let go.
@@ -28,6 +28,8 @@ pub(crate) struct Round<'a> {
     /// Slots; as many holders start the round, each holding until released.
     pub(crate) slots: u32,
     pub(crate) waiters: usize,
+    /// The waiters' mode; the holders are exclusive.
+    pub(crate) waiters_mode: Mode,
     pub(crate) arrival: Arrival,
 }
 
@@ -91,6 +93,39 @@ impl Served {
             .collect()
     }
 
+    /// Each waiter's gap from the last holder's end to its own start: with
+    /// shared waiters, how long each of them waited once the holders let go.
+    pub(crate) fn starts_after_holders(&self, slots: u32) -> Vec<Duration> {
+        let (holders, waiters): (Vec<&Span>, Vec<&Span>) =
+            self.spans.iter().partition(|s| s.id < slots as usize);
+        let Some(released) = holders.iter().map(|s| s.end).max() else {
+            return Vec::new();
+        };
+        waiters
+            .iter()
+            .map(|s| Duration::from_nanos((s.start - released).max(0) as u64))
+            .collect()
+    }
+
+    /// The most waiters' commands that ran at once.
+    pub(crate) fn most_waiters_at_once(&self, slots: u32) -> usize {
+        let mut events: Vec<(i128, i64)> = self
+            .spans
+            .iter()
+            .filter(|s| s.id >= slots as usize)
+            .flat_map(|s| [(s.start, 1), (s.end, -1)])
+            .collect();
+        // An end and a start at the same instant: the end first.
+        events.sort_unstable();
+        let mut running = 0_i64;
+        let mut most = 0;
+        for (_, change) in events {
+            running += change;
+            most = most.max(running);
+        }
+        most as usize
+    }
+
     /// Pairs of waiters served out of their arrival order.
     pub(crate) fn inversions(&self, slots: u32) -> usize {
         let mut served: Vec<&Span> = self
@@ -145,22 +180,28 @@ impl Bench {
         let release = base.with_extension("release");
         let name = format!("queue-{}", self.rounds);
         let hold_ms = QUEUE_HOLD.as_millis().to_string();
-        let stamp = |id: usize, mode: &str, value: &std::ffi::OsStr| {
+        let holders = round.slots as usize;
+        let stamp = |id: usize, how: &str, value: &std::ffi::OsStr| {
             let id_text = id.to_string();
             let argv = [
                 stamper.as_os_str(),
                 "stamp".as_ref(),
                 log.as_os_str(),
                 id_text.as_ref(),
-                mode.as_ref(),
+                how.as_ref(),
                 value,
             ];
+            let mode = if id < holders {
+                Mode::Exclusive
+            } else {
+                round.waiters_mode
+            };
+            let lock = Lock::named(&name).slots(round.slots, id).mode(mode);
             locker
-                .command_with_slots(&name, round.slots, id, &argv)
+                .command_under(lock, &argv)
                 .spawn()
                 .expect("spawn a queued command")
         };
-        let holders = round.slots as usize;
         let mut children: Vec<Child> = (0..holders)
             .map(|id| stamp(id, "until", release.as_os_str()))
             .collect();
@@ -226,29 +267,38 @@ impl Bench {
             in_line,
             work_in_line,
         };
-        self.check_overlap(locker, &served, round.slots);
+        self.check_overlap(round, &served);
         Some(served)
     }
 
-    /// Notes when more commands ran at once than there are slots.
-    fn check_overlap(&mut self, locker: &Locker, served: &Served, slots: u32) {
-        let mut events: Vec<(i128, i64)> = served
+    /// Notes when more exclusive commands ran at once than there are slots, or
+    /// a shared one beside an exclusive one.
+    fn check_overlap(&mut self, round: &Round, served: &Served) {
+        let slots = round.slots;
+        let shared = |span: &Span| span.id >= slots as usize && round.waiters_mode == Mode::Shared;
+        let mut events: Vec<(i128, i64, bool)> = served
             .spans
             .iter()
-            .flat_map(|s| [(s.start, 1), (s.end, -1)])
+            .flat_map(|s| [(s.start, 1, shared(s)), (s.end, -1, shared(s))])
             .collect();
         // An end and a start at the same instant: the end first.
         events.sort_unstable();
-        let mut running = 0;
-        for (_, change) in events {
-            running += change;
-            if running > i64::from(slots) {
-                self.note(format!(
-                    "{}: {running} commands ran at once with {slots} slot(s)",
-                    locker.label()
-                ));
-                return;
+        let (mut exclusive, mut sharers) = (0, 0);
+        for (_, change, shared) in events {
+            if shared {
+                sharers += change;
+            } else {
+                exclusive += change;
             }
+            let broken = if exclusive > i64::from(slots) {
+                format!("{exclusive} commands ran at once with {slots} slot(s)")
+            } else if exclusive > 0 && sharers > 0 {
+                format!("{sharers} shared command(s) ran beside an exclusive one")
+            } else {
+                continue;
+            };
+            self.note(format!("{}: {broken}", round.locker.label()));
+            return;
         }
     }
 }
@@ -315,7 +365,7 @@ fn await_line(locker: &Locker, name: &str, done: impl Fn(&[u32]) -> bool) -> boo
     }
 }
 
-fn await_path(path: &Path, limit: Duration) -> bool {
+pub(crate) fn await_path(path: &Path, limit: Duration) -> bool {
     let deadline = Instant::now() + limit;
     while !path.exists() {
         if Instant::now() > deadline {
@@ -326,7 +376,7 @@ fn await_path(path: &Path, limit: Duration) -> bool {
     true
 }
 
-fn wait_until(child: &mut Child, deadline: Instant) -> Option<ExitStatus> {
+pub(crate) fn wait_until(child: &mut Child, deadline: Instant) -> Option<ExitStatus> {
     loop {
         if let Ok(Some(status)) = child.try_wait() {
             return Some(status);
@@ -338,7 +388,7 @@ fn wait_until(child: &mut Child, deadline: Instant) -> Option<ExitStatus> {
     }
 }
 
-fn stop_all(children: &mut [Child]) {
+pub(crate) fn stop_all(children: &mut [Child]) {
     for child in children {
         let _ = child.kill();
         let _ = child.wait();

@@ -9,7 +9,8 @@ use std::time::Duration;
 use crate::stats::{ms, ratio_text};
 use crate::{
     Bench, CONTENTION_ROUNDS, FAIR_ROUNDS, FAIR_SPACING, FAIR_WAITERS, GROWTH, QUEUE, QUEUE_HOLD,
-    QUEUE_ROUNDS, QUEUE_SETTLE, RSS_RUNS, SINGLE_RUNS, SLOTS, WARMUP,
+    QUEUE_ROUNDS, QUEUE_SETTLE, READER_ROUNDS, READERS, RSS_RUNS, SHARED_RUNS, SINGLE_RUNS, SLOTS,
+    WARMUP,
 };
 
 /// One result line: what was measured, the baseline beside it, and the target.
@@ -135,7 +136,12 @@ pub(crate) fn write_report(machine: &str, bench: &Bench, took: Duration) {
          {short} and {long} waiters holding {hold} ms, each started once the one before was in line, the waiting \
          processes' voluntary context switches and CPU time (/proc/PID/status, /proc/PID/schedstat) from all in line \
          to their command's start, and the server's work (Redis commands, PostgreSQL transactions, etcd calls) from \
-         all in line to the end; (e) \
+         all in line to the end; (j) {SHARED_RUNS} uncontended runs of `true` per contender and mode after \
+         {WARMUP} warm-up runs, both modes of every contender interleaved, a backend measured once two of its \
+         `-s` runs held together; (k) {READER_ROUNDS} rounds of an exclusive holder and {READERS} shared \
+         waiters holding {hold} ms each, let go once every reader is in line (`status --json`; for flock(1) \
+         /proc/locks), each round beside one of a single exclusive waiter lined up the same way, a reader's \
+         gap being from the holder's command's end to its own command's start; (e) \
          getrusage(RUSAGE_CHILDREN) of a wrapper, largest of {RSS_RUNS} runs of `true`. Every backend runs with \
          default flags; every contender without the entries cargo adds to LD_LIBRARY_PATH.\n\n{END}",
         hold = QUEUE_HOLD.as_millis(),

@@ -4,13 +4,19 @@
 
 use std::fmt::Write as _;
 use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::lockers::{Locker, run_ok};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::lockers::{Lock, Locker, Mode};
 use crate::report::Outcome;
 use crate::servers::{Networked, Server, locker, work_unit};
 use crate::stats::{median, mib, ms};
-use crate::{Bench, RSS_RUNS, SINGLE_RUNS, WARMUP};
+use crate::{Bench, RSS_RUNS, RUN_LIMIT, SINGLE_RUNS, WARMUP};
 
 impl Bench {
     /// (a) `lockrun --name x -- true` against `flock FILE true` and bare `true`, both builds.
@@ -164,18 +170,89 @@ impl Bench {
 /// Median wall time of `true` under each locker, runs interleaved so that load
 /// from elsewhere on the machine falls on every contender alike.
 pub(crate) fn interleaved_medians(lockers: &[Locker], name: &str, runs: usize) -> Vec<Duration> {
-    let mut samples = vec![Vec::with_capacity(runs); lockers.len()];
-    for round in 0..WARMUP + runs {
-        for (locker, samples) in lockers.iter().zip(&mut samples) {
-            let mut command = locker.command(name, &["true"]);
-            let started = Instant::now();
-            run_ok(&mut command);
-            if round >= WARMUP {
-                samples.push(started.elapsed());
+    let contenders: Vec<(&Locker, Mode)> = lockers.iter().map(|l| (l, Mode::Exclusive)).collect();
+    interleaved_in_modes(&contenders, name, runs, Order::Fixed)
+        .into_iter()
+        .zip(lockers)
+        .map(|(median, locker)| median.unwrap_or_else(|why| panic!("{}: {why}", locker.label())))
+        .collect()
+}
+
+/// The order of the contenders in each round of interleaved runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Order {
+    /// The same every round, as (a), (d) and (f) have always run.
+    Fixed,
+    /// Every other round, each two neighbours (first and second, third and
+    /// fourth, ...) swapped. A contender listed twice in a row, once per mode,
+    /// then runs each mode first (after another binary) as often as second
+    /// (after its own, warm): `flock -s` always second measured 0.93× `flock -x`
+    /// in one run. Reversing the whole list instead leaves the ends unfair: the
+    /// first contender's first mode and the last one's second would always
+    /// follow themselves (etcd's -s measured 0.90-0.94×, `flock -s` 1.03-1.05×).
+    SwappedPairs,
+}
+
+/// The same with each contender in its own mode, or why it has no median: a
+/// run of it failed, or had not ended after `RUN_LIMIT` (then it is killed).
+/// A contender that failed runs no more.
+pub(crate) fn interleaved_in_modes(
+    contenders: &[(&Locker, Mode)],
+    name: &str,
+    runs: usize,
+    order: Order,
+) -> Vec<Result<Duration, String>> {
+    let mut samples: Vec<Result<Vec<Duration>, String>> =
+        vec![Ok(Vec::with_capacity(runs)); contenders.len()];
+    // The run under way and when it began, for the watchdog.
+    let running: Mutex<Option<(u32, Instant)>> = Mutex::new(None);
+    let done = AtomicBool::new(false);
+    thread::scope(|scope| {
+        scope.spawn(|| {
+            while !done.load(Ordering::Relaxed) {
+                thread::sleep(Duration::from_millis(100));
+                let running = running.lock().expect("the watchdog's lock");
+                if let Some((pid, began)) = *running
+                    && began.elapsed() > RUN_LIMIT
+                {
+                    let pid = i32::try_from(pid).expect("a pid fits a pid_t");
+                    let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+                }
+            }
+        });
+        for round in 0..WARMUP + runs {
+            let mut turns: Vec<usize> = (0..contenders.len()).collect();
+            if order == Order::SwappedPairs && round % 2 == 1 {
+                turns.chunks_mut(2).for_each(<[usize]>::reverse);
+            }
+            for turn in turns {
+                let (locker, mode) = contenders[turn];
+                let samples = &mut samples[turn];
+                let Ok(collected) = samples else {
+                    continue;
+                };
+                let mut command = locker.command_under(Lock::named(name).mode(mode), &["true"]);
+                let started = Instant::now();
+                let mut child = command.spawn().expect("spawn a benchmarked command");
+                *running.lock().expect("the watchdog's lock") = Some((child.id(), started));
+                let status = child.wait().expect("wait for a benchmarked command");
+                let took = started.elapsed();
+                *running.lock().expect("the watchdog's lock") = None;
+                if took > RUN_LIMIT {
+                    *samples = Err(format!(
+                        "a run had not ended after {} s",
+                        RUN_LIMIT.as_secs()
+                    ));
+                } else if !status.success() {
+                    *samples = Err(format!("a run failed: {status}"));
+                } else if round >= WARMUP {
+                    collected.push(took);
+                }
             }
         }
-    }
-    samples.into_iter().map(median).collect()
+        done.store(true, Ordering::Relaxed);
+    });
+    samples.into_iter().map(|s| s.map(median)).collect()
 }
 
 /// PostgreSQL's round trips per uncontended run, counted by a proxy in front
