@@ -47,7 +47,8 @@ macro_rules! backend_tests {
             modes::several_names_in_any_order_never_deadlock,
             modes::several_names_are_all_or_nothing,
             modes::the_first_name_is_kept_while_waiting_for_the_second,
-            modes::release_force_breaks_one_sharer
+            modes::release_force_breaks_one_sharer,
+            modes::losing_any_names_lease_stops_the_command
         );
     };
     (@each $module:ident, $store:expr, $($group:ident :: $test:ident),+) => {

@@ -378,3 +378,31 @@ pub fn release_force_breaks_one_sharer(store: &Store) {
     assert_eq!(count(store, "pair", "holding"), 1);
     let_go(&first, kept);
 }
+
+/// Where leases can be broken, breaking the lease of either name a run
+/// holds stops its command: 76, saying which name's lease was lost.
+pub fn losing_any_names_lease_stops_the_command(store: &Store) {
+    for lost in ["left", "right"] {
+        let scratch = Scratch::new();
+        let holder = hold(
+            store,
+            &scratch,
+            "left",
+            &["--name", "right", "--ttl", "1", "--kill-grace", "0.1"],
+        );
+        let output = run(store.release().args([lost, "--force"]));
+        if output.status.code() == Some(64) {
+            // The file backend: no lease to break.
+            let_go(&scratch, holder);
+            return;
+        }
+        assert_status(&output, 0);
+        let output = finish(holder);
+        assert_status(&output, 76);
+        let err = stderr(&output);
+        assert!(
+            err.contains(&format!("the lease on {lost} was lost")),
+            "{err}"
+        );
+    }
+}
