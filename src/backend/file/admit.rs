@@ -67,9 +67,13 @@ fn refusing_holder(
     ours: u32,
     gaps_below: u32,
 ) -> Result<Option<u32>> {
+    // A sharer (its own file a share file) holds slot 0's file shared: nobody
+    // holds it exclusively, and its record's --min-hold was read when the lock
+    // was got. Only sharers, all -p 1 like it, hold it beside it.
+    let sharer = matches!(own, Some(SlotFile::Share(_)));
     for slot in 0.. {
         let slot_file = kind(slot);
-        if own == Some(slot_file) {
+        if own == Some(slot_file) || (sharer && slot_file == SlotFile::Lock(0)) {
             continue;
         }
         let path = slot_file.path(dir.path(), stem);
