@@ -241,6 +241,82 @@ fn a_writers_release_lets_every_reader_behind_it_in_at_once() {
     assert_eq!(slots, (0..8).collect::<Vec<u32>>());
 }
 
+/// A waiter watches from the store's present, never from its past (README:
+/// "etcd backend"): etcd catches a watch that starts in its past up only
+/// every 100 ms (`etcd_debugging_mvcc_slow_watcher_total` counts those), so
+/// a release in the meantime would reach that waiter up to 100 ms late.
+/// Eight readers join behind a writer while another key changes every
+/// millisecond, so that the store moves on between each reader's look and
+/// its watch; etcd never has a watcher to catch up, and the writer's release
+/// lets them all in.
+#[test]
+fn waiters_watch_from_the_present_so_that_etcd_holds_no_release_back() {
+    let Some((store, server)) = etcd() else {
+        return;
+    };
+    let scratch = Scratch::new();
+    let mut writer = hold_recording(&store, &scratch, "shelf", &[]);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let churn = {
+        let stop = Arc::clone(&stop);
+        let mut etcd = client(server.url());
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let put = Txn::new().then(Op::put(b"/elsewhere", n.to_string().as_bytes(), 0));
+                etcd.txn(&put, Duration::from_secs(2)).unwrap();
+                n += 1;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })
+    };
+    let behind = || {
+        server
+            .metrics()
+            .lines()
+            .find_map(|line| line.strip_prefix("etcd_debugging_mvcc_slow_watcher_total "))
+            .and_then(|count| count.trim().parse::<f64>().ok())
+            .expect("etcd's count of watchers to catch up")
+    };
+    let readers: Vec<Running> = (0..8)
+        .map(|_| {
+            let reader = store
+                .lockrun()
+                .args(["--name", "shelf", "-s", "-w", "60", "--ttl", "60", "true"])
+                .stderr(std::process::Stdio::piped())
+                .start();
+            std::thread::sleep(Duration::from_millis(2));
+            reader
+        })
+        .collect();
+    // Until every reader is in line, and as long again as etcd's catch-up period.
+    let mut most_behind: f64 = 0.0;
+    let mut lined_up: Option<Instant> = None;
+    let started = Instant::now();
+    while lined_up.is_none_or(|at| at.elapsed() < Duration::from_millis(150)) {
+        most_behind = most_behind.max(behind());
+        if lined_up.is_none() && waiting(&store, "shelf") == 8 {
+            lined_up = Some(Instant::now());
+        }
+        assert!(
+            lined_up.is_some() || started.elapsed() < PATIENCE,
+            "the readers did not line up"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    churn.join().unwrap();
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(wait(&mut writer).code(), Some(0));
+    for reader in readers {
+        assert_status(&finish(reader), 0);
+    }
+    assert_eq!(
+        most_behind, 0.0,
+        "watchers that etcd catches up only every 100 ms"
+    );
+}
+
 /// A writer behind three readers holds only once the last of them has gone:
 /// with one slot it then holds by being the oldest, without a call.
 #[test]
