@@ -183,8 +183,9 @@ fn waiting(store: &Store, name: &str) -> usize {
 
 /// A writer's release lets every reader waiting behind it in at once
 /// (README: "etcd backend"): eight readers watch the writer's place, not
-/// each other's, and when it goes each takes a slot of its own, the lowest
-/// eight, with one transaction and no look at the line; they run together.
+/// each other's, and when it goes each holds at once with a slot of its own,
+/// the lowest eight, written by one transaction right after its command
+/// starts, and no look at the line; they run together.
 #[test]
 fn a_writers_release_lets_every_reader_behind_it_in_at_once() {
     let Some((store, server)) = etcd() else {

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::keys::{KeyKind, NameKeys};
 use super::link::{KeyValue, Listing};
 use crate::backend::record::{HolderRecord, WaiterRecord};
-use crate::backend::{Entry, Line, Mode, Owner, Request, refuses};
+use crate::backend::{Entry, Line, MAX_SHARERS, Mode, Owner, Request, refuses};
 use crate::identity::Process;
 
 /// What a place's key holds: a holder's record with its slot, or a waiter's.
@@ -112,7 +112,8 @@ pub enum Blocker {
     /// The place at index `at`: an exclusive run watches the place just
     /// ahead, a sharer the nearest exclusive run ahead of it. Once it is
     /// gone, the waiter holds if it `frees` it (it was the last exclusive
-    /// run ahead of a sharer), else looks again; with `puts`, it looks
+    /// run ahead of a sharer, with room for the sharers ahead and it), else
+    /// looks again; with `puts`, it looks
     /// again too when that place changes (it took a slot).
     Place { at: usize, frees: bool, puts: bool },
 }
@@ -319,7 +320,9 @@ impl LineView {
                 match exclusive.next() {
                     Some(at) => Blocker::Place {
                         at,
-                        frees: exclusive.next().is_none(),
+                        // Once it goes, the `index - 1` places ahead are all
+                        // sharers: we go with them if there is room.
+                        frees: exclusive.next().is_none() && index <= MAX_SHARERS as usize,
                         // A holder's record changes nothing for us.
                         puts: at >= group,
                     },

@@ -13,7 +13,7 @@ use super::slot::EtcdSlot;
 use super::watching::{WatchTarget, Watcher, Woken};
 use super::{holding, now_millis, recipe};
 use crate::backend::record::WaiterRecord;
-use crate::backend::{Attempt, Line, Request, Slot};
+use crate::backend::{Attempt, Line, Mode, Request, Slot};
 use crate::platform::clock::Moment;
 use crate::timing::{FREE_CALL, Plan};
 
@@ -94,10 +94,16 @@ impl Waiter {
             _ if newcomer => self.claim(keys, request, request.queue, within)?,
             // The places ahead of ours at the head are gone, so ours is the
             // oldest: with one slot, that is what holds it (etcd's own lock
-            // recipe). No call stands between the release and our command;
-            // the first renewal writes our record. A sharer takes a slot
-            // key of its own, below.
-            Some(Woken::Freed(slot)) if request.capacity() == 1 => {
+            // recipe). A sharer freed by the last exclusive run ahead of it
+            // going has only sharers ahead, few enough to hold beside: its
+            // place in line is what lets it in too, and a writer behind waits
+            // for that place, not for a slot key. No call stands between the
+            // release and our command (a write each, which a line of readers
+            // let in at once would queue for); the first renewal, at once,
+            // writes our record and our slot key.
+            Some(Woken::Freed(slot))
+                if request.capacity() == 1 || request.mode() == Mode::Shared =>
+            {
                 let mine = self.lease.as_ref().expect("in line with a lease");
                 let fence = mine.revision;
                 return Ok(Attempt::Taken(self.slot(

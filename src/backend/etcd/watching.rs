@@ -149,9 +149,18 @@ impl Watcher {
             Some((keys, deletes_only, _)) if *keys == target.keys && *deletes_only == target.deletes_only);
         if !reused {
             self.watch = None;
-            let watch =
-                client.watch(&target.keys, target.after + 1, target.deletes_only, within)?;
+            // From now, not from the look's revision: etcd serves a watch
+            // that starts in its past from a queue it catches up only every
+            // 100 ms (its "unsynced" watchers), so a release in between
+            // would reach us up to 100 ms late. Whatever changed since the
+            // look the next look sees, and this watch is kept for it.
+            let watch = client.watch(&target.keys, 0, target.deletes_only, within)?;
+            // A member that did not say its revision might have moved on too.
+            let changed = !(1..=target.after).contains(&watch.created_at());
             self.watch = Some((target.keys.clone(), target.deletes_only, watch));
+            if changed {
+                return Ok(Some(Woken::Moved));
+            }
         }
         let (_, _, watch) = self.watch.as_mut().expect("set above");
         let deadline = Deadline::at(until);

@@ -19,6 +19,8 @@ pub struct Watch {
     endpoint: String,
     /// Body bytes received and not yet split into messages.
     pending: Vec<u8>,
+    /// The store's revision when the member confirmed the watch.
+    created_at: i64,
 }
 
 impl Watch {
@@ -40,8 +42,10 @@ impl Watch {
             connection,
             endpoint,
             pending: Vec::new(),
+            created_at: 0,
         };
         let created = watch.message(deadline)?;
+        watch.created_at = created.header.revision;
         if !created.created {
             return Err(AttemptError::Io(not_etcd("the watch was not confirmed")));
         }
@@ -63,6 +67,12 @@ impl Watch {
             });
         }
         Ok(watch)
+    }
+
+    /// The store's revision when the member confirmed the watch: a watch
+    /// from now sees every change after it.
+    pub fn created_at(&self) -> i64 {
+        self.created_at
     }
 
     /// The next batch of events, waiting for one until `until`; empty when

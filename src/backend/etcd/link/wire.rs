@@ -258,6 +258,9 @@ pub struct WatchCreateRequest {
 
 #[derive(Debug, Default, Deserialize)]
 pub struct WatchResponse {
+    /// On the message that confirms a watch, the store's revision then.
+    #[serde(default)]
+    pub header: Header,
     #[serde(default)]
     pub created: bool,
     #[serde(default)]
