@@ -248,7 +248,13 @@ impl WaitLoop<'_> {
                 err
             });
         }
-        let delay = self.backoff.next_wait(until.map(Moment::remaining));
+        let mut delay = self.backoff.next_wait(until.map(Moment::remaining));
+        if self.reached && self.store.abilities().leases {
+            // A place in line lapses unless its waiter asks every TTL/3:
+            // trouble that passes must not cost it its place, nor keep a
+            // slot granted to it meanwhile from the others.
+            delay = delay.min(self.request.plan.keep_place_every());
+        }
         self.progress.around(|| {
             self.reporter.event(&Event::Retry {
                 retry,
