@@ -1,6 +1,6 @@
 //! lockrun on PostgreSQL, beyond the tests every backend runs (tests/core.rs):
 //! one thread, a restart or a terminated session during a hold, a waiter
-//! across a restart, refusals that show no password and touch nothing, a
+//! across a restart or an ended session, refusals that show no password and touch nothing, a
 //! full server at first contact, a long line on few connections, a line
 //! that moves without notifications (as behind a transaction-pooling
 //! pgbouncer), readers woken together, and an older schema read as it is.
@@ -173,6 +173,68 @@ fn a_terminated_session_is_made_anew_and_the_lease_renewed() {
     assert_eq!(connections(&server), 1);
     fs::write(scratch.path("release"), "").unwrap();
     assert_eq!(wait(&mut holder).code(), Some(0));
+}
+
+/// A waiter whose session is ended while it waits rides that out in steps
+/// of at most TTL/3, however long its backoff step: it keeps its place, and
+/// the slot a release gives it is taken at once, not after a 10-30 s sleep.
+#[test]
+fn a_waiter_whose_session_is_ended_takes_the_freed_slot_within_a_ttl() {
+    let Some(server) = PostgresServer::start().map(Arc::new) else {
+        return;
+    };
+    let store = Store::on_postgres(&server);
+    let scratch = Scratch::new();
+    let mut holder = holder(&store, &scratch, "cut", &["--ttl", "1.5"]);
+    let waiting = Store::on_postgres_at(
+        &format!("{}?application_name=waiter", server.url()),
+        Box::new(Arc::clone(&server)),
+    );
+    let waiter_events = scratch.path("waiter-events");
+    let waiter = waiting
+        .lockrun()
+        .args([
+            "--name",
+            "cut",
+            "--ttl",
+            "1.5",
+            "-w",
+            "60",
+            "--log-format",
+            "json",
+        ])
+        .args(["--initial-delay", "20", "--max-delay", "20", "true"])
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&waiter_events).unwrap())
+        .start();
+    wait_until("the waiter in line", || {
+        count(&events(&waiter_events), "waiting") == 1
+    });
+    let ended: i64 = server
+        .client()
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+             WHERE application_name = 'waiter'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(ended >= 1, "the waiter's session");
+    wait_until("the waiter riding out its ended session", || {
+        events(&waiter_events)
+            .iter()
+            .any(|event| event["event"] == "retry" && event["reason"] != "contended")
+    });
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(wait(&mut holder).code(), Some(0));
+    let released = Instant::now();
+    assert_status(&finish(waiter), 0);
+    assert!(
+        released.elapsed() < Duration::from_secs(5),
+        "the waiter took {:?}: {:?}",
+        released.elapsed(),
+        events(&waiter_events)
+    );
 }
 
 #[test]
