@@ -20,7 +20,7 @@ use crate::report::{Event, Reporter, Retry, held_by};
 const LIVENESS_POLL: Duration = Duration::from_millis(100);
 /// How long a `--no-wait` run rides out trouble with the store (a server's
 /// restart, an election, a failover) before it gives up with 69: seconds,
-/// not the minutes a waiting run may take (README: "When the server has trouble").
+/// not the minutes a waiting run may take (docs/guide.md: "When the server has trouble").
 pub const NO_WAIT_RIDE_OUT: Duration = Duration::from_secs(10);
 
 pub struct WaitPolicy {
@@ -31,7 +31,7 @@ pub struct WaitPolicy {
 }
 
 /// Waits for a slot of `request.name`, keeping the leases of the names
-/// `held` already (README: "Several names") alive meanwhile.
+/// `held` already (docs/guide.md: "Several names") alive meanwhile.
 pub fn acquire(
     store: &mut dyn Store,
     request: &Request,
@@ -314,7 +314,7 @@ impl WaitLoop<'_> {
         })
     }
 
-    /// A name's slot count is part of the lock (README: "Slots"): a run
+    /// A name's slot count is part of the lock (docs/guide.md: "Slots"): a run
     /// with another `-p` than the name's holders or waiters is a mistake.
     fn other_parallelism(&self, theirs: u32) -> Error {
         Error::Usage(format!(

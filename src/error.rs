@@ -25,7 +25,7 @@ pub enum Error {
     Unavailable(String),
     /// Trouble that may pass (a refused or lost connection, a restarting server,
     /// a locked database): ridden out until `--timeout`, and for a short while with
-    /// `--no-wait` (README: "When the server has trouble"); then like `Unavailable`.
+    /// `--no-wait` (docs/guide.md: "When the server has trouble"); then like `Unavailable`.
     #[error("{message}")]
     Trouble { message: String, kind: Trouble },
     /// The store does not exist yet, and only a run creates one: `status` then

@@ -13,7 +13,7 @@ use crate::timing::Plan;
 
 /// The slots a run holds, one per name, each with its lease if it has one.
 /// Its moments are those of the lease that ends first; losing any lease
-/// loses the run's right to go on (README: "Several names").
+/// loses the run's right to go on (docs/guide.md: "Several names").
 #[derive(Default)]
 pub struct Held {
     locks: Vec<HeldLock>,

@@ -1,4 +1,4 @@
-//! `lockrun status` and `lockrun release` (README: "Operating lockrun"): what
+//! `lockrun status` and `lockrun release` (docs/operating.md: "Operating lockrun"): what
 //! operators use to see who holds and who waits for a lock, and to break a
 //! lease known to be dead.
 
@@ -128,7 +128,7 @@ fn finish(written: std::io::Result<()>) -> Result<()> {
     }
 }
 
-/// The `status --json` array (README: "Who holds a lock"), one object at a time.
+/// The `status --json` array (docs/operating.md: "Who holds a lock"), one object at a time.
 fn json_list(out: &mut impl Write, backend: &str, entries: &[Entry]) -> std::io::Result<()> {
     out.write_all(b"[")?;
     for (at, entry) in entries.iter().enumerate() {

@@ -1,4 +1,4 @@
-//! The live waiting line (README: "Who holds a lock"): when stderr is a terminal and a wait lasts
+//! The live waiting line (docs/operating.md: "Who holds a lock"): when stderr is a terminal and a wait lasts
 //! more than a second, one stderr line rewritten in place says who holds the
 //! lock and for how long, and is cleared once the wait ends.
 //!

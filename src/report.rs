@@ -1,4 +1,4 @@
-//! Diagnostics on stderr (README: "Feeding the events to a log pipeline"): text lines for people, or one JSON object
+//! Diagnostics on stderr (docs/operating.md: "Feeding the events to a log pipeline"): text lines for people, or one JSON object
 //! per event for log pipelines. stdout belongs to the command.
 
 use std::fmt::Write as _;

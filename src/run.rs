@@ -73,7 +73,7 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
         .slots()
         .map(|(number, fence)| (number.to_string(), fence.to_string()))
         .unzip();
-    // One line per name, in the order taken (README: "What the command gets").
+    // One line per name, in the order taken (docs/guide.md: "What the command gets").
     let lines = |items: &[String]| items.join("\n");
     let names_text: Vec<String> = names.iter().map(ToString::to_string).collect();
     let env = [

@@ -1,5 +1,5 @@
 //! How many terminal columns text takes, so that `status` lines up names in
-//! Chinese, Japanese or Korean and emoji (README: "Who holds a lock"): the
+//! Chinese, Japanese or Korean and emoji (docs/operating.md: "Who holds a lock"): the
 //! wide ranges of Unicode's East Asian Width (W and F) that are in common
 //! use, and the marks that combine with the character before them.
 

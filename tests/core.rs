@@ -1,5 +1,5 @@
-//! Behaviour every backend must show (README: "Exit status", "What the command
-//! gets", the backends' sections), written once and run against each backend
+//! Behaviour every backend must show (README: "Exit status"; docs/guide.md:
+//! "What the command gets"; the backends' pages), written once and run against each backend
 //! through `backend_tests!`.
 
 use std::collections::HashSet;

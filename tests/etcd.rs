@@ -1,4 +1,4 @@
-//! The etcd backend (README: "etcd backend"): calls per run, wake-ups, keys
+//! The etcd backend (docs/backends/etcd.md: "etcd backend"): calls per run, wake-ups, keys
 //! and records, leases as etcd grants them, a member or the whole cluster
 //! failing, auth and secrets, and one thread while the command runs.
 
@@ -133,7 +133,7 @@ fn a_waiter_starts_as_soon_as_the_holder_ends_without_polling() {
     assert_eq!(wait(&mut second).code(), Some(0));
 }
 
-/// Waiters watch and never poll (README: "etcd backend"): a waiter whose
+/// Waiters watch and never poll (docs/backends/etcd.md: "etcd backend"): a waiter whose
 /// backoff steps are 50 ms looks at the line not once while it stands still,
 /// never announces a next try, and starts when the holder ends. The holder
 /// runs in a pid namespace of its own, as on another host: a holder on this
@@ -182,7 +182,7 @@ fn waiting(store: &Store, name: &str) -> usize {
 }
 
 /// A writer's release lets every reader waiting behind it in at once
-/// (README: "etcd backend"): eight readers watch the writer's place, not
+/// (docs/backends/etcd.md: "etcd backend"): eight readers watch the writer's place, not
 /// each other's, and when it goes each holds at once with a slot of its own,
 /// the lowest eight, written by one transaction right after its command
 /// starts, and no look at the line; they run together.

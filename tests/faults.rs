@@ -513,7 +513,7 @@ mod etcd {
         // A follower, not the leader: etcd before 3.4.28 and 3.5.10 revokes every
         // lease when a leader stalled past the election timeout comes back (etcd
         // issues 12528 and 15247), so holders lose their leases early whatever the
-        // client does (README: "etcd backend").
+        // client does (docs/backends/etcd.md: "etcd backend").
         let mut round = 0;
         let fault = Fault {
             what: "a follower (another each time) SIGSTOPped for 3 s, then SIGCONTed",

@@ -1,4 +1,4 @@
-//! The file backend's own guarantees (README: "File backend"): the directory,
+//! The file backend's own guarantees (docs/backends/file.md: "File backend"): the directory,
 //! names, symlinks, kernel waits.
 
 use std::fs;

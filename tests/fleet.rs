@@ -1,4 +1,4 @@
-//! A cron minute on a fleet, simulated on one machine (README: "Fleet scale",
+//! A cron minute on a fleet, simulated on one machine (CONTRIBUTING.md: "The ignored suites",
 //! BENCHMARKS.md: "Scale"): many lockrun processes at once against real
 //! servers of the test's own. Ignored by default, like the stress suite;
 //! `.ci/run` runs a small version and `scripts/fleet` the full one, which sets:

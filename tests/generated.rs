@@ -1,5 +1,5 @@
 //! The man pages in `man/` and the shell completions in `completions/` are
-//! generated from the clap definition and the README, and committed. This test
+//! generated from the clap definition and the docs (README.md, docs/), and committed. This test
 //! fails when they drift from either; `LOCKRUN_REGENERATE=1 cargo test generated`
 //! rewrites them.
 
@@ -14,7 +14,8 @@ use clap_mangen::Man;
 use clap_mangen::roff::{Roff, bold, roman};
 use lockrun::cli::Cli;
 
-use readme::{Readme, inline, to_roff};
+use crate::support::docs::Doc;
+use readme::{inline, to_roff};
 
 /// Every generated file: its path in the repository and its content.
 fn generated() -> Vec<(PathBuf, Vec<u8>)> {
@@ -26,7 +27,7 @@ fn generated() -> Vec<(PathBuf, Vec<u8>)> {
     let main = Man::new(Cli::command().disable_help_subcommand(true));
     files.push((
         PathBuf::from("man").join(main.get_filename()),
-        manual(&main, &command, &Readme::load()),
+        manual(&main, &command),
     ));
     for sub in command
         .get_subcommands()
@@ -127,9 +128,29 @@ complete -c lockrun -n 'contains -- -- (commandline -opc)' -f -a '(__fish_lockru
 /// One of `Man::render_*_section`: a section of clap's page.
 type RenderSection = fn(&Man, &mut dyn std::io::Write) -> std::io::Result<()>;
 
-/// lockrun(1): clap's sections for the command line, then the README's for
+/// The documents lockrun(1) is made from.
+struct Docs {
+    readme: Doc,
+    guide: Doc,
+    operating: Doc,
+    recipes: Doc,
+}
+
+impl Docs {
+    fn load() -> Self {
+        Self {
+            readme: Doc::load("README.md"),
+            guide: Doc::load("docs/guide.md"),
+            operating: Doc::load("docs/operating.md"),
+            recipes: Doc::load("docs/recipes.md"),
+        }
+    }
+}
+
+/// lockrun(1): clap's sections for the command line, then the docs' for
 /// everything else, so that the page is the full reference.
-fn manual(page: &Man, command: &Command, readme: &Readme) -> Vec<u8> {
+fn manual(page: &Man, command: &Command) -> Vec<u8> {
+    let docs = Docs::load();
     // Each of clap's renderings starts with roff's definition of the apostrophe: the page needs it once.
     let preamble = Roff::new().render();
     let clap_section = |render: RenderSection| {
@@ -143,57 +164,81 @@ fn manual(page: &Man, command: &Command, readme: &Readme) -> Vec<u8> {
         Man::render_title,
         Man::render_name_section,
         Man::render_synopsis_section,
-        Man::render_description_section,
-        Man::render_options_section,
     ] {
         roff.extend(clap_section(render));
     }
+    // The README's opening, not clap's about, which NAME says already.
+    let mut description = Roff::new();
+    description.control("SH", ["DESCRIPTION"]);
+    description.extend([to_roff(docs.readme.section_without_subsections("lockrun"))]);
+    roff.extend(description.to_roff().into_bytes());
+    roff.extend(clap_section(Man::render_options_section));
     // After the options: durations and the rules for the command's words.
-    let notes = usage_notes(readme.section_without_subsections("Usage"));
+    let notes = usage_notes(docs.readme.section_without_subsections("Usage"));
     roff.extend(to_roff(&notes).to_roff().into_bytes());
     roff.extend(clap_section(Man::render_subcommands_section));
-    roff.extend(reference(command, readme).to_roff().into_bytes());
+    roff.extend(reference(command, &docs).to_roff().into_bytes());
     roff
 }
 
-/// The sections after the command line's, from the README.
-fn reference(command: &Command, readme: &Readme) -> Roff {
+/// The sections after the command line's, from the docs.
+fn reference(command: &Command, docs: &Docs) -> Roff {
     let mut roff = Roff::new();
+    roff.control("SH", ["WHY NOT FLOCK(1)?"]);
+    roff.extend([to_roff(docs.readme.section("Why not flock(1)?"))]);
     roff.control("SH", ["BACKENDS"]);
+    roff.extend([to_roff(docs.readme.section("Which backend when"))]);
     for backend in lockrun::backend::NAMES {
-        // Each backend's README section (`## SQLite backend`) makes its part of the page.
-        let title = readme
-            .titles(2)
-            .find(|title| {
+        // Each backend's page (`docs/backends/sqlite.md`, `# SQLite backend`) makes its part of the page.
+        let page = Doc::load(&format!("docs/backends/{backend}.md"));
+        let title = page
+            .titles(1)
+            .next()
+            .filter(|title| {
                 let title = title.to_lowercase();
                 title.starts_with(backend) && title.ends_with(" backend")
             })
-            .unwrap_or_else(|| panic!("README.md has no section on the {backend} backend"));
+            .unwrap_or_else(|| panic!("{} is not titled \"{backend} backend\"", page.path()));
         roff.control("SS", [title]);
-        roff.extend([to_roff(readme.section(title))]);
+        roff.extend([to_roff(page.body())]);
     }
     roff.control("SH", ["ENVIRONMENT"]);
     roff.extend([environment_read(command)]);
     for title in ["The command's environment", "A lockrun inside a lockrun"] {
         roff.control("SS", [title]);
-        roff.extend([to_roff(readme.section(title))]);
+        roff.extend([to_roff(docs.guide.section(title))]);
     }
-    for (heading, section) in [
-        ("THE COMMAND", "What the command gets"),
-        ("SIGNALS", "Signals and the process group"),
-        ("SLOTS", "Slots"),
-        ("SHARED LOCKS", "Shared locks"),
-        ("SEVERAL NAMES", "Several names"),
-        ("THE WAITING LINE", "The waiting line"),
-        ("EXIT STATUS", "Exit status"),
-        ("STATUS", "Who holds a lock"),
-        ("RELEASE", "Breaking a dead lease"),
-        ("EVENTS", "Feeding the events to a log pipeline"),
-        ("FILES", "Files"),
-        ("EXAMPLES", "Recipes"),
+    for (heading, doc, section) in [
+        ("THE COMMAND", &docs.guide, "What the command gets"),
+        ("SIGNALS", &docs.guide, "Signals and the process group"),
+        ("SLOTS", &docs.guide, "Slots"),
+        ("SHARED LOCKS", &docs.guide, "Shared locks"),
+        ("SEVERAL NAMES", &docs.guide, "Several names"),
+        ("THE WAITING LINE", &docs.guide, "The waiting line"),
+        (
+            "TROUBLE WITH THE STORE",
+            &docs.guide,
+            "When the server has trouble",
+        ),
+        ("EXIT STATUS", &docs.readme, "Exit status"),
+        ("STATUS", &docs.operating, "Who holds a lock"),
+        ("RELEASE", &docs.operating, "Breaking a dead lease"),
+        (
+            "EVENTS",
+            &docs.operating,
+            "Feeding the events to a log pipeline",
+        ),
+        ("FILES", &docs.operating, "Files"),
+        ("EXAMPLES", &docs.recipes, "Recipes"),
     ] {
         roff.control("SH", [heading]);
-        roff.extend([to_roff(readme.section_without_subsections(section))]);
+        let text = if heading == "THE COMMAND" {
+            // Its subsections have sections of their own above and below.
+            doc.section_without_subsections(section)
+        } else {
+            doc.section(section)
+        };
+        roff.extend([to_roff(text)]);
     }
     roff.control("SH", ["SEE ALSO"]);
     roff.text([

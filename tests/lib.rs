@@ -4,6 +4,7 @@ mod support;
 
 mod cli;
 mod core;
+mod docs;
 #[cfg(feature = "etcd")]
 mod etcd;
 #[cfg(feature = "etcd")]

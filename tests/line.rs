@@ -1,4 +1,4 @@
-//! The waiting line every backend keeps (README: "The waiting line"): first
+//! The waiting line every backend keeps (docs/guide.md: "The waiting line"): first
 //! come, first served for any number of slots, no idle slot, dead waiters
 //! skipped, and `status` listing the line in order. Run against each backend
 //! through `backend_tests!` (tests/core.rs).

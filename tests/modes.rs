@@ -1,4 +1,4 @@
-//! Shared locks and several names (README: "Shared locks", "Several names"):
+//! Shared locks and several names (docs/guide.md: "Shared locks", "Several names"):
 //! readers hold together and keep writers out, the line stays first come,
 //! first served across modes, and several names are taken all or nothing in
 //! one order. Run against each backend through `backend_tests!` (tests/core.rs).

@@ -1,4 +1,4 @@
-//! Lock directories shared between users (README: "File backend"): who may
+//! Lock directories shared between users (docs/backends/file.md: "File backend"): who may
 //! share one, and what a neighbour who shares it, or only the host, can do.
 
 use std::fs::{self, File};

@@ -1,4 +1,5 @@
-//! Operator tools (README: "Operating lockrun", "The waiting line"): status,
+//! Operator tools (docs/operating.md: "Operating lockrun"; docs/guide.md: "The
+//! waiting line"): status,
 //! release, the live waiting line on a terminal, `-v` text and `--log-format json` events.
 
 use std::fs::{self, File};

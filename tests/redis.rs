@@ -1,4 +1,4 @@
-//! The Redis backend (README: "Redis backend"): round trips, wake-ups, leases when Redis or the
+//! The Redis backend (docs/backends/redis.md: "Redis backend"): round trips, wake-ups, leases when Redis or the
 //! holder fails, fencing across data loss, connection errors and secrets.
 
 use std::fs;

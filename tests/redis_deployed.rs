@@ -1,4 +1,4 @@
-//! Redis as deployed (README: "Redis as deployed"): a primary, a replica and
+//! Redis as deployed (docs/backends/redis.md: "Redis as deployed"): a primary, a replica and
 //! three Sentinels failing over under holders and waiters; `--redis-replicas`
 //! without its replica; a Redis Cluster moving a held name's slot.
 
@@ -146,7 +146,7 @@ fn sentinel_failovers_planned_and_by_kill_grant_no_slot_twice_and_fences_only_in
     // A holder through both failovers, renewing on whichever server is the primary, and
     // only once a replica acknowledges (`--redis-replicas` 1): after a planned failover,
     // Sentinel makes the old primary a replica at its next 10 s look, so the lease
-    // must outlast that (the README's "Redis as deployed").
+    // must outlast that (docs/backends/redis.md: "Redis as deployed").
     let holder_scratch = Scratch::new();
     let holder = hold_recording(&store, &holder_scratch, "held", &["-v", "--ttl", "60"]);
     let workers = Workers::start(&store, &scratch, 3);

@@ -1,4 +1,5 @@
-//! Where users run lockrun (README: "Recipes", "File backend", "Exit status"):
+//! Where users run lockrun (docs/recipes.md: "Recipes"; docs/backends/file.md:
+//! "File backend"; README: "Exit status"):
 //! cron next to a login shell, containers without an init, shell scripts that
 //! nest lockruns, and the monitoring that asks `status`.
 

@@ -1,4 +1,4 @@
-//! What the compiler cannot check about the sources and the build (README: "Design").
+//! What the compiler cannot check about the sources and the build (ARCHITECTURE.md: "Design").
 
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -1,4 +1,4 @@
-//! The SQLite backend's own guarantees (README: "SQLite backend"): leases that are renewed and
+//! The SQLite backend's own guarantees (docs/backends/sqlite.md: "SQLite backend"): leases that are renewed and
 //! lost, same-host reclaim, quick handoff, and files that are not lockrun's.
 
 use std::fs;

@@ -1,5 +1,5 @@
 //! Crash and contention: many lockrun processes on one name while random ones
-//! are killed with SIGKILL, holders and waiters alike (README: "Stress tests"). Ignored by
+//! are killed with SIGKILL, holders and waiters alike (CONTRIBUTING.md: "The ignored suites"). Ignored by
 //! default; `.ci/run` runs it with `cargo test --test integration -- --ignored stress`.
 //! `LOCKRUN_STRESS_SCALE` (default 1) multiplies the runs per process.
 //!

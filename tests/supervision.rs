@@ -1,4 +1,4 @@
-//! Supervising the command (README: "What the command gets"): stdio, escalation on a second signal,
+//! Supervising the command (docs/guide.md: "What the command gets"): stdio, escalation on a second signal,
 //! starting it for any size of arguments and environment.
 
 use std::fs;

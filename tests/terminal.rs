@@ -1,4 +1,4 @@
-//! lockrun in the foreground of an interactive terminal (README: "Signals and the
+//! lockrun in the foreground of an interactive terminal (docs/guide.md: "Signals and the
 //! process group"): the command can read the terminal, a Ctrl-C reaches it
 //! exactly once, Ctrl-Z and `fg` work.
 

@@ -1,4 +1,4 @@
-//! What waiting can fix and what it cannot (README: "When the server has
+//! What waiting can fix and what it cannot (docs/guide.md: "When the server has
 //! trouble"): a misconfigured store exits 69 at once on every networked
 //! backend, and trouble that may pass is ridden out from the first contact on,
 //! by a `--no-wait` run too, for its documented 10 s.

@@ -162,7 +162,7 @@ impl Request {
         capacity(self.mode(), self.parallelism)
     }
 
-    /// Whether the line lets us take a slot now (README: "Shared locks"),
+    /// Whether the line lets us take a slot now (docs/guide.md: "Shared locks"),
     /// given the modes of the name's holders and of the waiters ahead of us.
     /// An exclusive run needs a free one of its `-p` slots and nobody ahead;
     /// a shared run needs no exclusive holder, no more than [`MAX_SHARERS`]
@@ -229,7 +229,7 @@ pub struct Line {
     /// When the line moves by itself at the latest (a lease running out), without anyone telling us.
     pub moves_by: Option<Moment>,
     /// The `-p` of the name's holders or waiters, when it is not ours: then
-    /// we neither hold a slot nor stand in line (README: "Slots").
+    /// we neither hold a slot nor stand in line (docs/guide.md: "Slots").
     pub other_parallelism: Option<u32>,
 }
 

@@ -17,7 +17,7 @@ pub struct Owner {
     pub process: Process,
     /// The command line, quoted as a shell would need it.
     pub command: String,
-    /// Its `-p`: a name's slot count is part of the lock (README: "Slots").
+    /// Its `-p`: a name's slot count is part of the lock (docs/guide.md: "Slots").
     /// `None` in records of older lockruns, which are never refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parallelism: Option<u32>,
@@ -27,7 +27,7 @@ pub struct Owner {
     pub mode: Mode,
 }
 
-/// How a run holds a name (README: "Shared locks"): shared holders hold it
+/// How a run holds a name (docs/guide.md: "Shared locks"): shared holders hold it
 /// together, an exclusive holder (the default) alone.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -210,7 +210,7 @@ pub struct Ahead<'a> {
 
 /// Where we stand after a look at the line that found us at `position` (0:
 /// not in line) behind `holders`. What we watch follows our `place`, where
-/// consecutive sharers stand in one place, as they go together (README:
+/// consecutive sharers stand in one place, as they go together (docs/guide.md:
 /// "Shared locks"), and an exclusive waiter alone; `just_ahead` are the
 /// waiters of the place just ahead of ours. At place 1 (or out of line) the
 /// line moves by itself when the first lease ends; at 2, when a place of

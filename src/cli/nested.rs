@@ -1,4 +1,4 @@
-//! A lockrun inside a command that lockrun runs (README: "A lockrun inside a lockrun").
+//! A lockrun inside a command that lockrun runs (docs/guide.md: "A lockrun inside a lockrun").
 //!
 //! lockrun tells its command about the lock it holds in `LOCKRUN_NAME`,
 //! `LOCKRUN_BACKEND` and `LOCKRUN_PARALLELISM`, and marks the command's

@@ -1,6 +1,6 @@
 //! While the waiting line's live line is on the terminal, a signal that ends
 //! lockrun (a Ctrl-C) erases the line first, so that what the shell prints
-//! next does not follow it (README: "Who holds a lock").
+//! next does not follow it (docs/operating.md: "Who holds a lock").
 
 #![allow(unsafe_code)]
 

@@ -13,7 +13,7 @@ use std::io;
 
 use super::failed;
 
-/// Signals that reach the command (README: "What the command gets").
+/// Signals that reach the command (docs/guide.md: "What the command gets").
 pub const FORWARDED: [Signal; 6] = [
     Signal::SIGINT,
     Signal::SIGTERM,

@@ -1,4 +1,4 @@
-//! Runs the command while the lock is held (README: "What the command gets"): argv as given, the
+//! Runs the command while the lock is held (docs/guide.md: "What the command gets"): argv as given, the
 //! `LOCKRUN_*` environment, signals forwarded exactly once, the command killed
 //! if lockrun dies, the whole process group stopped (TERM, then KILL after the
 //! grace) on `--max-runtime`, a lost lease or a second SIGTERM/SIGINT.

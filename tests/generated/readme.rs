@@ -1,83 +1,12 @@
-//! The README's sections as roff. The man page takes all it says beyond the
-//! options from the README, so the two cannot disagree; the drift check then
-//! fails when either changes without the other being regenerated.
+//! The docs' sections as roff. The man page takes all it says beyond the
+//! options from README.md and docs/, so they cannot disagree; the drift check
+//! then fails when either changes without the other being regenerated.
 //!
-//! Only the Markdown the README uses is understood: paragraphs, `-` lists,
+//! Only the Markdown the docs use is understood: paragraphs, `-` lists,
 //! tables, fenced code, headings, and `code`, **bold**, *italic* and
 //! [links](#anchor) inline. Anything else fails loudly rather than render badly.
 
 use clap_mangen::roff::{Inline, Roff, bold, italic, roman};
-
-pub struct Readme(String);
-
-impl Readme {
-    pub fn load() -> Self {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md");
-        Self(std::fs::read_to_string(path).expect("read README.md"))
-    }
-
-    /// The text under the heading `title` (of any level), up to the next heading
-    /// of the same or a higher level: its subsections included.
-    pub fn section(&self, title: &str) -> &str {
-        self.under(title, |level, next| next <= level)
-    }
-
-    /// The text under the heading `title` up to the next heading of any level:
-    /// without its subsections.
-    pub fn section_without_subsections(&self, title: &str) -> &str {
-        self.under(title, |_, _| true)
-    }
-
-    /// The text under the heading `title` up to the next heading that `ends` it
-    /// (given the two headings' levels).
-    fn under(&self, title: &str, ends: impl Fn(usize, usize) -> bool) -> &str {
-        let heading = self
-            .headings()
-            .find(|heading| heading.title == title)
-            .unwrap_or_else(|| panic!("README.md has no section \"{title}\""));
-        let end = self
-            .headings()
-            .find(|next| next.starts > heading.starts && ends(heading.level, next.level))
-            .map_or(self.0.len(), |next| next.starts);
-        &self.0[heading.ends..end]
-    }
-
-    /// The titles of the sections at `level` (2 for `##`).
-    pub fn titles(&self, level: usize) -> impl Iterator<Item = &str> {
-        self.headings()
-            .filter(move |heading| heading.level == level)
-            .map(|heading| heading.title)
-    }
-
-    /// Every heading outside code blocks.
-    fn headings(&self) -> impl Iterator<Item = Heading<'_>> {
-        let mut in_code = false;
-        let mut starts = 0;
-        self.0.split_inclusive('\n').filter_map(move |line| {
-            let ends = starts + line.len();
-            let line_starts = std::mem::replace(&mut starts, ends);
-            if line.starts_with("```") {
-                in_code = !in_code;
-            }
-            let level = line.len() - line.trim_start_matches('#').len();
-            let title = line[level..].strip_prefix(' ')?.trim_end();
-            (!in_code && level > 0).then_some(Heading {
-                level,
-                title,
-                starts: line_starts,
-                ends,
-            })
-        })
-    }
-}
-
-struct Heading<'a> {
-    level: usize,
-    title: &'a str,
-    /// Where its line starts and ends in the README.
-    starts: usize,
-    ends: usize,
-}
 
 /// `markdown` as roff: paragraphs, lists, tables and code blocks; its headings become `.SS`.
 pub fn to_roff(markdown: &str) -> Roff {
@@ -113,7 +42,7 @@ pub fn to_roff(markdown: &str) -> Roff {
                     !["```", "|", "- "]
                         .iter()
                         .any(|block| more_trimmed.starts_with(block)),
-                    "README.md: a table, list or code inside a list item: {more}"
+                    "a table, list or code inside a list item: {more}"
                 );
                 item.push(' ');
                 item.push_str(more.trim());

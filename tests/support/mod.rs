@@ -1,6 +1,7 @@
 //! Test harness: real lockrun processes against real stores, with every wait bounded.
 
 pub mod cluster;
+pub mod docs;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 pub mod netns;

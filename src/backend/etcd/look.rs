@@ -1,6 +1,6 @@
 //! One look at a name's keys: the line in create order, the slots taken, and
 //! where the owner of a lease stands. The oldest places that the rule of
-//! shared and exclusive runs lets in (README: "Shared locks") are the group:
+//! shared and exclusive runs lets in (docs/guide.md: "Shared locks") are the group:
 //! with `-p N` and exclusive runs the N oldest, else the oldest exclusive run
 //! alone or the sharers up to the first exclusive run. Each takes a free slot
 //! key when it gets there.
@@ -100,7 +100,7 @@ pub enum Stand {
     Absent,
 }
 
-/// What keeps a waiter out, and so what it watches (README: "etcd backend").
+/// What keeps a waiter out, and so what it watches (docs/backends/etcd.md: "etcd backend").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Blocker {
     /// It is in the group, or behind as many sharers as may hold, and no

@@ -1,4 +1,4 @@
-//! The etcd backend (README: "etcd backend"): etcd's own lock recipe on the
+//! The etcd backend (docs/backends/etcd.md: "etcd backend"): etcd's own lock recipe on the
 //! seam. Each waiter and holder has a lease and a place in line, a key
 //! attached to that lease whose create revision orders the line; the oldest
 //! places that the rule lets in hold the slots (the N oldest with `-p N`, or

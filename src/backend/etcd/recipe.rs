@@ -1,7 +1,7 @@
 //! The transactions that change a name's keys. Each is one round trip that
 //! reads the name's keys afterwards, so that its outcome is also the next
 //! look; each checks what an earlier try of it would have changed, so that
-//! the client may send it twice (README: "etcd backend").
+//! the client may send it twice (docs/backends/etcd.md: "etcd backend").
 
 use super::json;
 use super::keys::NameKeys;

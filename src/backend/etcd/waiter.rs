@@ -117,7 +117,7 @@ impl Waiter {
             _ => self.look_ahead(keys, request, within)?,
         };
         if newcomer && let Some(theirs) = look.other_parallelism(lease, parallelism) {
-            // Our place, if the claim put one, goes with our lease (README: "Slots").
+            // Our place, if the claim put one, goes with our lease (docs/guide.md: "Slots").
             self.leave(within)?;
             return Ok(Attempt::Waiting(Line::refused(theirs)));
         }

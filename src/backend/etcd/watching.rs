@@ -1,4 +1,4 @@
-//! What a waiter watches between looks (README: "etcd backend"): at the head
+//! What a waiter watches between looks (docs/backends/etcd.md: "etcd backend"): at the head
 //! of the line, the places of the group ahead of it, whose deletion lets it
 //! in; a sharer, the nearest exclusive run ahead of it, whose deletion lets
 //! in every sharer up to the next exclusive run at once; further back, the

@@ -1,5 +1,5 @@
 //! Whether a run's `-p` lets it into a name's slots or line: a name's slot
-//! count is part of the lock (README: "Slots"). Asked under the name's fence
+//! count is part of the lock (docs/guide.md: "Slots"). Asked under the name's fence
 //! counter's lock, which every holder and waiter took to get in, so the ones
 //! let in agree with each other; every one of them is read, so that a record
 //! left by a holder that crashed can only refuse a run, never let one in.

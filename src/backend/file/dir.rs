@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 
-/// The lock directory and who may share its locks (README: "File backend").
+/// The lock directory and who may share its locks (docs/backends/file.md: "File backend").
 pub struct LockDir {
     path: PathBuf,
     sharing: Sharing,

@@ -1,4 +1,4 @@
-//! The file backend (README: "File backend"): one lock file per slot in a
+//! The file backend (docs/backends/file.md: "File backend"): one lock file per slot in a
 //! directory, held with flock(2), and a waiting line of files the kernel keeps
 //! in order; sharers hold slot 0's file shared (see `share`). Nothing polls:
 //! waiters sleep in the kernel (or on inotify, for more than one slot, or for

@@ -1,4 +1,4 @@
-//! Shared holders (README: "Shared locks"). A sharer holds slot 0's file, the
+//! Shared holders (docs/guide.md: "Shared locks"). A sharer holds slot 0's file, the
 //! gate, with a shared lock, as `flock -s` would, where an exclusive holder
 //! holds it exclusively: the kernel keeps an exclusive holder apart from every
 //! other holder, and every sharer blocked on the gate wakes at the one release

@@ -1,5 +1,5 @@
 //! What went wrong talking to a lock server, sorted by what lockrun does about
-//! it (README: "When the server has trouble"): trouble that may pass is ridden
+//! it (docs/guide.md: "When the server has trouble"): trouble that may pass is ridden
 //! out with backoff, from the first contact on; what waiting cannot fix ends
 //! lockrun with 69 at once.
 

@@ -1,7 +1,7 @@
 //! What the networked backends (Redis, PostgreSQL, etcd) share about talking
 //! to a lock server: how a failure is sorted (trouble to ride out, or a
 //! verdict waiting cannot change), the deadline every call runs against, and
-//! the secret that no message may show (README: "When the server has trouble").
+//! the secret that no message may show (docs/guide.md: "When the server has trouble").
 
 mod deadline;
 mod failure;

@@ -1,4 +1,4 @@
-//! PostgreSQL's failures sorted into the network layer's kinds (README: "When
+//! PostgreSQL's failures sorted into the network layer's kinds (docs/guide.md: "When
 //! the server has trouble"): a server that cannot be reached, is starting or
 //! stopping, has too many clients or lost the connection is trouble to ride
 //! out; a wrong password, a missing database or privilege, a certificate that

@@ -1,4 +1,4 @@
-//! The PostgreSQL backend (README: "PostgreSQL backend"): leases as rows in
+//! The PostgreSQL backend (docs/backends/postgres.md: "PostgreSQL backend"): leases as rows in
 //! lockrun's schema, dated by the server's clock; the waiting line as rows by
 //! ticket; every look and change one short transaction in one round trip.
 //! A release grants the slot to the waiters at the head of the line (one, or

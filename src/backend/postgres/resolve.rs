@@ -1,7 +1,7 @@
 //! Host names turned into addresses by lockrun itself, on the calling thread,
 //! with the C library's getaddrinfo (std's `ToSocketAddrs`). tokio-postgres
 //! would look a name up in tokio's blocking pool, a thread that lingers, and
-//! lockrun must stay one thread (README: "Design"): it is handed addresses,
+//! lockrun must stay one thread (ARCHITECTURE.md: "Design"): it is handed addresses,
 //! and the name only for TLS to check the certificate against.
 //!
 //! getaddrinfo has no deadline of lockrun's: the resolver's own timeouts

@@ -19,7 +19,7 @@ use crate::error::Error;
 
 /// Bumped when the tables change, so that a later lockrun can migrate them.
 pub const SCHEMA_VERSION: i64 = 3;
-/// The first version whose rows say their mode (README: "Shared locks").
+/// The first version whose rows say their mode (docs/guide.md: "Shared locks").
 pub const MODES_SINCE: i64 = 3;
 /// What brings the tables of version N (from 1) up to version N + 1. An older
 /// schema is brought up to date by a run; `status` and `release` read it as it is.

@@ -37,7 +37,7 @@ CREATE TABLE {schema}.holders (
     PRIMARY KEY (name, slot),
     -- Its -p (a name's slot count is part of the lock); NULL from lockruns before version 2.
     parallelism integer,
-    -- 'shared' or 'exclusive' (README: "Shared locks"); rows from before version 3 held alone.
+    -- 'shared' or 'exclusive' (docs/guide.md: "Shared locks"); rows from before version 3 held alone.
     mode text NOT NULL DEFAULT 'exclusive'
 );
 

@@ -4,7 +4,7 @@
 //! its own, and the statements need only the tables' privileges.
 //!
 //! The line stands in places: consecutive sharers in one place, as they go
-//! together (README: "Shared locks"), an exclusive waiter alone. Whoever
+//! together (docs/guide.md: "Shared locks"), an exclusive waiter alone. Whoever
 //! frees a slot grants it, in the same transaction, to the waiters at the
 //! head whom the line lets in (all the sharers there at once), and tells
 //! them; each then claims its slot without the name's lock, so a group's
@@ -44,7 +44,7 @@ pub struct Sql {
     /// $1 name, $2 token, $3 parallelism, $4 TTL ms, $5-$9 pid, start time,
     /// boot id, host, command, $11 mode. Takes the lowest free slot (a lapsed
     /// lease's is free) when the line lets us (`Request::admitted`) and no
-    /// holder or waiter has another `-p` (README: "Slots"), leaving the line,
+    /// holder or waiter has another `-p` (docs/guide.md: "Slots"), leaving the line,
     /// or finds the slot ours already (a repeat after a lost reply) and renews
     /// it: (slot, fence), or no row.
     pub take: String,

@@ -1,4 +1,4 @@
-//! Redis Cluster (README: "Redis as deployed"): which primary serves a key,
+//! Redis Cluster (docs/backends/redis.md: "Redis as deployed"): which primary serves a key,
 //! from the slot map (`CLUSTER SLOTS`, asked of the seed nodes) and the hash
 //! slot of the key's `{tag}`; a `MOVED` answer corrects the map, an `ASK`
 //! sends the next call to the node that is taking the slot; every primary,

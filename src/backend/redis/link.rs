@@ -1,4 +1,4 @@
-//! The way to the server a call is for, as Redis is deployed (README: "Redis
+//! The way to the server a call is for, as Redis is deployed (docs/backends/redis.md: "Redis
 //! as deployed"): the one server; the primary that the Sentinels name,
 //! followed through a failover; or the Cluster node that serves a key,
 //! following `MOVED` and `ASK`. Every call runs under one deadline, whatever

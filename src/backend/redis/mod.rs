@@ -1,4 +1,4 @@
-//! The Redis backend (README: "Redis backend"): leases as slot keys with a PX
+//! The Redis backend (docs/backends/redis.md: "Redis backend"): leases as slot keys with a PX
 //! TTL kept by the server, a waiting line as a sorted set by ticket, changed
 //! only by atomic Lua scripts that check tokens and modes; a release wakes
 //! the waiters the freed slot is for (the head of the line, or every sharer
@@ -296,7 +296,7 @@ impl Store for RedisStore {
         if taken == 2 {
             return Ok(Attempt::Waiting(Line::refused(first as u32)));
         }
-        // The script chose what we watch (README: "The waiting line"); of it, what runs here.
+        // The script chose what we watch (docs/guide.md: "The waiting line"); of it, what runs here.
         let local_ahead = watched
             .iter()
             .filter_map(|record| serde_json::from_str::<Owner>(record).ok())

@@ -81,7 +81,7 @@ pub fn sort(err: &RedisError) -> (Kind, String) {
 }
 
 /// Whether the server answered that it is not (or not yet, or no longer) the
-/// one to serve this (README: "Redis as deployed"): loading its data, a
+/// one to serve this (docs/backends/redis.md: "Redis as deployed"): loading its data, a
 /// replica, a primary that lost its own, a blocked call ended by a demotion,
 /// a cluster that is down or moving a slot.
 fn moved_on(err: &RedisError) -> bool {

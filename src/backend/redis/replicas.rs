@@ -1,4 +1,4 @@
-//! Replication-aware grants (README: "Redis as deployed", `--redis-replicas`):
+//! Replication-aware grants (docs/backends/redis.md: "Redis as deployed", `--redis-replicas`):
 //! a script that grants or renews a lease is followed, in the same round
 //! trip, by `WAIT N`, and counts only once N replicas acknowledged it.
 

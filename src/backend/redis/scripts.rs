@@ -212,7 +212,7 @@ local function parallelism_in_use(held, line, base)
   end
 end
 
--- Request::admitted in Rust (README: "Shared locks"): a run that holds alone
+-- Request::admitted in Rust (docs/guide.md: "Shared locks"): a run that holds alone
 -- needs fewer than `capacity` holders and nobody ahead; a shared one needs no
 -- holder that holds alone, fewer than `capacity` holders, and only sharers
 -- ahead (`ahead` waiters, `shared_ahead` of them shared).
@@ -239,7 +239,7 @@ if redis.replicate_commands then redis.replicate_commands() end
 /// KEYS: fence, line, ticket, sharers, widest. ARGV: token, holder JSON, waiter
 /// JSON, TTL ms, 1 to join the line (0: only look), key base, our boot id, wake
 /// TTL ms, our `-p`, our mode. A newcomer whose `-p` is not that of the name's
-/// holders and waiters gets {2, theirs} and changes nothing (README: "Slots").
+/// holders and waiters gets {2, theirs} and changes nothing (docs/guide.md: "Slots").
 /// A slot our token holds already (our last answer was lost) is ours again,
 /// for another TTL: {1, slot, its fence}. Else takes the lowest free slot when
 /// `admitted` lets us (the modes of the holders and of the waiters ahead):

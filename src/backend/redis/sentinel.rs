@@ -1,4 +1,4 @@
-//! The primary as Redis Sentinel names it (README: "Redis as deployed"): the
+//! The primary as Redis Sentinel names it (docs/backends/redis.md: "Redis as deployed"): the
 //! Sentinels are asked in turn (`SENTINEL get-master-addr-by-name`), the one
 //! that answered last first, and a node they name counts only once it says
 //! itself that it is the primary (`ROLE`), as Sentinel's client guidelines

@@ -1,4 +1,4 @@
-//! `--redis-url` read into how Redis is deployed (README: "Redis as
+//! `--redis-url` read into how Redis is deployed (docs/backends/redis.md: "Redis as
 //! deployed"): one server, the Sentinels that name a primary, or a Cluster's
 //! seed nodes; with the URL as messages may show it and the password that no
 //! message may repeat.

@@ -78,14 +78,14 @@ CREATE INDEX waiters_by_name ON waiters (name, ticket);
 ";
 
 /// Version 3: each holder's and waiter's `-p`, as a name's slot count is part
-/// of the lock (README: "Slots"); NULL in rows of older lockruns.
+/// of the lock (docs/guide.md: "Slots"); NULL in rows of older lockruns.
 const PARALLELISM: &str = "
 ALTER TABLE holders ADD COLUMN parallelism INTEGER;
 ALTER TABLE waiters ADD COLUMN parallelism INTEGER;
 ";
 
 /// Version 4: whether each holder and waiter holds the name alone or shares
-/// it (README: "Shared locks"), rows of older lockruns held alone; and each
+/// it (docs/guide.md: "Shared locks"), rows of older lockruns held alone; and each
 /// waiter's TTL in milliseconds, the lease of a slot granted to it.
 const MODES: &str = "
 ALTER TABLE holders ADD COLUMN mode TEXT NOT NULL DEFAULT 'exclusive';

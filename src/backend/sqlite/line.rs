@@ -148,7 +148,7 @@ pub(super) fn lowest_free(holders: &[HolderRow], capacity: u32) -> Option<u32> {
 
 /// The tokens of the waiters in the first two places of the line of `name`:
 /// when the line moves, those at the head may take a slot (every sharer there
-/// at once) and those second must watch the head (README: "The waiting line").
+/// at once) and those second must watch the head (docs/guide.md: "The waiting line").
 fn front(tx: &Connection, name: &str, now: u64) -> rusqlite::Result<Vec<String>> {
     let mut statement = tx.prepare(
         "SELECT token, mode FROM waiters WHERE name = ?1 AND expires_at > ?2 ORDER BY ticket",
@@ -172,7 +172,7 @@ fn front(tx: &Connection, name: &str, now: u64) -> rusqlite::Result<Vec<String>>
 }
 
 /// Counts the places of a line, waiter by waiter in line order: consecutive
-/// sharers stand in one place, as they go together (README: "Shared locks");
+/// sharers stand in one place, as they go together (docs/guide.md: "Shared locks");
 /// an exclusive waiter stands alone.
 #[derive(Default)]
 pub(super) struct Places {

@@ -66,7 +66,7 @@ impl LineRows {
         })
     }
 
-    /// The lowest free slot, if the line lets us have one (README: "Shared locks").
+    /// The lowest free slot, if the line lets us have one (docs/guide.md: "Shared locks").
     pub(super) fn free_slot(&self, request: &Request) -> Option<u32> {
         let holders = self.holders.iter().map(|row| row.owner.mode);
         let ahead = self.ahead.iter().map(|row| row.owner.mode);

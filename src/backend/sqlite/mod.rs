@@ -1,4 +1,4 @@
-//! The SQLite backend (README: "SQLite backend"): one row per taken slot,
+//! The SQLite backend (docs/backends/sqlite.md: "SQLite backend"): one row per taken slot,
 //! holding a lease its lockrun renews, and one row per waiter, in ticket order;
 //! changed only in short `BEGIN IMMEDIATE` transactions. Whoever frees a slot
 //! grants it to the waiters at the head of the line that the line lets in
@@ -69,7 +69,7 @@ struct SqliteStore {
     refresh_due: Option<Moment>,
     /// `PRAGMA data_version` at our last look.
     seen: i64,
-    /// Rung by whoever moves the line in a way that concerns us (README: "SQLite backend").
+    /// Rung by whoever moves the line in a way that concerns us (docs/backends/sqlite.md: "SQLite backend").
     doorbell: Option<Doorbell>,
 }
 

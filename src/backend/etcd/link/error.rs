@@ -1,5 +1,5 @@
 //! What can go wrong talking to etcd, sorted into the network layer's kinds
-//! (README: "When the server has trouble"), with etcd's own code kept for the
+//! (docs/guide.md: "When the server has trouble"), with etcd's own code kept for the
 //! answers the backend acts on (a lease that is gone).
 
 use std::{fmt, io};

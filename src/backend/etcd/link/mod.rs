@@ -1,7 +1,7 @@
 //! A blocking client of etcd's v3 API through its JSON gateway (`/v3/...`),
 //! covering what the lock recipe needs: authentication, leases, transactions,
 //! ranges in create order and watches. Why the gateway rather than gRPC:
-//! README, "Design".
+//! ARCHITECTURE.md: "Design".
 //!
 //! **Threads**: none. A call is a write and blocking reads on one socket in
 //! the caller's thread, each bounded by the call's deadline, so lockrun stays
