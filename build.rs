@@ -6,6 +6,9 @@
 //! (BENCHMARKS.md). With `panic = "abort"` the unwinder only walks stacks for
 //! backtraces. Where `libgcc_eh.a` cannot be found (a toolchain without GCC's
 //! runtime), nothing changes: the standard library links `libgcc_s` as usual.
+//!
+//! It also gives the build the commit it is made from, for `lockrun --version`:
+//! `git rev-parse --short HEAD`, or "unknown" outside a git checkout.
 
 use std::env;
 use std::path::Path;
@@ -14,6 +17,7 @@ use std::process::Command;
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=RUSTC_LINKER");
+    commit();
     let cfg = |key: &str| env::var(format!("CARGO_CFG_TARGET_{key}")).unwrap_or_default();
     let static_crt = cfg("FEATURE")
         .split(',')
@@ -43,4 +47,34 @@ fn unwinder_archive_found() -> bool {
             let path = Path::new(path.trim());
             path.is_absolute() && path.is_file()
         })
+}
+
+/// `LOCKRUN_COMMIT`: the short hash of the commit checked out, rebuilt when
+/// HEAD moves (a new commit, another branch).
+fn commit() {
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|output| output.status.success())
+            .and_then(|output| String::from_utf8(output.stdout).ok())
+            .map(|text| text.trim().to_owned())
+            .filter(|text| !text.is_empty())
+    };
+    let commit = git(&["rev-parse", "--short", "HEAD"]);
+    if commit.is_some() {
+        // HEAD names the branch; the branch's ref (loose or packed) the commit.
+        let mut watched = vec!["HEAD".to_owned(), "packed-refs".to_owned()];
+        watched.extend(git(&["symbolic-ref", "-q", "HEAD"]));
+        for file in watched {
+            if let Some(path) = git(&["rev-parse", "--git-path", &file]) {
+                println!("cargo:rerun-if-changed={path}");
+            }
+        }
+    }
+    println!(
+        "cargo:rustc-env=LOCKRUN_COMMIT={}",
+        commit.as_deref().unwrap_or("unknown")
+    );
 }

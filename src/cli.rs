@@ -21,6 +21,7 @@ pub use usage::report as usage_error;
 #[command(
     name = "lockrun",
     version,
+    long_version = long_version(),
     about = "Run a command while holding a named lock: a file, a SQLite database, Redis, PostgreSQL or etcd",
     override_usage = "lockrun [OPTIONS] --name NAME [--] COMMAND [ARG]...\n       \
                       lockrun [OPTIONS] --name NAME -c 'SHELL COMMAND'\n       \
@@ -28,7 +29,8 @@ pub use usage::report as usage_error;
                       lockrun release [OPTIONS] NAME [--slot N] --force",
     args_conflicts_with_subcommands = true,
     subcommand_negates_reqs = true,
-    max_term_width = 100
+    max_term_width = 100,
+    after_help = EXIT_STATUSES
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -44,6 +46,31 @@ pub enum Action {
     Status(StatusArgs),
     /// Break a lease that is known to be dead (every backend but file)
     Release(ReleaseArgs),
+}
+
+/// The end of `--help`: every exit status of lockrun's own, in one short block
+/// (README: "Exit status").
+const EXIT_STATUSES: &str = "\
+Exit status: the command's own (128+N if ended by signal N); 64 usage error; 69 store unavailable;
+70 internal error; 74 output not written; 75 no slot acquired (busy or timed out; -E); 76 lease
+lost; 124 --max-runtime passed; 126 command not executable; 127 command not found.";
+
+/// `--version`: the version, the commit it was built from (`build.rs`), the
+/// backends built in and the versioned store formats it reads and writes.
+fn long_version() -> &'static str {
+    static TEXT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        let mut text = format!(
+            "{}\ncommit: {}\nbackends: {}",
+            env!("CARGO_PKG_VERSION"),
+            env!("LOCKRUN_COMMIT"),
+            crate::backend::NAMES.join(", "),
+        );
+        for format in crate::backend::FORMATS {
+            text.push_str(&format!("\nstore format: {format}"));
+        }
+        text
+    });
+    &TEXT
 }
 
 /// A run's defaults, which the quick reading of a command line shares (`cli/quick.rs`).

@@ -289,3 +289,84 @@ fn durations_that_look_like_typos_are_refused_saying_why() {
         0,
     );
 }
+
+/// `--version` says what a fleet's operator needs to compare hosts (CHANGELOG.md:
+/// "Compatibility"): the commit, the backends built in, and the store formats,
+/// as the stores record them.
+#[test]
+fn version_names_the_commit_the_backends_and_the_store_formats() {
+    let version = stdout(&run(lockrun().arg("--version")));
+    let lines: Vec<&str> = version.lines().collect();
+    assert_eq!(lines[0], format!("lockrun {}", env!("CARGO_PKG_VERSION")));
+    let commit = lines[1].strip_prefix("commit: ").expect("a commit line");
+    let head = std::process::Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|output| output.status.success());
+    match head {
+        Some(head) => assert!(
+            String::from_utf8_lossy(&head.stdout).starts_with(commit) && commit.len() >= 7,
+            "{commit} is not HEAD"
+        ),
+        None => assert_eq!(commit, "unknown"),
+    }
+    assert_eq!(
+        lines[2],
+        format!("backends: {}", lockrun::backend::NAMES.join(", "))
+    );
+    // The SQLite format it names is the one a new database gets.
+    let dir = tempfile::TempDir::new().unwrap();
+    let db = dir.path().join("locks.sqlite3");
+    assert_status(
+        &run(lockrun()
+            .args(["-b", "sqlite", "--db"])
+            .arg(&db)
+            .args(["--name", "x", "true"])),
+        0,
+    );
+    let written: u32 = rusqlite::Connection::open(&db)
+        .unwrap()
+        .query_row("PRAGMA user_version", [], |row| row.get(0))
+        .unwrap();
+    assert!(
+        lines.contains(
+            &format!("store format: sqlite schema {written} (reads 1 to {written})").as_str()
+        ),
+        "{version}"
+    );
+    for format in lockrun::backend::FORMATS {
+        assert!(
+            lines.contains(&format!("store format: {format}").as_str()),
+            "{version}"
+        );
+    }
+}
+
+/// `--help` ends with every exit status of the README's table, in one block.
+#[test]
+fn help_ends_with_every_exit_status() {
+    let help = stdout(&run(lockrun().arg("--help")));
+    let block = &help[help.rfind("\n\n").expect("blocks") + 2..];
+    assert!(block.starts_with("Exit status:"), "{block}");
+    let readme = crate::support::docs::Doc::load("README.md");
+    // The table's first cells: `64`, `75 (-E)`, `126 / 127`, `128+N`; 0 is --help's own.
+    let statuses: Vec<String> = readme
+        .section("Exit status")
+        .lines()
+        .filter_map(|row| row.strip_prefix("| ")?.split(" | ").next())
+        .flat_map(|cell| cell.split([' ', '/', '(']))
+        .filter(|word| word.starts_with(|c: char| c.is_ascii_digit()) && *word != "0")
+        .map(ToOwned::to_owned)
+        .collect();
+    assert!(statuses.len() >= 10, "{statuses:?}");
+    for status in statuses {
+        assert!(
+            block.contains(&status),
+            "--help lacks exit status {status}: {block}"
+        );
+    }
+    let short = stdout(&run(lockrun().arg("-h")));
+    assert!(short.trim_end().ends_with(block.trim_end()), "{short}");
+}

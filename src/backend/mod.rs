@@ -90,6 +90,43 @@ backends! {
     etcd => etcd,
 }
 
+/// The versioned store formats of the backends built in, one line each
+/// (`lockrun --version`; CHANGELOG.md: "Compatibility"). A backend whose store
+/// format gets a version adds its `FORMAT` here.
+pub const FORMATS: &[Format] = &[
+    sqlite::FORMAT,
+    #[cfg(feature = "postgres")]
+    postgres::FORMAT,
+];
+
+/// A backend's versioned store format: what it writes, and the oldest it reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Format {
+    pub backend: &'static str,
+    /// What carries the version (`schema`).
+    pub kind: &'static str,
+    /// The version this lockrun writes, and reads; a newer one it refuses.
+    pub writes: u32,
+    /// The oldest version it reads (and brings up to `writes` when it runs).
+    pub reads_from: u32,
+}
+
+impl std::fmt::Display for Format {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Self {
+            backend,
+            kind,
+            writes,
+            reads_from,
+        } = self;
+        write!(f, "{backend} {kind} {writes}")?;
+        if reads_from < writes {
+            write!(f, " (reads {reads_from} to {writes})")?;
+        }
+        Ok(())
+    }
+}
+
 /// What every backend is told when it opens its store.
 pub struct Common<'a> {
     /// `--prefix`, for backends that name keys or a schema.

@@ -39,9 +39,18 @@ use connect::{Connector, Statement};
 use link::PostgresLink;
 use look::{LookReport, wake_params};
 use schema::{MODES_SINCE, SCHEMA_VERSION, Schema};
+
 use slot::PostgresSlot;
 use sql::{GRANTED, Sql};
 use target::Target;
+
+/// The schema's version (the comment on `holders`); every older one is upgraded.
+pub const FORMAT: super::Format = super::Format {
+    backend: "postgres",
+    kind: "schema",
+    writes: SCHEMA_VERSION as u32,
+    reads_from: 1,
+};
 
 /// Its command-line options (a group of their own is not needed: clap flattens them).
 #[derive(Debug, clap::Args)]

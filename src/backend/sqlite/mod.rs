@@ -27,10 +27,19 @@ use crate::name::Name;
 use crate::platform::clock::Moment;
 use crate::platform::doorbell::Doorbell;
 use database::{BUSY_TIMEOUT, Database, SCHEMA_VERSION};
+
 use line::{drop_entries, join, moved, purge_expired, refresh_waiter, ring, take_slot};
 use look::{Granted, LineRows};
 use rows::{HolderRow, live_holders, live_waiters};
 use slot::SqliteSlot;
+
+/// The database's schema version (`PRAGMA user_version`); every older one is upgraded.
+pub const FORMAT: super::Format = super::Format {
+    backend: "sqlite",
+    kind: "schema",
+    writes: SCHEMA_VERSION,
+    reads_from: 1,
+};
 
 /// Its command-line options (a group of their own is not needed: clap flattens them).
 #[derive(Debug, clap::Args)]
