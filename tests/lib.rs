@@ -24,6 +24,7 @@ mod pgbouncer;
 mod postgres;
 #[cfg(feature = "postgres")]
 mod postgres_runs;
+mod recipes;
 mod redis;
 mod redis_deployed;
 mod sessions;
