@@ -1,6 +1,7 @@
 //! The command line (README: "Usage"): every option also reads its environment variable.
 
 use std::ffi::OsString;
+use std::fmt::Write as _;
 use std::time::Duration;
 
 use clap::error::ErrorKind;
@@ -66,7 +67,7 @@ fn long_version() -> &'static str {
             crate::backend::NAMES.join(", "),
         );
         for format in crate::backend::FORMATS {
-            text.push_str(&format!("\nstore format: {format}"));
+            let _ = write!(text, "\nstore format: {format}");
         }
         text
     });

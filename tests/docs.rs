@@ -58,21 +58,13 @@ fn citations(prose: &str) -> Vec<(String, Vec<String>)> {
             .rfind(|c: char| !(c.is_alphanumeric() || matches!(c, '/' | '.' | '_' | '-')))
             .map_or(0, |i| i + 1);
         let word = &before[word_starts..];
-        let doc = if word == "README" {
-            Some("README.md".to_owned())
-        } else if word.ends_with(".md")
-            && (word.starts_with("docs/")
-                || [
-                    "README.md",
-                    "ARCHITECTURE.md",
-                    "CONTRIBUTING.md",
-                    "CHANGELOG.md",
-                ]
-                .contains(&word))
-        {
-            Some(word.to_owned())
-        } else {
-            None
+        let doc = match word {
+            "README" => Some("README.md".to_owned()),
+            "README.md" | "ARCHITECTURE.md" | "CONTRIBUTING.md" | "CHANGELOG.md" => {
+                Some(word.to_owned())
+            }
+            _ if word.starts_with("docs/") => Some(word.to_owned()),
+            _ => None,
         };
         let mut after = &rest[at + 2..];
         let mut titles = Vec::new();
