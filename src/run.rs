@@ -14,7 +14,7 @@ use crate::lease::Held;
 use crate::name::Name;
 use crate::platform::clock::Moment;
 use crate::report::{Event, Reporter};
-use crate::supervisor::{self, Ending, FoundLost, Limits, Lost, Program, Signals};
+use crate::supervisor::{self, Ending, FoundLost, Limits, Lost, Program, Signals, Supervised};
 use crate::timing::Plan;
 
 pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
@@ -90,14 +90,22 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
         kill_grace,
     };
 
-    let ending = Signals::block().map_err(Error::system).and_then(|signals| {
-        supervisor::supervise(&program, &env, &signals, &mut held, &limits, reporter)
-    });
+    let Supervised { ending, watchdog } = match Signals::block() {
+        Ok(signals) => supervisor::supervise(&program, &env, &signals, &mut held, &limits, reporter),
+        Err(err) => Supervised {
+            ending: Err(Error::system(err)),
+            watchdog: None,
+        },
+    };
     let keep_until = (!args.min_hold.is_zero()).then(|| acquired_at + args.min_hold);
     // A lease that ran out by its deadline after the command ended (lockrun
     // paused since) was not taken from the command while it ran.
     let lapsed = held.deadline().is_some_and(Moment::has_passed);
     let released = held.release(keep_until);
+    // Once released, so that the next holder does not wait for it.
+    if let Some(watchdog) = watchdog {
+        watchdog.reap();
+    }
     let mut ending = ending?;
     if let (Some(name), Ending::Exited(code), false) = (&released.lost, &ending, lapsed) {
         // Broken or taken while the command ran: another holder may have run beside it.

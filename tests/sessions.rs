@@ -194,6 +194,34 @@ exec sleep 60"#,
     );
 }
 
+/// Under a PID 1 that never reaps (a container), lockrun reaps its own
+/// watchdog: twenty runs leave no zombie behind, where a cron job would
+/// otherwise leave one a minute.
+#[test]
+fn runs_leave_no_zombie_under_a_pid_1_that_never_reaps() {
+    let Some(mut container) = in_a_pid_namespace() else {
+        return;
+    };
+    let store = Store::file();
+    let scratch = Scratch::new();
+    let script = format!(
+        r#"cd '{scratch}'
+( for i in $(seq 20); do "$lockrun" --dir '{dir}' --name z -- true; done
+  ps -eo stat=,args= > processes; touch done ) &
+exec sleep 60"#,
+        scratch = scratch.dir().display(),
+        dir = store.dir().display(),
+    );
+    let _container = container.args(["sh", "-c", &script]).start();
+    wait_until("the twenty runs", || scratch.path("done").exists());
+    let processes = scratch.lines("processes");
+    let zombies: Vec<&String> = processes
+        .iter()
+        .filter(|line| line.starts_with('Z'))
+        .collect();
+    assert!(zombies.is_empty(), "zombies left: {zombies:?}");
+}
+
 /// Milliseconds since the epoch of an RFC 3339 time in UTC with milliseconds (`2026-11-21T13:09:17.402Z`).
 fn epoch_millis_of(ts: &str) -> u128 {
     let output = std::process::Command::new("date")
