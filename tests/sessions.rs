@@ -332,8 +332,28 @@ fn hints_for_what_users_bring_from_flock_and_habit() {
         line.contains("-w inf waits forever") && !line.contains("-- -1"),
         "{line}"
     );
+    // Each option that takes no negative number says what it takes instead.
+    for (option, says) in [
+        ("-E", "-E takes an exit status from 0 to 255"),
+        ("--max-runtime", "0, or none, means no limit"),
+        ("-p", "-p takes a number of slots from 1 to 1024"),
+    ] {
+        let line = usage_line(&run(store
+            .lockrun()
+            .args(["--name", "x", option, "-1", "true"])));
+        assert!(
+            line.contains(says) && !line.contains("-w inf"),
+            "{option}: {line}"
+        );
+    }
+    let line = usage_line(&run(store
+        .lockrun()
+        .args(["--name", "x", "--events", "true"])));
+    assert!(
+        line.contains("--log-format json") && !line.contains("-- --events"),
+        "{line}"
+    );
     for (flag, says) in [
-        ("-x", "every lockrun lock is"),
         ("-u", "releases the lock when the command exits"),
         ("-o", "never lets the command inherit"),
         ("-F", "always runs the command as its child"),
