@@ -49,6 +49,8 @@ Register-ArgumentCompleter -Native -CommandName 'lockrun' -ScriptBlock {
             [CompletionResult]::new('--log-format', '--log-format', [CompletionResultType]::ParameterName, 'Diagnostics as text lines or one JSON event per line')
             [CompletionResult]::new('-s', '-s', [CompletionResultType]::ParameterName, 'Hold the name in shared mode: shared holders hold it together, an exclusive holder alone; only with -p 1')
             [CompletionResult]::new('--shared', '--shared', [CompletionResultType]::ParameterName, 'Hold the name in shared mode: shared holders hold it together, an exclusive holder alone; only with -p 1')
+            [CompletionResult]::new('-x', '-x', [CompletionResultType]::ParameterName, 'The default mode, a holder alone: accepted so that lines ported from flock(1) (-x, -e) run unchanged; not with -s')
+            [CompletionResult]::new('--exclusive', '--exclusive', [CompletionResultType]::ParameterName, 'The default mode, a holder alone: accepted so that lines ported from flock(1) (-x, -e) run unchanged; not with -s')
             [CompletionResult]::new('-n', '-n', [CompletionResultType]::ParameterName, 'Give up at once if no slot is free (same as --timeout 0); trouble with the store is ridden out for 10 s')
             [CompletionResult]::new('--no-wait', '--no-wait', [CompletionResultType]::ParameterName, 'Give up at once if no slot is free (same as --timeout 0); trouble with the store is ridden out for 10 s')
             [CompletionResult]::new('-v', '-v', [CompletionResultType]::ParameterName, 'More diagnostics on stderr: waiting, acquired, renewals, release')

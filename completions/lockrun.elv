@@ -46,6 +46,8 @@ set edit:completion:arg-completer[lockrun] = {|@words|
             cand --log-format 'Diagnostics as text lines or one JSON event per line'
             cand -s 'Hold the name in shared mode: shared holders hold it together, an exclusive holder alone; only with -p 1'
             cand --shared 'Hold the name in shared mode: shared holders hold it together, an exclusive holder alone; only with -p 1'
+            cand -x 'The default mode, a holder alone: accepted so that lines ported from flock(1) (-x, -e) run unchanged; not with -s'
+            cand --exclusive 'The default mode, a holder alone: accepted so that lines ported from flock(1) (-x, -e) run unchanged; not with -s'
             cand -n 'Give up at once if no slot is free (same as --timeout 0); trouble with the store is ridden out for 10 s'
             cand --no-wait 'Give up at once if no slot is free (same as --timeout 0); trouble with the store is ridden out for 10 s'
             cand -v 'More diagnostics on stderr: waiting, acquired, renewals, release'

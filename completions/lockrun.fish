@@ -1,6 +1,6 @@
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_lockrun_global_optspecs
-    string join \n name= s/shared b/backend= prefix= dir= db= redis-url= redis-replicas= postgres-url= etcd-endpoints= p/parallelism= n/no-wait w/timeout= initial-delay= max-delay= backoff-multiplier= ttl= min-hold= max-runtime= kill-grace= E/conflict-exit-code= c/command= v/verbose q/quiet log-format= h/help V/version
+    string join \n name= s/shared x/exclusive b/backend= prefix= dir= db= redis-url= redis-replicas= postgres-url= etcd-endpoints= p/parallelism= n/no-wait w/timeout= initial-delay= max-delay= backoff-multiplier= ttl= min-hold= max-runtime= kill-grace= E/conflict-exit-code= c/command= v/verbose q/quiet log-format= h/help V/version
 end
 
 function __fish_lockrun_needs_command
@@ -53,6 +53,7 @@ complete -c lockrun -n "__fish_lockrun_needs_command" -s c -l command -d 'Run th
 complete -c lockrun -n "__fish_lockrun_needs_command" -l log-format -d 'Diagnostics as text lines or one JSON event per line' -r -f -a "text\t''
 json\t''"
 complete -c lockrun -n "__fish_lockrun_needs_command" -s s -l shared -d 'Hold the name in shared mode: shared holders hold it together, an exclusive holder alone; only with -p 1'
+complete -c lockrun -n "__fish_lockrun_needs_command" -s x -l exclusive -d 'The default mode, a holder alone: accepted so that lines ported from flock(1) (-x, -e) run unchanged; not with -s'
 complete -c lockrun -n "__fish_lockrun_needs_command" -s n -l no-wait -d 'Give up at once if no slot is free (same as --timeout 0); trouble with the store is ridden out for 10 s'
 complete -c lockrun -n "__fish_lockrun_needs_command" -s v -l verbose -d 'More diagnostics on stderr: waiting, acquired, renewals, release'
 complete -c lockrun -n "__fish_lockrun_needs_command" -s q -l quiet -d 'No diagnostics at all'

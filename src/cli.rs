@@ -28,10 +28,10 @@ pub use usage::report as usage_error;
                       lockrun [OPTIONS] --name NAME -c 'SHELL COMMAND'\n       \
                       lockrun status [OPTIONS] [NAME] [--json]\n       \
                       lockrun release [OPTIONS] NAME [--slot N] --force",
+    after_help = EXIT_STATUSES,
     args_conflicts_with_subcommands = true,
     subcommand_negates_reqs = true,
-    max_term_width = 100,
-    after_help = EXIT_STATUSES
+    max_term_width = 100
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -49,12 +49,18 @@ pub enum Action {
     Release(ReleaseArgs),
 }
 
-/// The end of `--help`: every exit status of lockrun's own, in one short block
-/// (README: "Exit status").
+/// The end of `--help`: what a script that runs lockrun checks (README: "Exit status").
 const EXIT_STATUSES: &str = "\
-Exit status: the command's own (128+N if ended by signal N); 64 usage error; 69 store unavailable;
-70 internal error; 74 output not written; 75 no slot acquired (busy or timed out; -E); 76 lease
-lost; 124 --max-runtime passed; 126 command not executable; 127 command not found.";
+Exit status:
+  the command's own      the command ran (128+N: it was ended by signal N)
+  64                     usage error: a bad flag, value or name
+  69                     the store is unavailable or misconfigured
+  70                     internal error
+  74                     lockrun's own output could not be written
+  75 (-E)                no slot acquired (busy with -n, or --timeout passed); the command did not run
+  76                     the lease was lost; lockrun stopped the command
+  124                    --max-runtime passed; lockrun stopped the command
+  126 / 127              the command cannot be executed / was not found";
 
 /// `--version`: the version, the commit it was built from (`build.rs`), the
 /// backends built in and the versioned store formats it reads and writes.
@@ -94,6 +100,10 @@ pub struct RunArgs {
     /// Hold the name in shared mode: shared holders hold it together, an exclusive holder alone; only with -p 1
     #[arg(short = 's', long)]
     pub shared: bool,
+
+    /// The default mode, a holder alone: accepted so that lines ported from flock(1) (-x, -e) run unchanged; not with -s
+    #[arg(short = 'x', long, short_alias = 'e', conflicts_with = "shared")]
+    pub exclusive: bool,
 
     #[command(flatten)]
     pub store: StoreArgs,
@@ -268,7 +278,7 @@ pub fn parse(args: Vec<OsString>) -> Result<Cli, u8> {
         .get(1)
         .and_then(|first| usage::mistyped_subcommand(&definition, first))
     {
-        return Err(clap_error(err));
+        return Err(clap_error(err, &args));
     }
     let mut definition = definition;
     // Kept for the error, which may have to say what was typed where.
@@ -276,11 +286,12 @@ pub fn parse(args: Vec<OsString>) -> Result<Cli, u8> {
     let mut matches = definition.try_get_matches_from_mut(args).map_err(|err| {
         match usage::subcommand_after_options(&err, &typed) {
             Some(message) => usage::report(&message),
-            None => clap_error(usage::from_variable(err, &definition, &typed)),
+            None => clap_error(usage::from_variable(err, &definition, &typed), &typed),
         }
     })?;
     nested::require_own_backend(&matches).map_err(|message| usage::report(&message))?;
-    Cli::from_arg_matches_mut(&mut matches).map_err(clap_error)
+    usage::no_wait_with_timeout(&matches).map_err(|message| usage::report(&message))?;
+    Cli::from_arg_matches_mut(&mut matches).map_err(|err| clap_error(err, &typed))
 }
 
 /// A run's command line read without clap's matching ([`quick`]); `None` for
@@ -317,13 +328,13 @@ fn may_name_a_subcommand(args: &[OsString]) -> bool {
 }
 
 /// Help and version are printed (exit 0); anything else is a usage error.
-fn clap_error(err: clap::Error) -> u8 {
+fn clap_error(err: clap::Error, args: &[OsString]) -> u8 {
     match err.kind() {
         ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
             let _ = err.print();
             0
         }
-        _ => usage::report(&usage::one_line(err)),
+        _ => usage::report(&usage::one_line(err, args)),
     }
 }
 
@@ -364,11 +375,11 @@ mod tests {
     #[test]
     fn flock_style_short_flags() {
         let cli = Cli::try_parse_from([
-            "lockrun", "--name", "x", "-n", "-w", "5", "-E", "3", "-p", "2", "-b", "file", "-v",
+            "lockrun", "--name", "x", "-x", "-w", "5", "-E", "3", "-p", "2", "-b", "file", "-v",
             "true",
         ])
         .unwrap();
-        assert!(cli.run.no_wait && cli.run.output.verbose);
+        assert!(cli.run.exclusive && cli.run.output.verbose);
         assert_eq!(cli.run.timeout, Limit(Some(Duration::from_secs(5))));
         assert_eq!((cli.run.conflict_exit_code, cli.run.parallelism), (3, 2));
         assert_eq!(cli.run.command, vec![OsString::from("true")]);

@@ -8,27 +8,23 @@ use crate::acquire::{self, acquire};
 use crate::backend::{Mode, Owner, Request, Store};
 use crate::backoff;
 use crate::cli::RunArgs;
+use crate::duration;
 use crate::error::{Error, Result};
 use crate::identity::{Process, new_token};
 use crate::lease::Held;
 use crate::name::Name;
 use crate::platform::clock::Moment;
 use crate::report::{Event, Reporter};
-use crate::supervisor::{self, Ending, FoundLost, Limits, Lost, Program, Signals};
+use crate::supervisor::{self, Ending, FoundLost, Limits, Lost, Program, Signals, Supervised};
 use crate::timing::Plan;
 
 pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
     let policy = wait_policy(&args);
     let mode = args.mode();
+    refuse_contradictions(&args, mode)?;
     let names = canonical_order(args.names);
     if names.is_empty() {
         return Err(Error::Usage("--name is required".into()));
-    }
-    if mode == Mode::Shared && args.parallelism > 1 {
-        return Err(Error::Usage(format!(
-            "--shared holds a name's one slot together with other sharers: it takes -p 1, not -p {}",
-            args.parallelism
-        )));
     }
     let program = program(args.shell_command, args.command)?;
 
@@ -36,7 +32,7 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
     let mut store = open_store(&args.store, reporter)?;
     let leases = store.abilities().leases;
     let plan = Plan::new(args.ttl);
-    let kill_grace = plan.kill_grace(args.kill_grace, leases);
+    let kill_grace = kill_grace(plan, args.kill_grace, args.ttl, leases)?;
     // Only a lease's holder can be reclaimed early by its process's death;
     // the kernel frees a dead holder's lock by itself.
     let process = if leases {
@@ -90,14 +86,28 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
         kill_grace,
     };
 
-    let ending = Signals::block().map_err(Error::system).and_then(|signals| {
-        supervisor::supervise(&program, &env, &signals, &mut held, &limits, reporter)
-    });
+    let Supervised { ending, watchdog } = match Signals::block() {
+        Ok(signals) => {
+            supervisor::supervise(&program, &env, &signals, &mut held, &limits, reporter)
+        }
+        Err(err) => Supervised {
+            ending: Err(Error::system(err)),
+            watchdog: None,
+        },
+    };
     let keep_until = (!args.min_hold.is_zero()).then(|| acquired_at + args.min_hold);
     // A lease that ran out by its deadline after the command ended (lockrun
     // paused since) was not taken from the command while it ran.
     let lapsed = held.deadline().is_some_and(Moment::has_passed);
+    // Why lockrun stopped the command comes first, then its release (with -v).
+    if let Ok(ending) = &ending {
+        report_ending(ending, reporter);
+    }
     let released = held.release(keep_until);
+    // Once released, so that the next holder does not wait for it.
+    if let Some(watchdog) = watchdog {
+        watchdog.reap();
+    }
     let mut ending = ending?;
     if let (Some(name), Ending::Exited(code), false) = (&released.lost, &ending, lapsed) {
         // Broken or taken while the command ran: another holder may have run beside it.
@@ -108,6 +118,7 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
             name: name.clone(),
             code: *code,
         });
+        report_ending(&ending, reporter);
     }
     for failure in released.failed {
         // The command's run is over either way: its status stands, and a lease
@@ -118,8 +129,42 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
             reporter.error(&format!("{failure}; its lease lapses within --ttl"));
         }
     }
-    report_ending(&ending, reporter);
     Ok(ending.exit_code())
+}
+
+/// Settings that contradict each other: refused (64), never bent to fit.
+fn refuse_contradictions(args: &RunArgs, mode: Mode) -> Result<()> {
+    if mode == Mode::Shared && args.parallelism > 1 {
+        return Err(Error::Usage(format!(
+            "--shared holds a name's one slot together with other sharers: it takes -p 1, not -p {}",
+            args.parallelism
+        )));
+    }
+    if args.initial_delay > args.max_delay {
+        return Err(Error::Usage(format!(
+            "--initial-delay {} is longer than --max-delay {}, which caps every retry delay: lower the one or raise the other",
+            duration::display(args.initial_delay),
+            duration::display(args.max_delay)
+        )));
+    }
+    Ok(())
+}
+
+/// The kill grace; one asked for that a lease cannot give whole is refused (64).
+fn kill_grace(
+    plan: Plan,
+    asked: Option<Duration>,
+    ttl: Duration,
+    leases: bool,
+) -> Result<Duration> {
+    plan.kill_grace(asked, leases).map_err(|most| {
+        Error::Usage(format!(
+            "--kill-grace {} is longer than a third of --ttl {} ({}): the command must be gone before its lease could pass on; shorten it or lengthen --ttl",
+            duration::display(asked.unwrap_or_default()),
+            duration::display(ttl),
+            duration::display(most)
+        ))
+    })
 }
 
 /// Takes a slot of each of `names`, in that order, as `template` asks (one
@@ -204,7 +249,7 @@ fn report_ending(ending: &Ending, reporter: &Reporter) {
         )),
         Ending::MaxRuntime(max) => reporter.error(&format!(
             "stopped the command: --max-runtime {} passed",
-            crate::duration::display(*max)
+            duration::display(*max)
         )),
     }
 }

@@ -66,13 +66,16 @@ impl Plan {
 
     /// The grace between SIGTERM and SIGKILL: `--kill-grace` (10 s unless
     /// given), and on a lease at most a third of it, so that the command is
-    /// gone before the lease could pass to another holder.
-    pub fn kill_grace(self, asked: Option<Duration>, leases: bool) -> Duration {
-        let grace = asked.unwrap_or(DEFAULT_KILL_GRACE);
-        if leases {
-            grace.min(self.ttl / 3)
-        } else {
-            grace
+    /// gone before the lease could pass to another holder. `Err(most)` for a
+    /// grace asked for that is longer than a lease allows.
+    pub fn kill_grace(self, asked: Option<Duration>, leases: bool) -> Result<Duration, Duration> {
+        let most = self.ttl / 3;
+        match asked {
+            // Asked for explicitly, a grace is given whole or refused, never cut short.
+            Some(grace) if leases && grace > most => Err(most),
+            Some(grace) => Ok(grace),
+            None if leases => Ok(DEFAULT_KILL_GRACE.min(most)),
+            None => Ok(DEFAULT_KILL_GRACE),
         }
     }
 
@@ -97,15 +100,15 @@ mod tests {
         assert_eq!(plan.confirm_margin(), Duration::from_secs(5));
         assert_eq!(plan.refresh_place_after(true), Duration::from_secs(15));
         assert_eq!(plan.renewal_retry(), Duration::from_secs(1));
-        assert_eq!(plan.kill_grace(None, true), Duration::from_secs(10));
+        assert_eq!(plan.kill_grace(None, true), Ok(Duration::from_secs(10)));
         assert_eq!(plan.holder_call(), FREE_CALL);
     }
 
     #[test]
     fn a_short_lease_shortens_the_grace_but_not_below_a_call_floor() {
         let plan = Plan::new(Duration::from_secs(2));
-        assert_eq!(plan.kill_grace(None, true), Duration::from_secs(2) / 3);
-        assert_eq!(plan.kill_grace(None, false), DEFAULT_KILL_GRACE);
+        assert_eq!(plan.kill_grace(None, true), Ok(Duration::from_secs(2) / 3));
+        assert_eq!(plan.kill_grace(None, false), Ok(DEFAULT_KILL_GRACE));
         assert_eq!(plan.holder_call(), MIN_CALL);
         assert_eq!(plan.renewal_retry(), Duration::from_millis(200));
     }

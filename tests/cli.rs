@@ -369,4 +369,95 @@ fn help_ends_with_every_exit_status() {
     }
     let short = stdout(&run(lockrun().arg("-h")));
     assert!(short.trim_end().ends_with(block.trim_end()), "{short}");
+/// flock(1)'s explicit exclusive mode is lockrun's default: a cron line
+/// ported from `flock -xn` runs unchanged; with -s it asks for two modes.
+#[test]
+fn flocks_exclusive_flags_are_accepted_and_conflict_with_shared() {
+    let store = Store::file();
+    for flag in ["-x", "-e", "--exclusive"] {
+        let output = run(store.lockrun().args([flag, "-n", "--name", "x", "true"]));
+        assert_status(&output, 0);
+        let line = usage_line(&run(store
+            .lockrun()
+            .args([flag, "-s", "--name", "x", "true"])));
+        assert!(
+            line.contains("'--exclusive' cannot be used with '--shared'"),
+            "{flag}: {line}"
+        );
+    }
+    let output = run(store.lockrun().args(["-xn", "--name", "x", "true"]));
+    assert_status(&output, 0);
+}
+
+/// Settings that contradict each other, or that lockrun could only honour by
+/// changing them silently, are refused with one line (64), and nothing runs.
+#[test]
+fn contradicting_settings_are_refused_not_silently_changed() {
+    let scratch = Scratch::new();
+    let ran = scratch.path("ran");
+    let touch = format!("touch '{}'", ran.display());
+    for (store, args, says) in [
+        (Store::file(), &["-n", "-w", "5"][..], "-n with -w"),
+        (Store::file(), &["--no-wait", "--timeout=5"], "-n with -w"),
+        (
+            Store::file(),
+            &["--initial-delay", "10s", "--max-delay", "1s"],
+            "--initial-delay 10s is longer than --max-delay 1s",
+        ),
+        (
+            Store::sqlite(),
+            &["--kill-grace", "20s"],
+            "--kill-grace 20s is longer than a third of --ttl 30s (10s)",
+        ),
+        (
+            Store::sqlite(),
+            &["--kill-grace", "2s", "--ttl", "3s"],
+            "--kill-grace 2s is longer than a third of --ttl 3s (1s)",
+        ),
+    ] {
+        let line = usage_line(&run(store
+            .lockrun()
+            .args(["--name", "x"])
+            .args(args)
+            .args(["-c", &touch])));
+        assert!(line.contains(says), "{args:?}: {line}");
+        assert!(!ran.exists(), "{args:?}: the command ran");
+    }
+    // What is no contradiction runs: -n wins over LOCKRUN_TIMEOUT, as a flag over its
+    // variable; without a lease, any grace can be given whole.
+    for (store, args, var) in [
+        (Store::file(), &["-n"][..], Some(("LOCKRUN_TIMEOUT", "5"))),
+        (Store::file(), &["--kill-grace", "20s"], None),
+        (Store::sqlite(), &["--kill-grace", "10s"], None),
+    ] {
+        let mut command = store.lockrun();
+        command.args(["--name", "x"]).args(args).arg("true");
+        command.envs(var);
+        assert_status(&run(&mut command), 0);
+    }
+}
+
+/// A brace in the Redis prefix would move the names' Cluster hash tag (README:
+/// "Redis backend"): refused before any server is asked.
+#[test]
+fn a_redis_prefix_with_a_brace_is_a_usage_error() {
+    let unused = format!("redis://127.0.0.1:{}", free_port());
+    for prefix in ["p{t}", "a}", "{"] {
+        let line = usage_line(&run(lockrun().args([
+            "-b",
+            "redis",
+            "--redis-url",
+            &unused,
+            "--prefix",
+            prefix,
+            "--name",
+            "x",
+            "true",
+        ])));
+        assert!(line.contains("brace"), "{prefix}: {line}");
+        let line = usage_line(&run(lockrun()
+            .args(["status", "-b", "redis", "--redis-url", &unused])
+            .env("LOCKRUN_PREFIX", prefix)));
+        assert!(line.contains("brace"), "{prefix}: {line}");
+    }
 }

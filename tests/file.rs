@@ -611,3 +611,101 @@ fn a_sharer_waits_for_a_share_slot_when_every_one_is_taken() {
         "woken, not at a retry"
     );
 }
+
+/// flock(1) holding `lock` until `scratch`'s file `go` appears (ten seconds
+/// at most, so that no lock outlives a failed test).
+fn flock_holding(lock: &std::path::Path, scratch: &Scratch) -> Running {
+    let script = format!(
+        "touch '{held}'; for i in $(seq 1000); do [ -e '{go}' ] && exit 0; sleep 0.01; done",
+        held = scratch.path("held").display(),
+        go = scratch.path("go").display(),
+    );
+    let flock = std::process::Command::new("flock")
+        .arg(lock)
+        .args(["sh", "-c", &script])
+        .start();
+    wait_until("flock(1) to hold the lock", || {
+        scratch.path("held").exists()
+    });
+    flock
+}
+
+/// A lock file that flock(1) holds is not an earlier lockrun's, whose record
+/// is still in it: `status` and a busy run name flock's pid, never that
+/// lockrun's, with its old "for ...".
+#[test]
+fn a_lock_that_flock_holds_is_not_shown_as_an_earlier_lockruns() {
+    if !program_installed("flock", "flock(1) beside lockrun") {
+        return;
+    }
+    let store = Store::file();
+    let scratch = Scratch::new();
+    assert_status(&run(store.lockrun().args(["--name", "x", "true"])), 0);
+    let mut flock = flock_holding(&store.dir().join("x.0.lock"), &scratch);
+    let pid = flock.id();
+    let output = run(store.lockrun().args(["--name", "x", "-n", "true"]));
+    assert_status(&output, 75);
+    let busy = stderr(&output);
+    assert!(
+        busy.contains(&format!("held by pid {pid} (not lockrun: flock(1)?)")),
+        "{busy}"
+    );
+    let listed = stdout(&run(store.status().args(["x", "--json"])));
+    let holders: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    assert_eq!(holders[0]["pid"], pid, "{listed}");
+    assert_eq!(holders[0]["command"], "not lockrun: flock(1)?", "{listed}");
+    assert_eq!(
+        holders[0]["acquired_at"],
+        serde_json::Value::Null,
+        "{listed}"
+    );
+    fs::write(scratch.path("go"), "").unwrap();
+    assert!(flock.wait().unwrap().success());
+}
+
+/// During a migration, flock(1) pointed at `DIR/NAME.0.lock` and lockrun
+/// (`-p 1`) exclude each other, both ways (README: "File backend").
+#[test]
+fn flock_and_lockrun_exclude_each_other_both_ways() {
+    if !program_installed("flock", "flock(1) beside lockrun") {
+        return;
+    }
+    let store = Store::file();
+    let scratch = Scratch::new();
+    let lock = store.dir().join("x.0.lock");
+    // flock holds: lockrun is busy, and a waiting lockrun starts once flock lets go.
+    let mut flock = flock_holding(&lock, &scratch);
+    assert_status(
+        &run(store.lockrun().args(["--name", "x", "-n", "true"])),
+        75,
+    );
+    let ran = scratch.path("ran");
+    let mut waiter = store
+        .lockrun()
+        .args(["--name", "x", "-w", "10", "--", "touch"])
+        .arg(&ran)
+        .start();
+    wait_until("the waiter to join the line", || {
+        stdout(&run(store.status().args(["x", "--json"]))).contains("\"waiting\"")
+    });
+    assert!(!ran.exists(), "lockrun ran while flock(1) held the lock");
+    fs::write(scratch.path("go"), "").unwrap();
+    assert!(flock.wait().unwrap().success());
+    assert!(waiter.wait().unwrap().success());
+    assert!(ran.exists());
+    // lockrun holds: flock -n is busy (its status 1), and takes the lock once lockrun ends.
+    let holder = hold(&store, &scratch, "x", &[]);
+    let flock_n = || {
+        std::process::Command::new("flock")
+            .args(["-n"])
+            .arg(&lock)
+            .arg("true")
+            .status()
+            .unwrap()
+            .code()
+    };
+    assert_eq!(flock_n(), Some(1), "flock(1) got the lock lockrun holds");
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_status(&finish(holder), 0);
+    assert_eq!(flock_n(), Some(0));
+}

@@ -413,3 +413,49 @@ fn sentinels_that_do_not_answer_are_ridden_out_until_the_timeout() {
         "{took:?}"
     );
 }
+
+/// A plain `redis://` URL at a Cluster node works for the names it serves;
+/// a name it would send elsewhere (MOVED) exits 69 at once, saying to use
+/// `redis+cluster://` (README: "Redis as deployed"), never after --timeout.
+#[test]
+fn a_plain_url_at_a_cluster_node_exits_69_at_once_for_a_name_served_elsewhere() {
+    let Some(cluster) = RedisCluster::start() else {
+        return;
+    };
+    let node = &cluster.servers()[0];
+    let url = node.url();
+    // The first names whose slots this node does and does not serve.
+    let nodes: String = cluster_cmd(node, &["NODES"]);
+    let mine = nodes.lines().find(|line| line.contains("myself")).unwrap();
+    let ranges: Vec<(u16, u16)> = mine
+        .split_whitespace()
+        .skip(8)
+        .map(|range| {
+            let (from, to) = range.split_once('-').unwrap_or((range, range));
+            (from.parse().unwrap(), to.parse().unwrap())
+        })
+        .collect();
+    let serves = |name: &str| {
+        let slot: u16 = cluster_cmd(node, &["KEYSLOT", &format!("lockrun:{{{name}}}:fence")]);
+        ranges
+            .iter()
+            .any(|&(from, to)| (from..=to).contains(&slot))
+    };
+    let names: Vec<String> = (0..50).map(|n| format!("n{n}")).collect();
+    let here = names.iter().find(|name| serves(name)).unwrap();
+    let elsewhere = names.iter().find(|name| !serves(name)).unwrap();
+    let attempt = |name: &str| {
+        let started = Instant::now();
+        let output = run(lockrun()
+            .args(["--backend", "redis", "--redis-url", &url, "--name", name])
+            .args(["-w", "30", "true"]));
+        (output, started.elapsed())
+    };
+    assert_status(&attempt(here).0, 0);
+    let (output, took) = attempt(elsewhere);
+    assert_status(&output, 69);
+    let said = stderr(&output);
+    assert!(said.contains("redis+cluster://"), "{said}");
+    assert_eq!(said.lines().count(), 1, "{said}");
+    assert!(took < Duration::from_secs(1), "{took:?}");
+}

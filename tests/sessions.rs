@@ -195,6 +195,34 @@ exec sleep 60"#,
     );
 }
 
+/// Under a PID 1 that never reaps (a container), lockrun reaps its own
+/// watchdog: twenty runs leave no zombie behind, where a cron job would
+/// otherwise leave one a minute.
+#[test]
+fn runs_leave_no_zombie_under_a_pid_1_that_never_reaps() {
+    let Some(mut container) = in_a_pid_namespace() else {
+        return;
+    };
+    let store = Store::file();
+    let scratch = Scratch::new();
+    let script = format!(
+        r#"cd '{scratch}'
+( for i in $(seq 20); do "$lockrun" --dir '{dir}' --name z -- true; done
+  ps -eo stat=,args= > processes; touch done ) &
+exec sleep 60"#,
+        scratch = scratch.dir().display(),
+        dir = store.dir().display(),
+    );
+    let _container = container.args(["sh", "-c", &script]).start();
+    wait_until("the twenty runs", || scratch.path("done").exists());
+    let processes = scratch.lines("processes");
+    let zombies: Vec<&String> = processes
+        .iter()
+        .filter(|line| line.starts_with('Z'))
+        .collect();
+    assert!(zombies.is_empty(), "zombies left: {zombies:?}");
+}
+
 /// Milliseconds since the epoch of an RFC 3339 time in UTC with milliseconds (`2026-11-21T13:09:17.402Z`).
 fn epoch_millis_of(ts: &str) -> u128 {
     let output = std::process::Command::new("date")
@@ -305,8 +333,28 @@ fn hints_for_what_users_bring_from_flock_and_habit() {
         line.contains("-w inf waits forever") && !line.contains("-- -1"),
         "{line}"
     );
+    // Each option that takes no negative number says what it takes instead.
+    for (option, says) in [
+        ("-E", "-E takes an exit status from 0 to 255"),
+        ("--max-runtime", "0, or none, means no limit"),
+        ("-p", "-p takes a number of slots from 1 to 1024"),
+    ] {
+        let line = usage_line(&run(store
+            .lockrun()
+            .args(["--name", "x", option, "-1", "true"])));
+        assert!(
+            line.contains(says) && !line.contains("-w inf"),
+            "{option}: {line}"
+        );
+    }
+    let line = usage_line(&run(store
+        .lockrun()
+        .args(["--name", "x", "--events", "true"])));
+    assert!(
+        line.contains("--log-format json") && !line.contains("-- --events"),
+        "{line}"
+    );
     for (flag, says) in [
-        ("-x", "every lockrun lock is"),
         ("-u", "releases the lock when the command exits"),
         ("-o", "never lets the command inherit"),
         ("-F", "always runs the command as its child"),

@@ -465,3 +465,29 @@ fn the_watchdog_stops_the_command_of_a_stopped_lockrun_before_its_lease_ends() {
     signal(holder.id(), Signal::SIGCONT);
     assert_eq!(wait(&mut holder).code(), Some(76), "the lease was lost");
 }
+
+/// With -v, why lockrun stopped the command comes before the release.
+#[test]
+fn verbose_says_why_the_command_was_stopped_before_the_release() {
+    let store = Store::file();
+    let output = run(store.lockrun().args([
+        "-v",
+        "--name",
+        "x",
+        "--max-runtime",
+        "0.2",
+        "--",
+        "sleep",
+        "30",
+    ]));
+    assert_status(&output, 124);
+    let err = stderr(&output);
+    let at = |what: &str| {
+        err.find(what)
+            .unwrap_or_else(|| panic!("no {what:?} in {err}"))
+    };
+    assert!(
+        at("stopped the command: --max-runtime") < at("released x"),
+        "{err}"
+    );
+}

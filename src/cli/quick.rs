@@ -69,9 +69,10 @@ const VERBOSE: usize = 13;
 const QUIET: usize = 14;
 const LOG_FORMAT: usize = 15;
 const SHARED: usize = 16;
+const EXCLUSIVE: usize = 17;
 
 /// A run's own options, indexed by the constants above; a test holds them to `RunArgs`.
-const OPTIONS: [Spec; 17] = [
+const OPTIONS: [Spec; 18] = [
     option("name", None, Some("LOCKRUN_NAME")),
     option("parallelism", Some('p'), Some("LOCKRUN_PARALLELISM")),
     flag("no-wait", 'n'),
@@ -89,6 +90,8 @@ const OPTIONS: [Spec; 17] = [
     flag("quiet", 'q'),
     option("log-format", None, Some("LOCKRUN_LOG_FORMAT")),
     flag("shared", 's'),
+    // Its other short name, `-e`, is left to clap.
+    flag("exclusive", 'x'),
 ];
 
 /// What a word before the command names.
@@ -141,8 +144,14 @@ pub fn parse(args: &[OsString]) -> Result<RunArgs, LeftToClap> {
     } = sort(args, &store_definition)?;
     let shell_command = given[SHELL_COMMAND].map(OsStr::to_owned);
     let (verbose, quiet) = (given[VERBOSE].is_some(), given[QUIET].is_some());
-    // `-c` and COMMAND conflict, and one of them is needed; so do -v and -q.
-    if shell_command.is_some() != command.is_empty() || (verbose && quiet) {
+    let (shared, exclusive) = (given[SHARED].is_some(), given[EXCLUSIVE].is_some());
+    // `-c` and COMMAND conflict, and one of them is needed; so do -v and -q, -s and -x,
+    // and -n and -w (on the command line: -n wins over LOCKRUN_TIMEOUT).
+    if shell_command.is_some() != command.is_empty()
+        || (verbose && quiet)
+        || (shared && exclusive)
+        || (given[NO_WAIT].is_some() && given[TIMEOUT].is_some())
+    {
         return Err(LeftToClap);
     }
     let mut store_matches = store_definition.try_get_matches_from(store_words)?;
@@ -163,7 +172,8 @@ pub fn parse(args: &[OsString]) -> Result<RunArgs, LeftToClap> {
     };
     Ok(RunArgs {
         names: vec![parse_name(&text_of(NAME)?.ok_or(LeftToClap)?)?],
-        shared: given[SHARED].is_some(),
+        shared,
+        exclusive,
         store,
         parallelism: match text_of(PARALLELISM)? {
             Some(text) => whole_number(&text)
@@ -410,6 +420,9 @@ mod tests {
         &["--etcd-endpoints", "http://a:1"],
         &["--nope"],
         &["-x"],
+        &["-e"],
+        &["--exclusive"],
+        &["-s"],
         &["-"],
     ];
 
@@ -466,7 +479,7 @@ mod tests {
         for run in [
             &["--name", "x", "--", "ls", "-l"][..],
             &[
-                "--name=x", "-p", "3", "-n", "-w", "5", "-E", "3", "-b", "file", "-v", "true",
+                "--name=x", "-p", "3", "-x", "-w", "5", "-E", "3", "-b", "file", "-v", "true",
             ],
             &[
                 "--name",
@@ -511,6 +524,7 @@ mod tests {
     const ENVIRONMENTS: &[&[(&str, &str)]] = &[
         &[("LOCKRUN_NAME", "envname")],
         &[("LOCKRUN_PARALLELISM", "4"), ("LOCKRUN_TIMEOUT", "inf")],
+        &[("LOCKRUN_TIMEOUT", "5")],
         &[("LOCKRUN_PARALLELISM", "0")],
         &[
             ("LOCKRUN_INITIAL_DELAY", "2s"),

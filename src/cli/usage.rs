@@ -6,7 +6,8 @@ use std::ffi::{OsStr, OsString};
 use std::io::Write;
 
 use clap::error::{ContextKind, ContextValue, ErrorKind};
-use clap::{Arg, Command};
+use clap::parser::ValueSource;
+use clap::{Arg, ArgMatches, Command};
 
 use crate::error::status;
 use crate::escape::escape_controls;
@@ -25,7 +26,8 @@ pub fn report(message: &str) -> u8 {
 
 /// clap's error on one line: its message without the "error: " lead and the
 /// usage block, then what it suggests instead ("did you mean '--no-wait'?").
-pub fn one_line(mut err: clap::Error) -> String {
+/// `args`, the command line (or none), tells which option a word was meant for.
+pub fn one_line(mut err: clap::Error, args: &[OsString]) -> String {
     // What the user typed is escaped first, so that no newline in it can cut the message short.
     let typed: Vec<(ContextKind, ContextValue)> = err
         .context()
@@ -42,7 +44,7 @@ pub fn one_line(mut err: clap::Error) -> String {
         .collect::<Vec<_>>()
         .join(" ");
     let message = message.trim_start_matches("error: ");
-    match suggestion(&err) {
+    match suggestion(&err, args) {
         Some(suggestion) => format!("{message}; {suggestion}"),
         None => message.to_owned(),
     }
@@ -59,36 +61,75 @@ fn escaped(value: &ContextValue) -> Option<ContextValue> {
 }
 
 /// What an unknown option typed means to lockrun: flock(1)'s options that
-/// lockrun has no use for, with what to do instead, and a negative number,
-/// which no option takes. `None` for anything else.
-fn hint(typed: &str) -> Option<String> {
+/// lockrun has no use for, with what to do instead, a flag of other tools,
+/// and a negative number, which no option takes (`before`: the word before
+/// it, the option it was likely meant for). `None` for anything else.
+fn hint(typed: &str, before: Option<&str>) -> Option<String> {
     let flock = |what: &str| Some(format!("{typed} is flock(1)'s {what}"));
     match typed {
-        "-x" | "-e" | "--exclusive" => flock("exclusive lock, which every lockrun lock is unless -s: leave it out"),
-        "-u" | "--unlock" => flock("unlock: lockrun releases the lock when the command exits (lockrun release --force breaks a dead holder's lease)"),
-        "-o" | "--close" => flock("close: lockrun never lets the command inherit the lock's descriptor, so leave it out"),
-        "-F" | "--no-fork" => flock("no-fork: lockrun always runs the command as its child, to release the lock when it ends and stop it if lockrun dies; there is no such option"),
+        "-u" | "--unlock" => flock(
+            "unlock: lockrun releases the lock when the command exits (lockrun release --force breaks a dead holder's lease)",
+        ),
+        "-o" | "--close" => flock(
+            "close: lockrun never lets the command inherit the lock's descriptor, so leave it out",
+        ),
+        "-F" | "--no-fork" => flock(
+            "no-fork: lockrun always runs the command as its child, to release the lock when it ends and stop it if lockrun dies; there is no such option",
+        ),
+        "--events" | "--json" => Some(
+            "the events come as one JSON object per line on stderr with --log-format json".into(),
+        ),
         _ if typed
             .strip_prefix('-')
             .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit())) =>
         {
-            Some(
-                "no option takes a negative number: -w 0 (or -n) gives up at once, -w inf waits forever"
-                    .to_owned(),
-            )
+            Some(negative_number_hint(before).to_owned())
         }
         _ => None,
     }
 }
 
+/// What to give instead of a negative number to the option `before` it.
+fn negative_number_hint(before: Option<&str>) -> &'static str {
+    match before {
+        Some("-w" | "--timeout") => {
+            "no option takes a negative number: -w 0 (or -n) gives up at once, -w inf waits forever"
+        }
+        Some("-E" | "--conflict-exit-code") => {
+            "-E takes an exit status from 0 to 255, not a negative number"
+        }
+        Some("--max-runtime") => {
+            "--max-runtime takes a duration, not a negative number: 0, or none, means no limit"
+        }
+        Some("-p" | "--parallelism") => "-p takes a number of slots from 1 to 1024",
+        Some(
+            "--ttl"
+            | "--kill-grace"
+            | "--min-hold"
+            | "--initial-delay"
+            | "--max-delay"
+            | "--backoff-multiplier",
+        ) => "no option takes a negative number: durations are 0 or more (10s, 1.5, 1h30m)",
+        _ => "no option takes a negative number",
+    }
+}
+
 /// The option, subcommand or value that clap found similar to the one typed,
 /// else its tips ("to pass '-x' as a value, use '-- -x'").
-fn suggestion(err: &clap::Error) -> Option<String> {
+fn suggestion(err: &clap::Error, args: &[OsString]) -> Option<String> {
     if err.kind() == ErrorKind::UnknownArgument
         && let Some(ContextValue::String(typed)) = err.get(ContextKind::InvalidArg)
-        && let Some(hint) = hint(typed)
     {
-        return Some(hint);
+        // The word before the first one typed so, among lockrun's own (before `--`).
+        let own = args.iter().take_while(|word| *word != "--");
+        let before = own
+            .clone()
+            .zip(own.skip(1))
+            .find(|(_, word)| word.to_str() == Some(typed))
+            .and_then(|(before, _)| before.to_str());
+        if let Some(hint) = hint(typed, before) {
+            return Some(hint);
+        }
     }
     let similar = [
         ContextKind::SuggestedArg,
@@ -166,6 +207,18 @@ fn options(definition: &Command) -> impl Iterator<Item = &Arg> {
     )
 }
 
+/// `-n` with `-w` on the command line asks for two timeouts at once (`-n`
+/// is `-w 0`). `-n` with `LOCKRUN_TIMEOUT` is fine: the flag wins.
+pub fn no_wait_with_timeout(matches: &ArgMatches) -> Result<(), String> {
+    let given = |id| matches.value_source(id) == Some(ValueSource::CommandLine);
+    if matches.subcommand().is_none() && given("no_wait") && given("timeout") {
+        return Err(
+            "-n (--no-wait) is -w 0, so -n with -w asks for two timeouts: give one of them".into(),
+        );
+    }
+    Ok(())
+}
+
 /// A subcommand after options (`lockrun -b sqlite status`) is taken for the
 /// command to run, whose lock has no name: the line that says to put the
 /// subcommand first, with the words as they would then be.
@@ -219,7 +272,7 @@ mod tests {
     use crate::cli::Cli;
 
     fn line(args: &[&str]) -> String {
-        one_line(Cli::try_parse_from(args).unwrap_err())
+        one_line(Cli::try_parse_from(args).unwrap_err(), &[])
     }
 
     #[test]
@@ -255,8 +308,9 @@ mod tests {
     #[test]
     fn only_words_like_a_subcommand_are_taken_for_mistyped_ones() {
         let definition = Cli::command();
-        let mistyped =
-            |word: &str| mistyped_subcommand(&definition, OsStr::new(word)).map(one_line);
+        let mistyped = |word: &str| {
+            mistyped_subcommand(&definition, OsStr::new(word)).map(|err| one_line(err, &[]))
+        };
         assert_eq!(
             mistyped("stauts").as_deref(),
             Some("unrecognized subcommand 'stauts'; did you mean 'status'?")

@@ -101,6 +101,14 @@ pub fn boot_id() -> String {
     }
 }
 
+/// Whether process `pid` runs the same program as this one, by their command
+/// names (`/proc/PID/comm`, readable for every process); `None` when it
+/// cannot be told (it is gone, or hidden from us).
+pub fn runs_this_program(pid: u32) -> Option<bool> {
+    let comm = |pid: &str| fs::read_to_string(format!("/proc/{pid}/comm")).ok();
+    Some(comm(&pid.to_string())? == comm("self")?)
+}
+
 /// An flock(2) lock held right now, from `/proc/locks`.
 pub struct LiveFlock {
     dev: u64,

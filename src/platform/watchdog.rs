@@ -33,6 +33,7 @@ use nix::fcntl::{OFlag, open};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{Signal, killpg};
 use nix::sys::stat::Mode;
+use nix::sys::wait::{WaitPidFlag, waitpid};
 use nix::unistd::{
     ForkResult, Pid, dup2_stderr, dup2_stdin, dup2_stdout, fork, pipe2, read, setpgid, setsid,
     write,
@@ -168,10 +169,36 @@ impl Watchdog {
     }
 
     /// The command's group is gone: the watchdog exits without killing anything.
-    /// lockrun does not wait for it (that would delay the release for the next
-    /// holder); the kernel reaps it when lockrun exits, moments later.
-    pub fn dismiss(self) {
+    /// lockrun reaps it later ([`Dismissed::reap`]), once the lock is released,
+    /// so that the next holder does not wait for it.
+    pub fn dismiss(self) -> Dismissed {
         let _ = write(&self.tell, &[DISMISS]);
+        Dismissed {
+            answers: self.answers,
+            pid: self.pid,
+        }
+    }
+}
+
+/// A watchdog told to go, still to be reaped.
+pub struct Dismissed {
+    /// Its other end closes when the watchdog exits.
+    answers: OwnedFd,
+    pid: Pid,
+}
+
+impl Dismissed {
+    /// Waits (a second at most) for the dismissed watchdog to exit, and reaps
+    /// it: where PID 1 never reaps (a container), a watchdog left to it would
+    /// stay a zombie for every run (README: "What the command gets").
+    pub fn reap(self) {
+        // Its end of the answer pipe closes when it exits: then waiting cannot block for long.
+        let mut fds = [PollFd::new(self.answers.as_fd(), PollFlags::POLLHUP)];
+        let within = PollTimeout::try_from(ANSWER_WITHIN).unwrap_or(PollTimeout::MAX);
+        let gone = matches!(poll(&mut fds, within), Ok(1));
+        let flags = (!gone).then_some(WaitPidFlag::WNOHANG);
+        // Already reaped (it was killed while the command ran), it is nobody's child: ECHILD.
+        while waitpid(self.pid, flags) == Err(Errno::EINTR) {}
     }
 }
 

@@ -21,7 +21,7 @@ use crate::report::{Event, Reporter};
 pub use crate::platform::signals::{Signals, reset_inherited};
 use crate::platform::spawn;
 use crate::platform::terminal::Terminal;
-use crate::platform::watchdog::{GroupEnd, Watchdog};
+use crate::platform::watchdog::{Dismissed, GroupEnd, Watchdog};
 
 mod shebang;
 
@@ -121,6 +121,13 @@ pub struct Limits {
     pub kill_grace: Duration,
 }
 
+/// How the command's run ended, and its watchdog, which the caller reaps once
+/// the lock is released (`None` when none was started).
+pub struct Supervised {
+    pub ending: Result<Ending>,
+    pub watchdog: Option<Dismissed>,
+}
+
 /// Runs `program` to its end, keeping `held` (renewing its lease, if it has one).
 pub fn supervise(
     program: &Program,
@@ -129,22 +136,35 @@ pub fn supervise(
     held: &mut Held,
     limits: &Limits,
     reporter: &Reporter,
-) -> Result<Ending> {
+) -> Supervised {
+    let unwatched = |ending| Supervised {
+        ending,
+        watchdog: None,
+    };
     // Never a command under a lease whose stop has passed (the watchdog would stop it at once).
     if let LeaseVerdict::Stop { name, reason, .. } = held.confirm() {
         reporter.about(&name).event(&Event::Lost { reason });
-        return Ok(Ending::LostBeforeStart(Lost { name, reason }));
+        return unwatched(Ok(Ending::LostBeforeStart(Lost { name, reason })));
     }
-    spawn::adopt_orphans()
-        .map_err(|err| Error::internal("becoming the command's subreaper", err))?;
+    if let Err(err) = spawn::adopt_orphans() {
+        return unwatched(Err(Error::internal(
+            "becoming the command's subreaper",
+            err,
+        )));
+    }
     let terminal = Terminal::open();
     let foreground = terminal.as_ref().filter(|terminal| terminal.is_ours());
-    let watchdog = Watchdog::start().map_err(Error::system)?;
+    let watchdog = match Watchdog::start() {
+        Ok(watchdog) => watchdog,
+        Err(err) => return unwatched(Err(Error::system(err))),
+    };
     let child = match spawn(program, env, foreground, &watchdog) {
         Ok(child) => child,
         Err(err) => {
-            watchdog.dismiss();
-            return Err(err);
+            return Supervised {
+                ending: Err(err),
+                watchdog: Some(watchdog.dismiss()),
+            };
         }
     };
     let mut run = Run {
@@ -166,8 +186,10 @@ pub fn supervise(
     if ending.is_err() {
         abandon(child);
     }
-    watchdog.dismiss();
-    ending
+    Supervised {
+        ending,
+        watchdog: Some(watchdog.dismiss()),
+    }
 }
 
 /// Kills the command and waits for it: the lock is never released with it running.

@@ -26,7 +26,7 @@ use crate::error::{Error, Result};
 use crate::identity::epoch_millis;
 use crate::name::Name;
 use crate::platform::clock::Moment;
-use crate::platform::proc::live_flocks;
+use crate::platform::proc::{self, live_flocks};
 use crate::platform::watch::DirWatch;
 use dir::LockDir;
 use line::PlaceInLine;
@@ -482,8 +482,14 @@ impl Store for FileStore {
     }
 }
 
+/// What `status` and a busy run say of a lock held by another program than
+/// lockrun (docs/backends/file.md: "File backend", a lock held by another program).
+const NOT_LOCKRUN: &str = "not lockrun: flock(1)?";
+
 /// A slot file's holder as `status` shows it: the one whose lock is live, or
-/// the one whose `--min-hold` still keeps the slot.
+/// the one whose `--min-hold` still keeps the slot. A record whose writer is
+/// not the lock's holder, which runs another program (`flock FILE`), is an
+/// earlier lockrun's: the holder is then named by its pid alone.
 fn holder_entry(
     stem: &str,
     slot: SlotFile,
@@ -491,19 +497,27 @@ fn holder_entry(
     lock_pid: Option<u32>,
     now: u64,
 ) -> Option<Entry> {
+    // A lockrun in another pid namespace has a pid of its own in its record: its program tells.
+    let foreign = lock_pid.is_some_and(|pid| proc::runs_this_program(pid) == Some(false));
     match (record, lock_pid) {
-        (Some(record), Some(_)) => Some(record.entry(slot.number())),
+        (Some(record), Some(pid)) if record.owner.process.pid == pid || !foreign => {
+            Some(record.entry(slot.number()))
+        }
         (Some(record), None) if record.kept_until.is_some_and(|until| until > now) => {
             Some(record.entry(slot.number()))
         }
-        // Locked, but not (yet) by a holder that wrote its record.
+        // Locked, but not (yet) by a holder that wrote its record, or by another program.
         (_, Some(pid)) => Some(Entry {
             name: stem.to_owned(),
             slot: Some(slot.number()),
             position: 0,
             pid,
             host: String::new(),
-            command: String::new(),
+            command: if foreign {
+                NOT_LOCKRUN.into()
+            } else {
+                String::new()
+            },
             since: None,
             expires_at: None,
             fence: None,

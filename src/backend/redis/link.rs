@@ -214,7 +214,16 @@ impl RedisLink {
     /// The error as the user should read it, sorted: trouble that may pass (the
     /// server unreachable, restarting, failing over) or a refusal that will not.
     fn error(&self, what: &str, err: &RedisError) -> Failure {
-        let (kind, why) = sort(err);
+        let (kind, why) = match &self.way {
+            // A Cluster node sends a name elsewhere for good: nothing here follows it.
+            Way::Single(_) if matches!(err.code(), Some("MOVED" | "ASK")) => (
+                Kind::Permanent,
+                format!(
+                    "the server is a Redis Cluster node, which serves this name elsewhere ({err}): use redis+cluster:// with its address"
+                ),
+            ),
+            _ => sort(err),
+        };
         self.failure(what, &Failure::new(kind, why))
     }
 

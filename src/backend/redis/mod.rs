@@ -51,6 +51,14 @@ pub struct Options {
 
 impl Options {
     pub fn open(&self, common: &Common) -> Result<Box<dyn Store>> {
+        // A brace would move the `{STEM}` hash tag (README: "Redis backend", Keys): on a
+        // Cluster every name's keys would share one hash slot, or split across slots.
+        if common.prefix.contains(['{', '}']) {
+            return Err(Error::Usage(format!(
+                "--prefix {:?} holds a brace, which would move the names' Redis Cluster hash tag: use a prefix without {{ or }}",
+                common.prefix
+            )));
+        }
         let link = RedisLink::new(&self.redis_url)?;
         // A Sentinel deployment fails over to a replica: a grant it lacks would be granted twice.
         let replicas = self.redis_replicas.unwrap_or(u32::from(link.is_sentinel()));
