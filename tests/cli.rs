@@ -369,6 +369,8 @@ fn help_ends_with_every_exit_status() {
     }
     let short = stdout(&run(lockrun().arg("-h")));
     assert!(short.trim_end().ends_with(block.trim_end()), "{short}");
+}
+
 /// flock(1)'s explicit exclusive mode is lockrun's default: a cron line
 /// ported from `flock -xn` runs unchanged; with -s it asks for two modes.
 #[test]
@@ -437,8 +439,8 @@ fn contradicting_settings_are_refused_not_silently_changed() {
     }
 }
 
-/// A brace in the Redis prefix would move the names' Cluster hash tag (README:
-/// "Redis backend"): refused before any server is asked.
+/// A brace in the Redis prefix would move the names' Cluster hash tag
+/// (docs/backends/redis.md: "Redis backend"): refused before any server is asked.
 #[test]
 fn a_redis_prefix_with_a_brace_is_a_usage_error() {
     let unused = format!("redis://127.0.0.1:{}", free_port());

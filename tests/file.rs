@@ -664,7 +664,7 @@ fn a_lock_that_flock_holds_is_not_shown_as_an_earlier_lockruns() {
 }
 
 /// During a migration, flock(1) pointed at `DIR/NAME.0.lock` and lockrun
-/// (`-p 1`) exclude each other, both ways (README: "File backend").
+/// (`-p 1`) exclude each other, both ways (docs/backends/file.md: "File backend").
 #[test]
 fn flock_and_lockrun_exclude_each_other_both_ways() {
     if !program_installed("flock", "flock(1) beside lockrun") {

@@ -416,7 +416,7 @@ fn sentinels_that_do_not_answer_are_ridden_out_until_the_timeout() {
 
 /// A plain `redis://` URL at a Cluster node works for the names it serves;
 /// a name it would send elsewhere (MOVED) exits 69 at once, saying to use
-/// `redis+cluster://` (README: "Redis as deployed"), never after --timeout.
+/// `redis+cluster://` (docs/backends/redis.md: "Redis as deployed"), never after --timeout.
 #[test]
 fn a_plain_url_at_a_cluster_node_exits_69_at_once_for_a_name_served_elsewhere() {
     let Some(cluster) = RedisCluster::start() else {

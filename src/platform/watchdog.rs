@@ -190,7 +190,7 @@ pub struct Dismissed {
 impl Dismissed {
     /// Waits (a second at most) for the dismissed watchdog to exit, and reaps
     /// it: where PID 1 never reaps (a container), a watchdog left to it would
-    /// stay a zombie for every run (README: "What the command gets").
+    /// stay a zombie for every run (docs/guide.md: "What the command gets").
     pub fn reap(self) {
         // Its end of the answer pipe closes when it exits: then waiting cannot block for long.
         let mut fds = [PollFd::new(self.answers.as_fd(), PollFlags::POLLHUP)];

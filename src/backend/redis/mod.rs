@@ -51,7 +51,7 @@ pub struct Options {
 
 impl Options {
     pub fn open(&self, common: &Common) -> Result<Box<dyn Store>> {
-        // A brace would move the `{STEM}` hash tag (README: "Redis backend", Keys): on a
+        // A brace would move the `{STEM}` hash tag (docs/backends/redis.md: "Redis backend", Keys): on a
         // Cluster every name's keys would share one hash slot, or split across slots.
         if common.prefix.contains(['{', '}']) {
             return Err(Error::Usage(format!(
