@@ -68,7 +68,10 @@ fn commit() {
         let mut watched = vec!["HEAD".to_owned(), "packed-refs".to_owned()];
         watched.extend(git(&["symbolic-ref", "-q", "HEAD"]));
         for file in watched {
-            if let Some(path) = git(&["rev-parse", "--git-path", &file]) {
+            // A file that does not exist would make cargo run this script at every build.
+            if let Some(path) = git(&["rev-parse", "--git-path", &file])
+                .filter(|path| std::path::Path::new(path).exists())
+            {
                 println!("cargo:rerun-if-changed={path}");
             }
         }
