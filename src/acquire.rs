@@ -28,6 +28,8 @@ pub struct WaitPolicy {
     pub timeout: Option<Duration>,
     pub backoff: backoff::Policy,
     pub conflict_exit_code: u8,
+    /// The run's `-p N` as the user gave it (`LOCKRUN_PARALLELISM=N`), for messages.
+    pub parallelism_said: String,
 }
 
 /// Waits for a slot of `request.name`, keeping the leases of the names
@@ -318,8 +320,8 @@ impl WaitLoop<'_> {
     /// with another `-p` than the name's holders or waiters is a mistake.
     fn other_parallelism(&self, theirs: u32) -> Error {
         Error::Usage(format!(
-            "{} is held or waited for with -p {theirs}; this run asked for -p {}: a name's slot count is part of the lock",
-            self.request.name, self.request.parallelism
+            "{} is held or waited for with -p {theirs}; this run asked for {}: a name's slot count is part of the lock",
+            self.request.name, self.policy.parallelism_said
         ))
     }
 

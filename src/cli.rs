@@ -5,7 +5,8 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use clap::error::ErrorKind;
-use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use crate::backend::{Mode, StoreArgs};
 use crate::duration;
@@ -83,6 +84,7 @@ fn long_version() -> &'static str {
 /// A run's defaults, which the quick reading of a command line shares (`cli/quick.rs`).
 const DEFAULT_PARALLELISM: u32 = 1;
 const MAX_PARALLELISM: u32 = 1024;
+const PARALLELISM_VARIABLE: &str = "LOCKRUN_PARALLELISM";
 const DEFAULT_TIMEOUT: &str = "600s";
 const DEFAULT_INITIAL_DELAY: &str = "1s";
 const DEFAULT_MAX_DELAY: &str = "30s";
@@ -109,9 +111,13 @@ pub struct RunArgs {
     pub store: StoreArgs,
 
     /// How many holders at once (slots), 1 to 1024; the same for every run of a name while it is held or waited for
-    #[arg(short = 'p', long, env = "LOCKRUN_PARALLELISM", default_value_t = DEFAULT_PARALLELISM,
+    #[arg(short = 'p', long, env = PARALLELISM_VARIABLE, default_value_t = DEFAULT_PARALLELISM,
           value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_PARALLELISM)))]
     pub parallelism: u32,
+
+    /// The variable `-p` came from, which messages then name.
+    #[arg(skip)]
+    pub parallelism_variable: Option<&'static str>,
 
     /// Give up at once if no slot is free (same as --timeout 0); trouble with the store is ridden out for 10 s
     #[arg(short = 'n', long)]
@@ -228,6 +234,14 @@ pub struct ReleaseArgs {
 }
 
 impl RunArgs {
+    /// `-p N` as the user gave it: the flag, or the variable.
+    pub fn parallelism_said(&self) -> String {
+        match self.parallelism_variable {
+            Some(variable) => format!("{variable}={}", self.parallelism),
+            None => format!("-p {}", self.parallelism),
+        }
+    }
+
     /// The mode the run holds its names in.
     pub fn mode(&self) -> Mode {
         if self.shared {
@@ -283,7 +297,7 @@ pub fn parse(args: Vec<OsString>) -> Result<Cli, u8> {
     let mut definition = definition;
     // Kept for the error, which may have to say what was typed where.
     let typed = args.clone();
-    let mut matches = definition.try_get_matches_from_mut(args).map_err(|err| {
+    let matches = definition.try_get_matches_from_mut(args).map_err(|err| {
         match usage::subcommand_after_options(&err, &typed) {
             Some(message) => usage::report(&message),
             None => clap_error(usage::from_variable(err, &definition, &typed), &typed),
@@ -291,7 +305,33 @@ pub fn parse(args: Vec<OsString>) -> Result<Cli, u8> {
     })?;
     nested::require_own_backend(&matches).map_err(|message| usage::report(&message))?;
     usage::no_wait_with_timeout(&matches).map_err(|message| usage::report(&message))?;
-    Cli::from_arg_matches_mut(&mut matches).map_err(|err| clap_error(err, &typed))
+    // Read before the values are taken out of the matches.
+    let mut cli = Cli::from_arg_matches(&matches).map_err(|err| clap_error(err, &typed))?;
+    cli.note_variables(&matches);
+    Ok(cli)
+}
+
+impl Cli {
+    /// Notes which options `matches` took from their variables, so that a
+    /// message about one names what the user set (`LOCKRUN_PARALLELISM`).
+    fn note_variables(&mut self, matches: &ArgMatches) {
+        let definition = StoreArgs::augment_args(clap::Command::new("lockrun"));
+        if let (
+            Some(
+                Action::Status(StatusArgs { store, .. })
+                | Action::Release(ReleaseArgs { store, .. }),
+            ),
+            Some((_, sub)),
+        ) = (&mut self.action, matches.subcommand())
+        {
+            store.note_variables(&definition, sub);
+        } else {
+            self.run.store.note_variables(&definition, matches);
+            self.run.parallelism_variable = (matches.value_source("parallelism")
+                == Some(ValueSource::EnvVariable))
+            .then_some(PARALLELISM_VARIABLE);
+        }
+    }
 }
 
 /// A run's command line read without clap's matching ([`quick`]); `None` for

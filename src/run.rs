@@ -136,8 +136,8 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
 fn refuse_contradictions(args: &RunArgs, mode: Mode) -> Result<()> {
     if mode == Mode::Shared && args.parallelism > 1 {
         return Err(Error::Usage(format!(
-            "--shared holds a name's one slot together with other sharers: it takes -p 1, not -p {}",
-            args.parallelism
+            "--shared holds a name's one slot together with other sharers: it takes -p 1, not {}",
+            args.parallelism_said()
         )));
     }
     if args.initial_delay > args.max_delay {
@@ -231,6 +231,7 @@ fn wait_policy(args: &RunArgs) -> acquire::WaitPolicy {
             multiplier: args.backoff_multiplier,
         },
         conflict_exit_code: args.conflict_exit_code,
+        parallelism_said: args.parallelism_said(),
     }
 }
 

@@ -463,3 +463,68 @@ fn a_redis_prefix_with_a_brace_is_a_usage_error() {
         assert!(line.contains("brace"), "{prefix}: {line}");
     }
 }
+
+/// A value that came from a variable is named by that variable, which is what
+/// the user set, not by the flag they never typed.
+#[test]
+fn errors_about_a_value_from_a_variable_name_the_variable() {
+    let store = Store::file();
+    let scratch = Scratch::new();
+    let line = usage_line(&run(store
+        .lockrun()
+        .env("LOCKRUN_PARALLELISM", "2")
+        .args(["-s", "--name", "x", "true"])));
+    assert!(line.contains("not LOCKRUN_PARALLELISM=2"), "{line}");
+    let holder = crate::core::hold(&store, &scratch, "x", &[]);
+    let asked = |command: &mut std::process::Command| {
+        usage_line(&run(command.args(["--name", "x", "-n", "true"])))
+    };
+    let line = asked(store.lockrun().env("LOCKRUN_PARALLELISM", "2"));
+    assert!(
+        line.contains("this run asked for LOCKRUN_PARALLELISM=2"),
+        "{line}"
+    );
+    let line = asked(store.lockrun().args(["-p", "2"]));
+    assert!(line.contains("this run asked for -p 2"), "{line}");
+    std::fs::write(scratch.path("release"), "").unwrap();
+    assert_status(&finish(holder), 0);
+    if cfg!(feature = "postgres") {
+        // An option lockrun does not support is a bad URL: 69, as for every bad URL.
+        let url = "postgres://u:s3cret@127.0.0.1:1/db?nosuch=1";
+        for (command, named) in [
+            (
+                lockrun()
+                    .env("LOCKRUN_POSTGRES_URL", url)
+                    .args(["-b", "postgres", "--name", "x", "true"]),
+                "LOCKRUN_POSTGRES_URL: ",
+            ),
+            (
+                lockrun().args([
+                    "-b",
+                    "postgres",
+                    "--postgres-url",
+                    url,
+                    "--name",
+                    "x",
+                    "true",
+                ]),
+                "--postgres-url: ",
+            ),
+            (
+                lockrun()
+                    .env("LOCKRUN_POSTGRES_URL", url)
+                    .args(["status", "-b", "postgres"]),
+                "LOCKRUN_POSTGRES_URL: ",
+            ),
+        ] {
+            let output = run(command);
+            assert_status(&output, 69);
+            let said = stderr(&output);
+            assert!(
+                said.starts_with(&format!("lockrun: {named}")) && said.contains("\"nosuch\""),
+                "{said}"
+            );
+            assert!(!said.contains("s3cret"), "{said}");
+        }
+    }
+}

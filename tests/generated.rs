@@ -489,3 +489,28 @@ fn help_and_man_pages_show_no_markdown() {
         assert!(!help.contains('`'), "{subcommand:?} --help: {help}");
     }
 }
+
+/// What a flock(1) user needs most is in the man page too: why lockrun, how
+/// flock's options map, and how the two run side by side.
+#[test]
+fn the_man_page_has_what_a_flock_user_needs() {
+    let (_, page) = generated()
+        .into_iter()
+        .find(|(path, _)| path.ends_with("lockrun.1"))
+        .expect("lockrun(1)");
+    let page = String::from_utf8(page).expect("roff is text");
+    let (_, flock) = page
+        .split_once(".SH \"WHY NOT FLOCK(1)?\"")
+        .expect("a section for flock(1) users");
+    for said in [
+        "flock(1)\\fR is fine until it isn't",
+        "\\fBflock \\-n\\fR",
+        "\\fB\\-x\\fR / \\fB\\-e\\fR / \\fB\\-\\-exclusive\\fR",
+    ] {
+        assert!(flock.contains(said), "{said}: {flock}");
+    }
+    assert!(
+        page.contains("Moving from flock(1)"),
+        "the recipe"
+    );
+}

@@ -489,8 +489,10 @@ fn text_a_neighbour_wrote_reaches_no_terminal_raw() {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis();
+    // The pid of the process that holds the planted locks (this one), as a lockrun's record has it.
+    let me = std::process::id();
     let owner = format!(
-        r#""token":"t","pid":4242,"host":"web{red}","command":"rm{red} -rf /""#,
+        r#""token":"t","pid":{me},"host":"web{red}","command":"rm{red} -rf /""#,
         red = "\\u001b[31m"
     );
     let _holder = planted_lock(
@@ -537,7 +539,10 @@ fn text_a_neighbour_wrote_reaches_no_terminal_raw() {
     assert_status(&output, 75);
     assert!(!raw(&output), "{output:?}");
     let err = stderr(&output);
-    assert!(err.contains(r"held by pid 4242 on web\u{1b}[31m"), "{err}");
+    assert!(
+        err.contains(&format!(r"held by pid {me} on web\u{{1b}}[31m")),
+        "{err}"
+    );
 
     let output = run(store.release().args(["evil", "--force"]));
     assert_status(&output, 64);
@@ -555,7 +560,8 @@ fn a_holder_that_wrote_no_record_shows_unknown_times_not_1970() {
     let table = stdout(&output);
     let row = table.lines().nth(2).expect("a row for the holder");
     let cells: Vec<&str> = row.split_whitespace().collect();
-    // NAME STATE MODE SLOT LINE PID SINCE FOR EXPIRES FENCE; the host and command are empty.
+    // NAME STATE MODE SLOT LINE PID SINCE FOR EXPIRES FENCE COMMAND; the host is empty, and
+    // the command says that the holder (this test) is not lockrun.
     assert_eq!(
         cells,
         [
@@ -568,7 +574,10 @@ fn a_holder_that_wrote_no_record_shows_unknown_times_not_1970() {
             "-",
             "-",
             "-",
-            "-"
+            "-",
+            "not",
+            "lockrun:",
+            "flock(1)?"
         ],
         "{table}"
     );
@@ -593,6 +602,9 @@ fn a_holder_that_wrote_no_record_shows_unknown_times_not_1970() {
 
     let output = run(store.lockrun().args(["--name", "mute", "-v", "-n", "true"]));
     let err = stderr(&output);
-    assert!(err.contains(&format!("held by pid {me}\n")), "{err}");
+    assert!(
+        err.contains(&format!("held by pid {me} (not lockrun: flock(1)?)\n")),
+        "{err}"
+    );
     assert!(!err.contains("1970") && !err.contains(" for "), "{err}");
 }

@@ -21,7 +21,7 @@ use crate::support::{PATIENCE, Scratch, signal, write_certificates};
 const CALL: Duration = Duration::from_secs(5);
 
 fn connect(url: &str) -> Result<Session, Failure> {
-    Connector::new(Target::parse(Some(url)).expect("a valid URL"))?.connect(CALL)
+    Connector::new(Target::parse(Some(url), "--postgres-url").expect("a valid URL"))?.connect(CALL)
 }
 
 /// The failure connecting to `url`, which must fail.

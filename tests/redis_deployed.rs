@@ -437,9 +437,7 @@ fn a_plain_url_at_a_cluster_node_exits_69_at_once_for_a_name_served_elsewhere() 
         .collect();
     let serves = |name: &str| {
         let slot: u16 = cluster_cmd(node, &["KEYSLOT", &format!("lockrun:{{{name}}}:fence")]);
-        ranges
-            .iter()
-            .any(|&(from, to)| (from..=to).contains(&slot))
+        ranges.iter().any(|&(from, to)| (from..=to).contains(&slot))
     };
     let names: Vec<String> = (0..50).map(|n| format!("n{n}")).collect();
     let here = names.iter().find(|name| serves(name)).unwrap();

@@ -6,6 +6,8 @@
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::support::etcd::EtcdServer;
+use crate::support::postgres::PostgresServer;
 use crate::support::*;
 
 /// `lockrun --backend BACKEND FLAG VALUE --name x -w 30 true`, with how long it took.
@@ -106,4 +108,64 @@ fn a_no_wait_run_gets_the_slot_of_a_server_that_comes_back_while_it_rides_out() 
     let output = finish(run);
     assert_status(&output, 0);
     assert!(scratch.path("ran").exists());
+}
+
+/// A store's address at a server of another kind: what answers is no passing
+/// trouble, so every pair exits 69 within a second (README: "When the server
+/// has trouble"), not at `--timeout`.
+#[test]
+fn a_server_of_another_kind_exits_69_within_a_second() {
+    if !(cfg!(feature = "redis") && cfg!(feature = "postgres") && cfg!(feature = "etcd")) {
+        return;
+    }
+    let (Some(redis), Some(postgres), Some(etcd)) = (
+        RedisServer::start(&[]),
+        PostgresServer::start(),
+        EtcdServer::start(),
+    ) else {
+        return;
+    };
+    let (redis, postgres, etcd) = (redis.port(), postgres.port(), etcd.port());
+    let cases = [
+        (
+            "redis",
+            "--redis-url",
+            format!("redis://127.0.0.1:{postgres}"),
+        ),
+        ("redis", "--redis-url", format!("redis://127.0.0.1:{etcd}")),
+        (
+            "redis",
+            "--redis-url",
+            format!("rediss://127.0.0.1:{redis}"),
+        ),
+        (
+            "etcd",
+            "--etcd-endpoints",
+            format!("http://127.0.0.1:{redis}"),
+        ),
+        (
+            "etcd",
+            "--etcd-endpoints",
+            format!("http://127.0.0.1:{postgres}"),
+        ),
+        (
+            "postgres",
+            "--postgres-url",
+            format!("postgres://u:s3cret@127.0.0.1:{redis}/db"),
+        ),
+        (
+            "postgres",
+            "--postgres-url",
+            format!("postgres://u:s3cret@127.0.0.1:{etcd}/db"),
+        ),
+    ];
+    for (backend, flag, value) in &cases {
+        let (output, took) = attempt(backend, flag, value, &["-w", "30"]);
+        let said = stderr(&output);
+        assert_eq!(output.status.code(), Some(69), "{value}: {said}");
+        assert_eq!(said.lines().count(), 1, "{value}: {said}");
+        assert!(!said.contains("s3cret"), "{said}");
+        assert!(said.contains("the server speaks"), "{value}: {said}");
+        assert!(took < Duration::from_secs(1), "{value}: {took:?}: {said}");
+    }
 }

@@ -57,6 +57,10 @@ macro_rules! backends {
                 #[command(flatten)]
                 pub $name: $module::Options,
             )+
+
+            /// The ids of the options whose value came from their variable, not a flag.
+            #[arg(skip)]
+            pub from_variables: Vec<String>,
         }
 
         /// The names `--backend` accepts, in the order of the list.
@@ -66,7 +70,11 @@ macro_rules! backends {
             /// Opens the store of the backend `--backend` names, creating it
             /// (a directory, a database, a schema) when missing only if `create`.
             pub fn open(&self, create: bool) -> Result<Box<dyn Store>> {
-                let common = Common { prefix: &self.prefix, create };
+                let common = Common {
+                    prefix: &self.prefix,
+                    create,
+                    from_variables: &self.from_variables,
+                };
                 $(
                     $(#[$cfg])*
                     if self.backend == stringify!($name) {
@@ -127,12 +135,46 @@ impl std::fmt::Display for Format {
     }
 }
 
+impl StoreArgs {
+    /// Notes which of the store's options (`definition`: a command of them
+    /// alone) `matches` took from their variable.
+    pub fn note_variables(&mut self, definition: &clap::Command, matches: &clap::ArgMatches) {
+        self.from_variables = definition
+            .get_arguments()
+            .map(|arg| arg.get_id().as_str())
+            .filter(|id| {
+                matches.try_get_raw(id).is_ok()
+                    && matches.value_source(id) == Some(clap::parser::ValueSource::EnvVariable)
+            })
+            .map(str::to_owned)
+            .collect();
+    }
+}
+
 /// What every backend is told when it opens its store.
 pub struct Common<'a> {
     /// `--prefix`, for backends that name keys or a schema.
     pub prefix: &'a str,
     /// Whether a missing store may be created: running does, `status` and `release` only look.
     pub create: bool,
+    /// The ids of the options whose value came from their variable.
+    pub from_variables: &'a [String],
+}
+
+impl Common<'_> {
+    /// What a message calls the option `id`: its `flag`, or the `variable` it was read from.
+    pub fn option_name(
+        &self,
+        id: &str,
+        flag: &'static str,
+        variable: &'static str,
+    ) -> &'static str {
+        if self.from_variables.iter().any(|from| from == id) {
+            variable
+        } else {
+            flag
+        }
+    }
 }
 
 /// What a backend can do.

@@ -136,7 +136,7 @@ struct Words<'a> {
 
 /// The run that `args` (the program's name first) asks for, as clap would read it.
 pub fn parse(args: &[OsString]) -> Result<RunArgs, LeftToClap> {
-    let store_definition = nested::definition(StoreArgs::augment_args(Command::new("lockrun")));
+    let mut store_definition = nested::definition(StoreArgs::augment_args(Command::new("lockrun")));
     let Words {
         given,
         store: store_words,
@@ -154,9 +154,10 @@ pub fn parse(args: &[OsString]) -> Result<RunArgs, LeftToClap> {
     {
         return Err(LeftToClap);
     }
-    let mut store_matches = store_definition.try_get_matches_from(store_words)?;
+    let store_matches = store_definition.try_get_matches_from_mut(store_words)?;
     nested::require_own_backend(&store_matches)?;
-    let store = StoreArgs::from_arg_matches_mut(&mut store_matches)?;
+    let mut store = StoreArgs::from_arg_matches(&store_matches)?;
+    store.note_variables(&store_definition, &store_matches);
 
     let text_of = |index: usize| setting(&OPTIONS[index], given[index]);
     let duration_or = |index: usize, default: &str| -> Result<Duration, LeftToClap> {
@@ -170,17 +171,21 @@ pub fn parse(args: &[OsString]) -> Result<RunArgs, LeftToClap> {
             .map(duration::parse)
             .transpose()?)
     };
+    let parallelism_text = text_of(PARALLELISM)?;
     Ok(RunArgs {
         names: vec![parse_name(&text_of(NAME)?.ok_or(LeftToClap)?)?],
         shared,
         exclusive,
         store,
-        parallelism: match text_of(PARALLELISM)? {
-            Some(text) => whole_number(&text)
+        parallelism: match parallelism_text.as_deref() {
+            Some(text) => whole_number(text)
                 .filter(|n| (1..=MAX_PARALLELISM).contains(n))
                 .ok_or(LeftToClap)?,
             None => DEFAULT_PARALLELISM,
         },
+        parallelism_variable: OPTIONS[PARALLELISM]
+            .env
+            .filter(|_| given[PARALLELISM].is_none() && parallelism_text.is_some()),
         no_wait: given[NO_WAIT].is_some(),
         timeout: parse_limit(text_of(TIMEOUT)?.as_deref().unwrap_or(DEFAULT_TIMEOUT))?,
         initial_delay: duration_or(INITIAL_DELAY, DEFAULT_INITIAL_DELAY)?,
@@ -351,11 +356,12 @@ mod tests {
 
     /// What the whole definition reads from `words` as a run, if it reads one.
     fn by_clap(args: &[OsString]) -> Option<String> {
-        let mut matches = nested::definition(Cli::command())
+        let matches = nested::definition(Cli::command())
             .try_get_matches_from(args)
             .ok()?;
         nested::require_own_backend(&matches).ok()?;
-        let cli = Cli::from_arg_matches_mut(&mut matches).ok()?;
+        let mut cli = Cli::from_arg_matches(&matches).ok()?;
+        cli.note_variables(&matches);
         cli.action.is_none().then(|| format!("{:?}", cli.run))
     }
 

@@ -190,14 +190,14 @@ pub struct Dismissed {
 impl Dismissed {
     /// Waits (a second at most) for the dismissed watchdog to exit, and reaps
     /// it: where PID 1 never reaps (a container), a watchdog left to it would
-    /// stay a zombie for every run (docs/guide.md: "What the command gets").
+    /// stay a zombie for every run (docs/guide.md: "What the command gets"). Only
+    /// for a watchdog not reaped yet.
     pub fn reap(self) {
         // Its end of the answer pipe closes when it exits: then waiting cannot block for long.
         let mut fds = [PollFd::new(self.answers.as_fd(), PollFlags::POLLHUP)];
         let within = PollTimeout::try_from(ANSWER_WITHIN).unwrap_or(PollTimeout::MAX);
         let gone = matches!(poll(&mut fds, within), Ok(1));
         let flags = (!gone).then_some(WaitPidFlag::WNOHANG);
-        // Already reaped (it was killed while the command ran), it is nobody's child: ECHILD.
         while waitpid(self.pid, flags) == Err(Errno::EINTR) {}
     }
 }

@@ -183,12 +183,14 @@ pub fn supervise(
     };
     run.tell_watchdog();
     let ending = run.until_exit(signals);
+    // One that was killed is reaped already: its pid may be another's by now.
+    let reaped = run.watchdog_gone;
     if ending.is_err() {
         abandon(child);
     }
     Supervised {
         ending,
-        watchdog: Some(watchdog.dismiss()),
+        watchdog: (!reaped).then(|| watchdog.dismiss()),
     }
 }
 

@@ -5,6 +5,7 @@
 
 mod deadline;
 mod failure;
+pub mod probe;
 mod secret;
 
 pub use deadline::Deadline;

@@ -35,6 +35,7 @@ use super::failure::{CallError, describe};
 use super::resolve::{self, Address};
 use super::target::{SslMode, Target};
 use super::tls;
+use crate::backend::net::probe::{self, Protocol};
 use crate::backend::net::{Deadline, Failure, Kind};
 
 /// Idle time before the first keepalive probe, the time between probes, and
@@ -100,7 +101,16 @@ impl Connector {
             // accepted by a server too busy to answer (a fleet's cron minute).
             config.connect_timeout(target.connect_timeout.min(left / 2));
             let connect = runtime.block_on(async {
-                tokio::time::timeout(left, config.connect(self.tls.clone()))
+                let mut attempt = pin!(config.connect(self.tls.clone()));
+                if let Ok(connected) = tokio::time::timeout(left.min(ASK_AFTER), &mut attempt).await
+                {
+                    return connected.map_err(CallError::from);
+                }
+                // Silent so far: perhaps a server of another kind, which waits for more.
+                if let Some(other) = speaks_another_protocol(&endpoint, deadline) {
+                    return Err(CallError::Foreign(other));
+                }
+                tokio::time::timeout(deadline.remaining(), attempt)
                     .await
                     .map_err(|_| CallError::Unanswered(within))?
                     .map_err(CallError::from)
@@ -132,6 +142,21 @@ impl Connector {
             )
         }))
     }
+}
+
+/// How long a server may keep silent at a new connection before lockrun asks
+/// what it speaks: PostgreSQL answers at once unless too busy, while Redis or
+/// etcd keep waiting for more of what they take for a request of theirs.
+const ASK_AFTER: Duration = Duration::from_millis(500);
+
+/// The protocol of another kind that the server at `endpoint` speaks, if it
+/// does (README: "When the server has trouble").
+fn speaks_another_protocol(endpoint: &Address, deadline: Deadline) -> Option<Protocol> {
+    let Address::Tcp { address, port, .. } = endpoint else {
+        return None;
+    };
+    let candidates = [Protocol::Redis, Protocol::Http];
+    probe::identify(&address.to_string(), *port, &candidates, deadline)
 }
 
 /// One connection to PostgreSQL.

@@ -13,6 +13,7 @@ use std::time::Duration;
 use tokio_postgres::error::SqlState;
 
 use super::target::Target;
+use crate::backend::net::probe::Protocol;
 use crate::backend::net::{Failure, Kind};
 
 /// What went wrong in one exchange with the server.
@@ -26,6 +27,8 @@ pub(super) enum CallError {
     Unanswered(Duration),
     /// The connection had ended before or during the call.
     Lost,
+    /// The server speaks this other protocol (README: "When the server has trouble").
+    Foreign(Protocol),
 }
 
 impl From<tokio_postgres::Error> for CallError {
@@ -53,6 +56,15 @@ fn sort(err: &CallError) -> (Kind, String) {
             );
         }
         CallError::Lost => return (Kind::Unreachable, "the connection was lost".into()),
+        CallError::Foreign(other) => {
+            return (
+                Kind::Permanent,
+                format!(
+                    "the server speaks {}, not PostgreSQL: is the URL right?",
+                    other.name()
+                ),
+            );
+        }
         CallError::Postgres(err) => err,
     };
     if let Some(db) = err.as_db_error() {

@@ -68,7 +68,8 @@ pub struct Options {
 
 impl Options {
     pub fn open(&self, common: &Common) -> Result<Box<dyn Store>> {
-        let target = Target::parse(self.postgres_url.as_deref())?;
+        let option = common.option_name("postgres_url", "--postgres-url", "LOCKRUN_POSTGRES_URL");
+        let target = Target::parse(self.postgres_url.as_deref(), option)?;
         let schema = Schema::new(common.prefix)?;
         let location = format!("PostgreSQL at {target}, schema {}", common.prefix);
         let connector = Connector::new(target)?;

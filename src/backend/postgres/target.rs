@@ -124,11 +124,20 @@ pub struct Target {
     pub read_write: bool,
 }
 
+/// What a malformed target's message calls it, unless it came from `LOCKRUN_POSTGRES_URL`.
+const FLAG: &str = "--postgres-url";
+
 impl Target {
     /// The target that `spec` (`--postgres-url`; `None` or empty for libpq's
-    /// defaults alone) names, with defaults from the process's environment.
-    pub fn parse(spec: Option<&str>) -> Result<Self, Failure> {
-        Self::parse_with(spec.unwrap_or(""), &|key| std::env::var(key).ok(), &os_user)
+    /// defaults alone) names, with defaults from the process's environment;
+    /// `option` is what its errors call it (the flag, or the variable it came from).
+    pub fn parse(spec: Option<&str>, option: &str) -> Result<Self, Failure> {
+        Self::parse_with(spec.unwrap_or(""), &|key| std::env::var(key).ok(), &os_user).map_err(
+            |failure| match failure.to_string().strip_prefix(FLAG) {
+                Some(rest) => Failure::new(failure.kind(), format!("{option}{rest}")),
+                None => failure,
+            },
+        )
     }
 
     /// [`Target::parse`] with the environment and the OS user name given.
@@ -141,7 +150,7 @@ impl Target {
             Failure::new(
                 Kind::Permanent,
                 format!(
-                    "--postgres-url: {why}; expected postgres://[user[:password]@]host[:port]/db[?sslmode=...] or a key=value conninfo string"
+                    "{FLAG}: {why}; expected postgres://[user[:password]@]host[:port]/db[?sslmode=...] or a key=value conninfo string"
                 ),
             )
         };

@@ -14,6 +14,7 @@ use super::cluster::Cluster;
 use super::node::{Node, interrupted, sort};
 use super::sentinel::Sentinels;
 use super::url::{Deployment, RedisTarget};
+use crate::backend::net::probe::{self, Protocol};
 use crate::backend::net::{Deadline, Failure, Kind, Secret};
 use crate::timing::FREE_CALL;
 
@@ -23,6 +24,14 @@ const FOLLOW_PAUSE: Duration = Duration::from_millis(100);
 /// Calls made again at once (a redirect, a connection the server closed since
 /// the last call) before a failure ends the call.
 const MAX_AGAIN: u32 = 5;
+/// How long asking a server that would not answer what it speaks may take.
+const PROBE: Duration = Duration::from_millis(700);
+/// What a `rediss://` URL at a plain Redis is told.
+const PLAIN_AT_TLS: &str =
+    "the server speaks Redis without TLS: use redis:// for it, not rediss://";
+/// How long a TLS handshake may go unanswered before lockrun asks whether
+/// the server speaks plain Redis.
+const TLS_ASK_AFTER: Duration = Duration::from_millis(500);
 
 /// Which server a call goes to.
 #[derive(Clone, Copy)]
@@ -116,6 +125,11 @@ impl RedisLink {
         mut call: impl FnMut(&mut Connection) -> redis::RedisResult<T>,
     ) -> Result<T, Failure> {
         let deadline = Deadline::after(timeout);
+        // Connected just now, the first call's connection is no old one.
+        let mut fresh = match self.plain_server_at_a_tls_url(deadline) {
+            Ok(connected) => connected,
+            Err(verdict) => return Err(self.failure(what, &verdict)),
+        };
         let mut again = 0;
         loop {
             let (node, asking) = match self.node(route, deadline) {
@@ -123,7 +137,7 @@ impl RedisLink {
                 Err(failure) if failure.is_transient() && pause(deadline) => continue,
                 Err(failure) => return Err(self.failure(what, &failure)),
             };
-            let reused = node.is_connected();
+            let reused = node.is_connected() && !std::mem::take(&mut fresh);
             let err = match node.call(deadline.io_timeout(), |c| asked(c, asking, &mut call)) {
                 Ok(value) => return Ok(value),
                 Err(err) => err,
@@ -131,8 +145,75 @@ impl RedisLink {
             match self.next(&err, reused) {
                 Next::Again if again < MAX_AGAIN => again += 1,
                 Next::Follow if pause(deadline) => {}
+                _ if !reused => return Err(self.first_contact_error(what, &err)),
                 _ => return Err(self.error(what, &err)),
             }
+        }
+    }
+
+    /// A TLS handshake that a single server leaves unanswered for a moment
+    /// may be with a server that speaks plain Redis and waits for the end of
+    /// a line: asked, it says so (README: "When the server has trouble"). A
+    /// TLS server that is only slow gets the rest of the time on the next try.
+    /// `Ok(true)` when it connected. It costs a `rediss://` run's first
+    /// connection one round trip.
+    fn plain_server_at_a_tls_url(&mut self, deadline: Deadline) -> Result<bool, Failure> {
+        let Way::Single(node) = &mut self.way else {
+            return Ok(false);
+        };
+        if node.is_connected() || !node.tcp_address().is_some_and(|(_, _, tls)| tls) {
+            return Ok(false);
+        }
+        // The handshake comes with the first exchange: a PING, under a short timeout.
+        let ping = |c: &mut Connection| redis::cmd("PING").query::<redis::Value>(c);
+        let Err(err) = node.call(TLS_ASK_AFTER.min(deadline.io_timeout()), ping) else {
+            return Ok(true);
+        };
+        let plain = node.tcp_address().is_some_and(|(host, port, _)| {
+            err.is_timeout() && probe::identify(host, port, &[Protocol::Redis], deadline).is_some()
+        });
+        if plain {
+            return Err(Failure::new(Kind::Permanent, PLAIN_AT_TLS));
+        }
+        Ok(false)
+    }
+
+    /// The error of a call on a fresh connection. A single server that closed
+    /// it or kept silent may be of another kind, which waiting will not change
+    /// (README: "When the server has trouble"): asked what it speaks, a
+    /// PostgreSQL or HTTP server (etcd's), or a plain Redis at a TLS URL,
+    /// makes it a verdict.
+    fn first_contact_error(&self, what: &str, err: &RedisError) -> Failure {
+        let failure = self.error(what, err);
+        let Way::Single(node) = &self.way else {
+            return failure;
+        };
+        let Some((host, port, tls)) = node.tcp_address() else {
+            return failure;
+        };
+        if failure.kind() != Kind::Unreachable || err.is_connection_refusal() {
+            return failure;
+        }
+        let candidates: &[Protocol] = if tls {
+            &[Protocol::Redis, Protocol::Http, Protocol::PostgreSql]
+        } else {
+            &[Protocol::Http, Protocol::PostgreSql]
+        };
+        match probe::identify(host, port, candidates, Deadline::after(PROBE)) {
+            Some(Protocol::Redis) => {
+                self.failure(what, &Failure::new(Kind::Permanent, PLAIN_AT_TLS))
+            }
+            Some(other) => self.failure(
+                what,
+                &Failure::new(
+                    Kind::Permanent,
+                    format!(
+                        "the server speaks {}, not Redis: is the URL right?",
+                        other.name()
+                    ),
+                ),
+            ),
+            None => failure,
         }
     }
 

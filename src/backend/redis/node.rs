@@ -28,6 +28,15 @@ impl Node {
         self.connection.is_some()
     }
 
+    /// The server's host and port, and whether it is spoken to over TLS; `None` on a Unix socket.
+    pub fn tcp_address(&self) -> Option<(&str, u16, bool)> {
+        match self.info.addr() {
+            redis::ConnectionAddr::Tcp(host, port) => Some((host, *port, false)),
+            redis::ConnectionAddr::TcpTls { host, port, .. } => Some((host, *port, true)),
+            _ => None,
+        }
+    }
+
     /// Runs `call` with `timeout` for connecting, writing and reading. After
     /// any failure the connection is dropped (a late reply would be taken for
     /// the next call's), so the next call reconnects.

@@ -304,6 +304,7 @@ mod tests {
         let common = Common {
             prefix: "lockrun",
             create: false,
+            from_variables: &[],
         };
         let mut store = Options { db: Some(path) }.open(&common).unwrap();
         let entries = store.list(None).unwrap();

@@ -119,6 +119,8 @@ pub(super) enum AttemptError {
     Io(io::Error),
     /// The member answered with an error.
     Answer { code: i32, message: String },
+    /// The member is a server of another kind (README: "When the server has trouble").
+    Foreign(String),
 }
 
 impl From<io::Error> for AttemptError {
@@ -146,6 +148,7 @@ impl AttemptError {
         match self {
             Self::Io(_) => Remedy::Transient,
             Self::Answer { code, message } => judge(*code, message),
+            Self::Foreign(_) => Remedy::Refused,
         }
     }
 
@@ -154,7 +157,7 @@ impl AttemptError {
         let error = Error::new(kind, format!("{context}: {self}"));
         match self {
             Self::Answer { code, .. } => error.with_code(code),
-            Self::Io(_) => error,
+            Self::Io(_) | Self::Foreign(_) => error,
         }
     }
 }
@@ -163,7 +166,7 @@ impl fmt::Display for AttemptError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Io(err) => Failure::from_io(err).fmt(f),
-            Self::Answer { message, .. } => f.write_str(message),
+            Self::Answer { message, .. } | Self::Foreign(message) => f.write_str(message),
         }
     }
 }
@@ -210,7 +213,9 @@ impl Tally {
     pub(super) fn add(&mut self, member: &str, failure: &AttemptError) {
         let said = format!("{member}: {failure}");
         match failure {
-            AttemptError::Answer { .. } => self.answer = Some(said.clone()),
+            AttemptError::Answer { .. } | AttemptError::Foreign(_) => {
+                self.answer = Some(said.clone());
+            }
             AttemptError::Io(err) => {
                 self.silent |= err.kind() == io::ErrorKind::TimedOut;
                 self.hopeless += usize::from(Failure::from_io(err).kind() == Kind::Permanent);

@@ -32,6 +32,7 @@ use std::time::Duration;
 use rustls::ClientConfig;
 use serde::Serialize;
 
+use crate::backend::net::probe::{self, Protocol};
 use crate::backend::net::{Deadline, Kind, Secret};
 use error::{AttemptError, Remedy, Tally, code};
 use http::Connection;
@@ -50,6 +51,9 @@ pub use wire::{EventKind, KeyValue, Keys, WatchEvent};
 /// on): a member cut off from the others refuses at once, and cancels its
 /// watches, instead of hanging until a timeout or serving a stale view.
 const REQUIRE_LEADER: (&str, &str) = ("Grpc-Metadata-Hasleader", "true");
+
+/// How long asking a member that would not answer what it speaks may take.
+const PROBE: Duration = Duration::from_millis(700);
 
 /// Between two rounds over the members while the cluster elects a leader.
 const ROUND_PAUSE: Duration = Duration::from_millis(50);
@@ -322,7 +326,43 @@ impl Client {
             }
         }
         let connection = self.open(deadline)?;
-        self.exchange_on(connection, path, body, deadline)
+        match self.exchange_on(connection, path, body, deadline) {
+            Err(AttemptError::Io(err)) => Err(self.on_first_contact(err)),
+            answered => answered,
+        }
+    }
+
+    /// A member that closed a fresh connection without an answer, or kept
+    /// silent, may be a server of another kind, which waiting will not change
+    /// (README: "When the server has trouble"): asked what it speaks, a Redis
+    /// or PostgreSQL server makes it a verdict.
+    fn on_first_contact(&self, err: io::Error) -> AttemptError {
+        let closed_or_silent = matches!(
+            err.kind(),
+            io::ErrorKind::UnexpectedEof
+                | io::ErrorKind::ConnectionReset
+                | io::ErrorKind::ConnectionAborted
+                | io::ErrorKind::BrokenPipe
+                | io::ErrorKind::TimedOut
+                | io::ErrorKind::WouldBlock
+        );
+        let member = &self.endpoints.members[self.current];
+        if !closed_or_silent || member.tls.is_some() {
+            return AttemptError::Io(err);
+        }
+        let candidates = [Protocol::Redis, Protocol::PostgreSql];
+        match probe::identify(
+            &member.host,
+            member.port,
+            &candidates,
+            Deadline::after(PROBE),
+        ) {
+            Some(other) => AttemptError::Foreign(format!(
+                "the server speaks {}, not etcd's HTTP gateway: is the endpoint right?",
+                other.name()
+            )),
+            None => AttemptError::Io(err),
+        }
     }
 
     fn exchange_on(
