@@ -509,8 +509,5 @@ fn the_man_page_has_what_a_flock_user_needs() {
     ] {
         assert!(flock.contains(said), "{said}: {flock}");
     }
-    assert!(
-        page.contains("Moving from flock(1)"),
-        "the recipe"
-    );
+    assert!(page.contains("Moving from flock(1)"), "the recipe");
 }

@@ -111,8 +111,7 @@ fn a_no_wait_run_gets_the_slot_of_a_server_that_comes_back_while_it_rides_out() 
 }
 
 /// A store's address at a server of another kind: what answers is no passing
-/// trouble, so every pair exits 69 within a second (README: "When the server
-/// has trouble"), not at `--timeout`.
+/// trouble, so every pair exits 69 within a second (docs/guide.md: "When the server has trouble"), not at `--timeout`.
 #[test]
 fn a_server_of_another_kind_exits_69_within_a_second() {
     if !(cfg!(feature = "redis") && cfg!(feature = "postgres") && cfg!(feature = "etcd")) {

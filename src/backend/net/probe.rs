@@ -1,6 +1,5 @@
 //! What a server speaks, asked when it closed a fresh connection without a
-//! word or kept silent at lockrun's first request (README: "When the server
-//! has trouble"). Those are also what a restarting server behind a proxy
+//! word or kept silent at lockrun's first request (docs/guide.md: "When the server has trouble"). Those are also what a restarting server behind a proxy
 //! does, which waiting fixes; a server of another kind is not, and a short
 //! probe on fresh connections tells them apart: each kind answers its own
 //! greeting at once, and is asked only about the kinds that may be there.

@@ -150,7 +150,7 @@ impl Connector {
 const ASK_AFTER: Duration = Duration::from_millis(500);
 
 /// The protocol of another kind that the server at `endpoint` speaks, if it
-/// does (README: "When the server has trouble").
+/// does (docs/guide.md: "When the server has trouble").
 fn speaks_another_protocol(endpoint: &Address, deadline: Deadline) -> Option<Protocol> {
     let Address::Tcp { address, port, .. } = endpoint else {
         return None;

@@ -27,7 +27,7 @@ pub(super) enum CallError {
     Unanswered(Duration),
     /// The connection had ended before or during the call.
     Lost,
-    /// The server speaks this other protocol (README: "When the server has trouble").
+    /// The server speaks this other protocol (docs/guide.md: "When the server has trouble").
     Foreign(Protocol),
 }
 

@@ -153,7 +153,7 @@ impl RedisLink {
 
     /// A TLS handshake that a single server leaves unanswered for a moment
     /// may be with a server that speaks plain Redis and waits for the end of
-    /// a line: asked, it says so (README: "When the server has trouble"). A
+    /// a line: asked, it says so (docs/guide.md: "When the server has trouble"). A
     /// TLS server that is only slow gets the rest of the time on the next try.
     /// `Ok(true)` when it connected. It costs a `rediss://` run's first
     /// connection one round trip.
@@ -180,7 +180,7 @@ impl RedisLink {
 
     /// The error of a call on a fresh connection. A single server that closed
     /// it or kept silent may be of another kind, which waiting will not change
-    /// (README: "When the server has trouble"): asked what it speaks, a
+    /// (docs/guide.md: "When the server has trouble"): asked what it speaks, a
     /// PostgreSQL or HTTP server (etcd's), or a plain Redis at a TLS URL,
     /// makes it a verdict.
     fn first_contact_error(&self, what: &str, err: &RedisError) -> Failure {

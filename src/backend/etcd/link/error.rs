@@ -119,7 +119,7 @@ pub(super) enum AttemptError {
     Io(io::Error),
     /// The member answered with an error.
     Answer { code: i32, message: String },
-    /// The member is a server of another kind (README: "When the server has trouble").
+    /// The member is a server of another kind (docs/guide.md: "When the server has trouble").
     Foreign(String),
 }
 

@@ -334,7 +334,7 @@ impl Client {
 
     /// A member that closed a fresh connection without an answer, or kept
     /// silent, may be a server of another kind, which waiting will not change
-    /// (README: "When the server has trouble"): asked what it speaks, a Redis
+    /// (docs/guide.md: "When the server has trouble"): asked what it speaks, a Redis
     /// or PostgreSQL server makes it a verdict.
     fn on_first_contact(&self, err: io::Error) -> AttemptError {
         let closed_or_silent = matches!(
