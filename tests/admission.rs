@@ -32,7 +32,9 @@ use crate::support::*;
 /// The planted holders' and waiters' leases: longer than any row takes, so none lapses.
 const TTL: Duration = Duration::from_secs(60);
 /// How long the waiters the rule lets in may take to start after a release.
-const PROMPTLY: Duration = Duration::from_secs(10);
+const PROMPTLY: Duration = Duration::from_secs(5);
+/// The `-w` of a waiter that leaves the line: long enough to join it first.
+const LEAVES_AFTER: &str = "2s";
 /// A window to see a waiter let in that the rule keeps out, not a wait for anything.
 const WINDOW: Duration = Duration::from_millis(200);
 
@@ -209,6 +211,9 @@ enum Step {
     Holder(u32),
     /// Every waiter let in so far lets go.
     LetIn,
+    /// The waiter at this place gives up (its `-w`, LEAVES_AFTER, runs
+    /// out: a step it must come first in) and leaves the line.
+    Leave(usize),
 }
 
 fn release_rows() -> Vec<ReleaseRow> {
@@ -241,6 +246,17 @@ fn release_rows() -> Vec<ReleaseRow> {
                 (Step::Holder(1), vec![]),
                 (Step::Holder(0), vec![0]),
                 (Step::LetIn, vec![1]),
+            ],
+        },
+        ReleaseRow {
+            what: "a writer in line leaves: the reader behind waits on for the writer ahead",
+            parallelism: 1,
+            holders: vec![(X, 0)],
+            waiters: vec![X, X, S],
+            steps: vec![
+                (Step::Leave(1), vec![]),
+                (Step::Holder(0), vec![0]),
+                (Step::LetIn, vec![2]),
             ],
         },
         ReleaseRow {
@@ -638,15 +654,15 @@ fn release_row(store: &Store, name: &str, row: &ReleaseRow) {
         if mode == S {
             command.arg("-s");
         }
-        // Retries slower than the test's patience: only the store's wake-ups let a waiter in.
-        command.args([
-            "--log-format",
-            "json",
-            "--initial-delay",
-            "60s",
-            "-w",
-            "60s",
-        ]);
+        // Retries, and the looks that keep its place (every TTL/3), later
+        // than PROMPTLY: only the store's wake-ups let a waiter in in time.
+        let leaves = row
+            .steps
+            .iter()
+            .any(|step| matches!(step.0, Step::Leave(at) if at == place));
+        let timeout = if leaves { LEAVES_AFTER } else { "60s" };
+        command.args(["--log-format", "json", "--ttl", "60s", "-w", timeout]);
+        command.args(["--initial-delay", "60s", "--max-delay", "60s"]);
         let waiter = command
             .args(["-c", &script])
             .stdout(Stdio::null())
@@ -681,6 +697,10 @@ fn release_row(store: &Store, name: &str, row: &ReleaseRow) {
                     assert_eq!(wait(&mut waiters[place]).code(), Some(0), "{case}");
                 }
                 holding.retain(|h| h.0.is_none());
+            }
+            Step::Leave(place) => {
+                assert_eq!(wait(&mut waiters[place]).code(), Some(75), "{case}");
+                waiting.retain(|&(waiter, _)| waiter != place);
             }
         }
         let modes: Vec<Mode> = holding.iter().map(|h| h.1).collect();
