@@ -211,9 +211,11 @@ enum Step {
     Holder(u32),
     /// Every waiter let in so far lets go.
     LetIn,
-    /// The waiter at this place gives up (its `-w`, LEAVES_AFTER, runs
+    /// The waiter at this place gives up (its `-w`, `LEAVES_AFTER`, runs
     /// out: a step it must come first in) and leaves the line.
     Leave(usize),
+    /// The waiter at this place is killed (SIGKILL) in line.
+    Kill(usize),
 }
 
 fn release_rows() -> Vec<ReleaseRow> {
@@ -634,45 +636,57 @@ pub fn every_release_lets_in_whom_the_rule_does(store: &Store) {
     eprintln!("{}: release rows in {:?}", store.kind, started.elapsed());
 }
 
+/// Starts the waiter at `place` of `row` once those ahead are in line, and
+/// returns once it is: a real lockrun whose command appends "PLACE STEP
+/// SLOT" to `served` and holds until `release.PLACE` appears.
+fn join_line(
+    store: &Store,
+    scratch: &Scratch,
+    name: &str,
+    row: &ReleaseRow,
+    place: usize,
+) -> Running {
+    let events = scratch.path(&format!("events.{place}"));
+    let script = format!(
+        "echo {place} $(cat '{step}') $LOCKRUN_SLOT >> '{served}'; \
+         while [ ! -e '{release}' ]; do sleep 0.02; done",
+        step = scratch.path("step").display(),
+        served = scratch.path("served").display(),
+        release = scratch.path(&format!("release.{place}")).display(),
+    );
+    let mut command = store.lockrun();
+    command.args(["--name", name, "-p", &row.parallelism.to_string()]);
+    if row.waiters[place] == S {
+        command.arg("-s");
+    }
+    // Retries, and the looks that keep its place (every TTL/3), later
+    // than PROMPTLY: only the store's wake-ups let a waiter in in time.
+    let leaves = row
+        .steps
+        .iter()
+        .any(|step| matches!(step.0, Step::Leave(at) if at == place));
+    let timeout = if leaves { LEAVES_AFTER } else { "60s" };
+    command.args(["--log-format", "json", "--ttl", "60s", "-w", timeout]);
+    command.args(["--initial-delay", "60s", "--max-delay", "60s"]);
+    let waiter = command
+        .args(["-c", &script])
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&events).unwrap())
+        .start();
+    wait_until(&format!("{name}: waiter {place} to join the line"), || {
+        fs::read_to_string(&events).is_ok_and(|text| text.contains(r#""waiting""#))
+    });
+    waiter
+}
+
 fn release_row(store: &Store, name: &str, row: &ReleaseRow) {
     let scratch = Scratch::new();
     let mut planted = Planted::plant(store, name, row.parallelism, &row.holders, &[]);
     let step_file = scratch.path("step");
     fs::write(&step_file, "0").unwrap();
-    let mut waiters: Vec<Running> = Vec::new();
-    for (place, &mode) in row.waiters.iter().enumerate() {
-        let events = scratch.path(&format!("events.{place}"));
-        let script = format!(
-            "echo {place} $(cat '{step}') $LOCKRUN_SLOT >> '{served}'; \
-             while [ ! -e '{release}' ]; do sleep 0.02; done",
-            step = step_file.display(),
-            served = scratch.path("served").display(),
-            release = scratch.path(&format!("release.{place}")).display(),
-        );
-        let mut command = store.lockrun();
-        command.args(["--name", name, "-p", &row.parallelism.to_string()]);
-        if mode == S {
-            command.arg("-s");
-        }
-        // Retries, and the looks that keep its place (every TTL/3), later
-        // than PROMPTLY: only the store's wake-ups let a waiter in in time.
-        let leaves = row
-            .steps
-            .iter()
-            .any(|step| matches!(step.0, Step::Leave(at) if at == place));
-        let timeout = if leaves { LEAVES_AFTER } else { "60s" };
-        command.args(["--log-format", "json", "--ttl", "60s", "-w", timeout]);
-        command.args(["--initial-delay", "60s", "--max-delay", "60s"]);
-        let waiter = command
-            .args(["-c", &script])
-            .stdout(Stdio::null())
-            .stderr(fs::File::create(&events).unwrap())
-            .start();
-        wait_until(&format!("{name}: waiter {place} to join the line"), || {
-            fs::read_to_string(&events).is_ok_and(|text| text.contains(r#""waiting""#))
-        });
-        waiters.push(waiter);
-    }
+    let mut waiters: Vec<Running> = (0..row.waiters.len())
+        .map(|place| join_line(store, &scratch, name, row, place))
+        .collect();
     // The rule's view: who holds (by mode and slot), who waits.
     let mut holding: Vec<(Option<usize>, Mode, u32)> = row
         .holders
@@ -697,6 +711,11 @@ fn release_row(store: &Store, name: &str, row: &ReleaseRow) {
                     assert_eq!(wait(&mut waiters[place]).code(), Some(0), "{case}");
                 }
                 holding.retain(|h| h.0.is_none());
+            }
+            Step::Kill(place) => {
+                signal(waiters[place].id(), nix::sys::signal::Signal::SIGKILL);
+                wait(&mut waiters[place]);
+                waiting.retain(|&(waiter, _)| waiter != place);
             }
             Step::Leave(place) => {
                 assert_eq!(wait(&mut waiters[place]).code(), Some(75), "{case}");
@@ -762,6 +781,26 @@ fn served(scratch: &Scratch) -> Vec<(String, usize, u32)> {
     served
 }
 
+/// A waiter killed in line that becomes the head when the one ahead of it
+/// is granted a slot holds nobody up (README: "Dead waiters leave the line"):
+/// the waiter behind sees it dead and takes the next slot at once.
+/// PostgreSQL told nobody behind a grant that the line had moved, so the
+/// next waiter slept until its place's refresh (TTL/3).
+pub fn a_dead_waiter_made_the_head_by_a_grant_holds_nobody_up(store: &Store) {
+    let row = ReleaseRow {
+        what: "a dead waiter becomes the head when the writer ahead is let in",
+        parallelism: 1,
+        holders: vec![(X, 0)],
+        waiters: vec![X, X, X],
+        steps: vec![
+            (Step::Kill(1), vec![]),
+            (Step::Holder(0), vec![0]),
+            (Step::LetIn, vec![2]),
+        ],
+    };
+    release_row(store, "dead-head", &row);
+}
+
 /// Both tables against each backend's store; `None` (its server is missing) skips.
 macro_rules! on_every_backend {
     ($($module:ident => $store:expr,)+) => {
@@ -778,6 +817,45 @@ macro_rules! on_every_backend {
             }
         )+
     };
+}
+
+/// Not on etcd yet: a waiter there watches only the place just ahead, which
+/// becomes the head without changing when the places before it take slots,
+/// so a dead one is seen only when its place lapses.
+mod dead_head {
+    use crate::support::{MaybeStore, Store};
+
+    fn on(store: impl MaybeStore) {
+        if let Some(store) = store.into_store() {
+            super::a_dead_waiter_made_the_head_by_a_grant_holds_nobody_up(&store);
+        }
+    }
+
+    #[test]
+    fn file_backend() {
+        on(Store::file());
+    }
+
+    #[test]
+    fn sqlite_backend() {
+        on(Store::sqlite());
+    }
+
+    #[test]
+    fn redis_backend() {
+        on(Store::redis());
+    }
+
+    #[test]
+    fn redis_cluster_backend() {
+        on(Store::redis_cluster());
+    }
+
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn postgres_backend() {
+        on(Store::postgres());
+    }
 }
 
 on_every_backend! {
