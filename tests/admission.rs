@@ -801,74 +801,62 @@ pub fn a_dead_waiter_made_the_head_by_a_grant_holds_nobody_up(store: &Store) {
     release_row(store, "dead-head", &row);
 }
 
-/// Both tables against each backend's store; `None` (its server is missing) skips.
-macro_rules! on_every_backend {
-    ($($module:ident => $store:expr,)+) => {
-        $(
-            mod $module {
-                use crate::support::MaybeStore;
+/// Both tables, and the rows that follow them, against one store.
+pub fn admission_follows_the_rule(store: &Store) {
+    every_row_agrees_with_the_rule(store);
+    every_release_lets_in_whom_the_rule_does(store);
+}
+
+/// Instantiates `tests` for one backend's store: `None` (its server is missing) skips.
+macro_rules! on_backend {
+    ($module:ident, $store:expr, $($test:ident),+) => {
+        mod $module {
+            $(
                 #[test]
-                fn admission_follows_the_rule() {
+                fn $test() {
+                    use crate::support::{MaybeStore, Store};
                     if let Some(store) = MaybeStore::into_store($store) {
-                        super::every_row_agrees_with_the_rule(&store);
-                        super::every_release_lets_in_whom_the_rule_does(&store);
+                        super::$test(&store);
                     }
                 }
-            }
-        )+
+            )+
+        }
     };
 }
 
-/// Not on etcd yet: a waiter there watches only the place just ahead, which
-/// becomes the head without changing when the places before it take slots,
-/// so a dead one is seen only when its place lapses.
-mod dead_head {
-    use crate::support::{MaybeStore, Store};
-
-    fn on(store: impl MaybeStore) {
-        if let Some(store) = store.into_store() {
-            super::a_dead_waiter_made_the_head_by_a_grant_holds_nobody_up(&store);
-        }
-    }
-
-    #[test]
-    fn file_backend() {
-        on(Store::file());
-    }
-
-    #[test]
-    fn sqlite_backend() {
-        on(Store::sqlite());
-    }
-
-    #[test]
-    fn redis_backend() {
-        on(Store::redis());
-    }
-
-    #[test]
-    fn redis_cluster_backend() {
-        on(Store::redis_cluster());
-    }
-
-    #[cfg(feature = "postgres")]
-    #[test]
-    fn postgres_backend() {
-        on(Store::postgres());
-    }
-}
-
-on_every_backend! {
-    file_backend => crate::support::Store::file(),
-    sqlite_backend => crate::support::Store::sqlite(),
-    redis_backend => crate::support::Store::redis(),
-    redis_cluster_backend => crate::support::Store::redis_cluster(),
-}
+on_backend!(
+    file_backend,
+    Store::file(),
+    admission_follows_the_rule,
+    a_dead_waiter_made_the_head_by_a_grant_holds_nobody_up
+);
+on_backend!(
+    sqlite_backend,
+    Store::sqlite(),
+    admission_follows_the_rule,
+    a_dead_waiter_made_the_head_by_a_grant_holds_nobody_up
+);
+on_backend!(
+    redis_backend,
+    Store::redis(),
+    admission_follows_the_rule,
+    a_dead_waiter_made_the_head_by_a_grant_holds_nobody_up
+);
+on_backend!(
+    redis_cluster_backend,
+    Store::redis_cluster(),
+    admission_follows_the_rule,
+    a_dead_waiter_made_the_head_by_a_grant_holds_nobody_up
+);
 #[cfg(feature = "postgres")]
-on_every_backend! {
-    postgres_backend => crate::support::Store::postgres(),
-}
+on_backend!(
+    postgres_backend,
+    Store::postgres(),
+    admission_follows_the_rule,
+    a_dead_waiter_made_the_head_by_a_grant_holds_nobody_up
+);
+// Not yet the dead head on etcd: a waiter there watches only the place just
+// ahead, which becomes the head without changing when the places before it
+// take slots, so a dead one is seen only when its place lapses (TTL/3).
 #[cfg(feature = "etcd")]
-on_every_backend! {
-    etcd_backend => crate::support::Store::etcd(),
-}
+on_backend!(etcd_backend, Store::etcd(), admission_follows_the_rule);
