@@ -2,6 +2,7 @@
 
 mod support;
 
+mod admission;
 mod cli;
 mod core;
 mod docs;

@@ -62,9 +62,9 @@ pub struct Sql {
     /// slots to the waiters at the head whom the line lets in
     /// (`Request::admitted` for each, those ahead of it let in first), in
     /// line order, their leases ending where their places did, and tells them
-    /// (`GRANTED`); when the line moved (a waiter took a slot or left), tells
-    /// those of the next two places (`LINE_MOVED`), which watch what is
-    /// ahead of them.
+    /// (`GRANTED`); when the line moved (a waiter took a slot or left, or
+    /// this granted any), tells those of the next two places (`LINE_MOVED`),
+    /// which watch what is ahead of them.
     pub wake: String,
     /// $1 name, $2 token, $3 parallelism, $11 mode. Where we stand: our
     /// position (0: not in line) and place, whether the line lets us take a
@@ -255,7 +255,9 @@ impl Sql {
                      SELECT pg_notify($2 || token, '{GRANTED}') FROM taken
                      UNION ALL
                      SELECT pg_notify($2 || token, '{LINE_MOVED}') FROM let_in
-                     WHERE $3 AND NOT admitted
+                     -- Slots granted move the line too: a dead waiter may be
+                     -- its head now, which the ones behind must see.
+                     WHERE ($3 OR EXISTS (SELECT FROM granted)) AND NOT admitted
                        AND place <= coalesce((SELECT max(place) FROM granted), 0) + 2",
                     line = line("")
                 )
