@@ -5,6 +5,8 @@
 
 mod deadline;
 mod failure;
+#[cfg(feature = "etcd")]
+pub mod http;
 mod secret;
 
 pub use deadline::Deadline;

@@ -18,12 +18,12 @@ const DEFAULT_PORT: u16 = 2379;
 #[derive(Clone, Debug)]
 pub struct Member {
     /// Host (without IPv6 brackets) and port, for name resolution.
-    pub(super) host: String,
-    pub(super) port: u16,
+    pub(crate) host: String,
+    pub(crate) port: u16,
     /// `host:port` as the `Host` header wants it.
-    pub(super) authority: String,
+    pub(crate) authority: String,
     /// The name the server's certificate must carry; `None` for plain `http://`.
-    pub(super) tls: Option<ServerName<'static>>,
+    pub(crate) tls: Option<ServerName<'static>>,
     /// The URL with its password replaced, for messages.
     shown: String,
 }
@@ -44,7 +44,7 @@ pub struct Credentials {
 /// The members to try, in order, and who to authenticate as.
 #[derive(Clone, Debug)]
 pub struct Endpoints {
-    pub(super) members: Vec<Member>,
+    pub(crate) members: Vec<Member>,
     pub(super) credentials: Option<Credentials>,
 }
 

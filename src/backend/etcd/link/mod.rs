@@ -19,7 +19,6 @@
 
 mod endpoint;
 mod error;
-mod http;
 mod kv;
 mod watch;
 mod wire;
@@ -32,15 +31,16 @@ use std::time::Duration;
 use rustls::ClientConfig;
 use serde::Serialize;
 
+use crate::backend::net::http::{self, Connection};
 use crate::backend::net::{Deadline, Kind, Secret};
 use error::{AttemptError, Remedy, Tally, code};
-use http::Connection;
 use wire::{
     AuthenticateRequest, AuthenticateResponse, LeaseRequest, LeaseResponse, RangeRequest,
     RangeResponse, TxnResponse, WatchCreateRequest, WatchRequest, decode, decode_streamed,
 };
 
-pub use endpoint::Endpoints;
+pub use endpoint::{Endpoints, Member};
+pub(crate) use error::not_etcd;
 pub use error::{Error, Result};
 pub use kv::{Listing, Op, Txn, TxnOutcome};
 pub use watch::Watch;

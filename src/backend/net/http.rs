@@ -12,8 +12,8 @@ use std::time::Duration;
 use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
 use socket2::{SockRef, TcpKeepalive};
 
-use super::endpoint::Member;
-use super::error::not_etcd;
+use crate::backend::etcd::link::Member;
+use crate::backend::etcd::link::not_etcd;
 use crate::backend::net::Deadline;
 
 /// Longest response head or chunk-size line we accept from a server.
