@@ -180,7 +180,7 @@ impl Remedy {
 }
 
 /// The error for an answer that etcd's gateway would not give.
-pub(crate) fn not_etcd(why: impl fmt::Display) -> io::Error {
+pub(super) fn not_etcd(why: impl fmt::Display) -> io::Error {
     io::Error::new(
         io::ErrorKind::InvalidData,
         format!("not an etcd v3 gateway: {why}"),

@@ -39,8 +39,7 @@ use wire::{
     RangeResponse, TxnResponse, WatchCreateRequest, WatchRequest, decode, decode_streamed,
 };
 
-pub use endpoint::{Endpoints, Member};
-pub(crate) use error::not_etcd;
+pub use endpoint::Endpoints;
 pub use error::{Error, Result};
 pub use kv::{Listing, Op, Txn, TxnOutcome};
 pub use watch::Watch;
@@ -345,11 +344,11 @@ impl Client {
     }
 
     fn open(&mut self, deadline: Deadline) -> Result<Connection, AttemptError> {
-        let tls = match self.endpoints.members[self.current].tls {
+        let tls = match self.endpoints.members[self.current].address.tls {
             Some(_) => Some(self.tls_config()?),
             None => None,
         };
-        let endpoint = &self.endpoints.members[self.current];
+        let endpoint = &self.endpoints.members[self.current].address;
         Ok(Connection::open(endpoint, tls.as_ref(), deadline)?)
     }
 
