@@ -44,6 +44,8 @@ pub enum Action {
     Status(StatusArgs),
     /// Break a lease that is known to be dead (every backend but file)
     Release(ReleaseArgs),
+    /// Probe the store without taking a lock: reachable, and safe to lock on
+    Check(CheckArgs),
 }
 
 /// A run's defaults, which the quick reading of a command line shares (`cli/quick.rs`).
@@ -182,6 +184,15 @@ pub struct ReleaseArgs {
     #[arg(long)]
     pub force: bool,
 
+    #[command(flatten)]
+    pub store: StoreArgs,
+
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
     #[command(flatten)]
     pub store: StoreArgs,
 

@@ -1,11 +1,11 @@
-//! What the networked backends (Redis, PostgreSQL, etcd) share about talking
+//! What the networked backends (Redis, PostgreSQL, etcd, S3) share about talking
 //! to a lock server: how a failure is sorted (trouble to ride out, or a
 //! verdict waiting cannot change), the deadline every call runs against, and
 //! the secret that no message may show (README: "When the server has trouble").
 
 mod deadline;
 mod failure;
-#[cfg(feature = "etcd")]
+#[cfg(any(feature = "etcd", feature = "s3"))]
 pub mod http;
 mod secret;
 
