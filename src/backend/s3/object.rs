@@ -1,4 +1,4 @@
-//! GET and conditional PUT of one object, signed by rusty-s3 (SigV4, as a
+//! GET and conditional PUT of one object, signed by rusty-s3 (`SigV4`, as a
 //! presigned URL whose signature also covers the conditional headers) and
 //! sent over the shared HTTP/1.1 client, under a deadline. A presigned URL
 //! carries a signature: it is never shown. What S3 answers is sorted here:
@@ -281,7 +281,7 @@ impl ObjectClient {
         let status = answer.status;
         let kind = match (status, code.as_str()) {
             (501, _) | (_, "NotImplemented") => Kind::Permanent,
-            (429 | 500..=599, _) | (409, _) | (_, "SlowDown") => Kind::Transient,
+            (409 | 429 | 500..=599, _) | (_, "SlowDown") => Kind::Transient,
             _ => Kind::Permanent,
         };
         let hint = match (status, code.as_str()) {
@@ -370,15 +370,12 @@ fn unescape_xml(text: &str) -> String {
                 .or_else(|| entity.strip_prefix('#').and_then(|dec| dec.parse().ok()))
                 .and_then(char::from_u32),
         };
-        match decoded {
-            Some(c) => {
-                out.push(c);
-                rest = &rest[end + 1..];
-            }
-            None => {
-                out.push('&');
-                rest = &rest[1..];
-            }
+        if let Some(c) = decoded {
+            out.push(c);
+            rest = &rest[end + 1..];
+        } else {
+            out.push('&');
+            rest = &rest[1..];
         }
     }
     out.push_str(rest);

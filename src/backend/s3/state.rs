@@ -6,6 +6,8 @@
 //! a heartbeat counter its owner bumps and the TTL it asked for: whoever sees
 //! a counter unchanged for that long on its own clock may drop the entry.
 
+use std::fmt::Write as _;
+
 use serde::{Deserialize, Serialize};
 
 use crate::backend::record::{HolderRecord, WaiterRecord};
@@ -145,7 +147,10 @@ impl State {
 fn nonce() -> String {
     let mut bytes = [0u8; 16];
     getrandom::fill(&mut bytes).expect("the kernel's random numbers");
-    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+    bytes.iter().fold(String::new(), |mut hex, byte| {
+        let _ = write!(hex, "{byte:02x}");
+        hex
+    })
 }
 
 #[cfg(test)]

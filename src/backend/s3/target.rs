@@ -52,28 +52,26 @@ impl Target {
         } else {
             format!("{prefix}/")
         };
-        let (endpoint, style) = match endpoint {
-            Some(endpoint) => {
-                let parsed = Url::parse(endpoint).map_err(|err| {
-                    usage(format!("--s3-endpoint: {endpoint:?} is not a URL ({err})"))
-                })?;
-                if !matches!(parsed.scheme(), "http" | "https") {
-                    return Err(usage(format!(
-                        "--s3-endpoint: {endpoint:?} must start with http:// or https://"
-                    )));
-                }
-                (parsed, UrlStyle::Path)
+        let (endpoint, style) = if let Some(endpoint) = endpoint {
+            let parsed = Url::parse(endpoint).map_err(|err| {
+                usage(format!("--s3-endpoint: {endpoint:?} is not a URL ({err})"))
+            })?;
+            if !matches!(parsed.scheme(), "http" | "https") {
+                return Err(usage(format!(
+                    "--s3-endpoint: {endpoint:?} must start with http:// or https://"
+                )));
             }
-            None => {
-                let aws = Url::parse(&format!("https://s3.{region}.amazonaws.com"))
-                    .map_err(|err| usage(format!("the region {region:?} is not usable ({err})")))?;
-                let style = if bucket.contains('.') {
-                    UrlStyle::Path
-                } else {
-                    UrlStyle::VirtualHost
-                };
-                (aws, style)
-            }
+            (parsed, UrlStyle::Path)
+        } else {
+            let aws = Url::parse(&format!("https://s3.{region}.amazonaws.com"))
+                .map_err(|err| usage(format!("the region {region:?} is not usable ({err})")))?;
+            // AWS's certificates cover one label before s3.REGION.amazonaws.com.
+            let style = if bucket.contains('.') {
+                UrlStyle::Path
+            } else {
+                UrlStyle::VirtualHost
+            };
+            (aws, style)
         };
         let shown_endpoint = format!(
             "{}://{}",
