@@ -25,6 +25,8 @@ mod postgres;
 mod postgres_runs;
 mod redis;
 mod redis_deployed;
+#[cfg(feature = "s3")]
+mod s3;
 mod sessions;
 mod source;
 mod sqlite;

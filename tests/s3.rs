@@ -1,0 +1,118 @@
+//! The S3 backend's own behaviour (README: "S3 backend"), against a real
+//! SeaweedFS server: what every backend does is in the shared backend tests.
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+
+use crate::support::s3::{IgnoringProxy, SeaweedServer, fresh_prefix};
+use crate::support::{
+    Scratch, Start, assert_status, lockrun, read_pid, run, signal, stderr, stdout, wait,
+};
+
+/// A wrong secret gets 403 from the server: exit 69 at once, and neither the
+/// secret nor a signed URL in the message.
+#[test]
+fn a_wrong_secret_is_refused_with_69_and_never_shown() {
+    let Some(server) = SeaweedServer::shared() else {
+        return;
+    };
+    let started = Instant::now();
+    let output = run(lockrun()
+        .args(server.args(&fresh_prefix()))
+        .env("AWS_SECRET_ACCESS_KEY", "n0t-the-s3cret-at-all")
+        .args(["--name", "deploy", "-v", "true"]));
+    assert_status(&output, 69);
+    let err = stderr(&output);
+    assert!(err.contains("403"), "{err}");
+    assert!(!err.contains("n0t-the-s3cret"), "{err}");
+    assert!(!err.contains("X-Amz-Signature"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// A store that accepts conditional writes and ignores them is refused (69)
+/// before anything is granted, and `lockrun check` says why; the real server
+/// behind it passes the same check.
+#[test]
+fn a_store_that_ignores_conditional_writes_is_refused() {
+    let Some(server) = SeaweedServer::shared() else {
+        return;
+    };
+    let proxy = IgnoringProxy::start(server);
+    let prefix = fresh_prefix();
+    let scratch = Scratch::new();
+    let ran = scratch.path("ran");
+    let output = run(lockrun().args(proxy.args(&prefix)).args([
+        "--name",
+        "deploy",
+        "--",
+        "touch",
+        ran.to_str().unwrap(),
+    ]));
+    assert_status(&output, 69);
+    assert!(
+        stderr(&output).contains("ignores conditional writes"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(!ran.exists(), "the command ran on a store that cannot lock");
+    let output = run(lockrun().arg("check").args(proxy.args(&prefix)));
+    assert_status(&output, 69);
+    assert!(
+        stderr(&output).contains("ignores conditional writes"),
+        "{}",
+        stderr(&output)
+    );
+    let output = run(lockrun().arg("check").args(server.args(&prefix)));
+    assert_status(&output, 0);
+    assert!(
+        stdout(&output).contains("conditional writes: honoured"),
+        "{}",
+        stdout(&output)
+    );
+}
+
+/// A holder that stops renewing (its lockrun paused: alive, so nothing on
+/// this host may drop it) loses its slot once a waiter has seen its heartbeat
+/// unchanged for a whole TTL on its own clock: not before, and not much
+/// later. The paused holder, let go on, finds its lease lost (76).
+#[test]
+fn a_silent_holders_slot_is_taken_after_one_ttl_as_the_waiter_sees_it() {
+    let Some(server) = SeaweedServer::shared() else {
+        return;
+    };
+    let args = server.args(&fresh_prefix());
+    let scratch = Scratch::new();
+    let ready = scratch.path("ready");
+    let script = format!("echo $$ > '{}'; sleep 60", ready.display());
+    let mut holder = lockrun()
+        .args(&args)
+        .args(["--name", "deploy", "--ttl", "2", "-c", &script])
+        .stderr(Stdio::null())
+        .start();
+    read_pid(&ready);
+    signal(holder.id(), Signal::SIGSTOP);
+    let started = Instant::now();
+    let output = run(lockrun().args(&args).args([
+        "--name",
+        "deploy",
+        "--ttl",
+        "2",
+        "-w",
+        "20",
+        "-c",
+        "echo $LOCKRUN_FENCE",
+    ]));
+    let waited = started.elapsed();
+    assert_status(&output, 0);
+    assert_eq!(stdout(&output).trim(), "2");
+    assert!(waited >= Duration::from_secs(2), "taken after {waited:?}");
+    assert!(waited < Duration::from_secs(6), "taken after {waited:?}");
+    signal(holder.id(), Signal::SIGCONT);
+    assert_eq!(wait(&mut holder).code(), Some(76));
+}
