@@ -247,12 +247,16 @@ fn relay(client: std::net::TcpStream, upstream: &str) -> std::io::Result<()> {
             headers.push(("Host".into(), upstream.trim_start_matches("http://").into()));
         }
         let mut server = std::net::TcpStream::connect(upstream.trim_start_matches("http://"))?;
-        let mut request = format!("{method} {target} HTTP/1.1\r\nConnection: close\r\n");
+        let mut request = Vec::new();
+        write!(
+            request,
+            "{method} {target} HTTP/1.1\r\nConnection: close\r\n"
+        )?;
         for (name, value) in &headers {
-            request.push_str(&format!("{name}: {value}\r\n"));
+            write!(request, "{name}: {value}\r\n")?;
         }
-        request.push_str("\r\n");
-        server.write_all(request.as_bytes())?;
+        request.extend_from_slice(b"\r\n");
+        server.write_all(&request)?;
         server.write_all(&body)?;
         let mut answer = Vec::new();
         server.read_to_end(&mut answer)?;

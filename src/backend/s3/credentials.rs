@@ -1,15 +1,17 @@
 //! Credentials and region, found the way the AWS CLI finds them (README: "S3
-//! backend"): `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` and
-//! `AWS_SESSION_TOKEN` first; then the profile (`AWS_PROFILE`, else
-//! `default`) in the shared credentials file (`AWS_SHARED_CREDENTIALS_FILE`,
-//! else `~/.aws/credentials`) and the config file (`AWS_CONFIG_FILE`, else
-//! `~/.aws/config`). The secret and the token live in [`Secret`]s: no message
-//! or `Debug` shows them.
+//! backend"), in its order: `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` and
+//! `AWS_SESSION_TOKEN`; a web identity token exchanged at STS; the profile
+//! (`AWS_PROFILE`, else `default`) in the shared credentials file
+//! (`AWS_SHARED_CREDENTIALS_FILE`, else `~/.aws/credentials`) and the config
+//! file (`AWS_CONFIG_FILE`, else `~/.aws/config`); the container endpoint;
+//! the instance metadata ([`issued`]). The secret and the token live in
+//! [`Secret`]s: no message or `Debug` shows them.
 
 use std::fs;
 use std::path::PathBuf;
 
-use crate::backend::net::{Failure, Kind, Secret};
+use super::issued;
+use crate::backend::net::{Deadline, Failure, Kind, Secret};
 
 /// An access key, with where it was found (for `-v`).
 #[derive(Clone, Debug)]
@@ -18,6 +20,9 @@ pub struct Credentials {
     pub secret: Secret,
     pub token: Option<Secret>,
     pub source: String,
+    /// Issued for a while by a service (STS, a container endpoint, the
+    /// instance metadata): fetched again now and then during a long run.
+    pub issued: bool,
 }
 
 impl Credentials {
@@ -102,8 +107,9 @@ fn setting<'a>(settings: &'a [(String, String)], key: &str) -> Option<&'a str> {
         .map(|(_, value)| value.as_str())
 }
 
-/// The credentials to sign with, in the AWS CLI's order; 69 when there are none.
-pub fn find(env: Env) -> Result<Credentials, Failure> {
+/// The credentials to sign with, in the AWS CLI's order, asking the
+/// services by `deadline`; 69 when there are none.
+pub fn find(env: Env, region: &str, deadline: Deadline) -> Result<Credentials, Failure> {
     if let (Some(key), Some(secret)) = (
         var(env, "AWS_ACCESS_KEY_ID"),
         var(env, "AWS_SECRET_ACCESS_KEY"),
@@ -113,7 +119,11 @@ pub fn find(env: Env) -> Result<Credentials, Failure> {
             secret: Secret::new(secret),
             token: var(env, "AWS_SESSION_TOKEN").map(Secret::new),
             source: "the environment (AWS_ACCESS_KEY_ID)".to_owned(),
+            issued: false,
         });
+    }
+    if let Some(found) = issued::web_identity(env, region, deadline) {
+        return found;
     }
     let settings = profile(env);
     if let (Some(key), Some(secret)) = (
@@ -125,12 +135,19 @@ pub fn find(env: Env) -> Result<Credentials, Failure> {
             secret: Secret::new(secret),
             token: setting(&settings, "aws_session_token").map(Secret::new),
             source: format!("profile {}", profile_name(env)),
+            issued: false,
         });
+    }
+    if let Some(found) = issued::container(env, deadline) {
+        return found;
+    }
+    if let Some(found) = issued::instance_metadata(env, deadline) {
+        return found;
     }
     Err(Failure::new(
         Kind::Permanent,
         format!(
-            "no AWS credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or give profile {} keys in ~/.aws/credentials",
+            "no AWS credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or give profile {} keys in ~/.aws/credentials (or a web identity token, a container or instance role)",
             profile_name(env)
         ),
     ))
@@ -159,6 +176,10 @@ mod tests {
         move |name: &str| map.get(name).cloned()
     }
 
+    fn soon() -> Deadline {
+        Deadline::after(std::time::Duration::from_secs(2))
+    }
+
     #[test]
     fn the_environment_comes_before_the_profile() {
         let env = env_of(&[
@@ -167,10 +188,10 @@ mod tests {
             ("AWS_SESSION_TOKEN", "envtoken"),
             ("HOME", "/nonexistent"),
         ]);
-        let found = find(&env).unwrap();
+        let found = find(&env, "us-east-1", soon()).unwrap();
         assert_eq!(found.key, "AKIDENV");
         assert_eq!(found.token.unwrap().expose(), "envtoken");
-        assert!(!format!("{:?}", find(&env).unwrap()).contains("envsecret"));
+        assert!(!format!("{:?}", find(&env, "us-east-1", soon()).unwrap()).contains("envsecret"));
     }
 
     #[test]
@@ -194,7 +215,7 @@ mod tests {
             ("AWS_SHARED_CREDENTIALS_FILE", credentials),
             ("AWS_CONFIG_FILE", config),
         ]);
-        let found = find(&env).unwrap();
+        let found = find(&env, "us-east-1", soon()).unwrap();
         assert_eq!(
             (found.key.as_str(), found.secret.expose()),
             ("AKIDCI", "cisecret")
@@ -206,14 +227,18 @@ mod tests {
             ("AWS_SHARED_CREDENTIALS_FILE", credentials),
             ("AWS_REGION", "ap-south-1"),
         ]);
-        assert_eq!(find(&env).unwrap().key, "AKIDDEFAULT");
+        assert_eq!(find(&env, "us-east-1", soon()).unwrap().key, "AKIDDEFAULT");
         assert_eq!(region(&env), "ap-south-1");
     }
 
     #[test]
     fn none_found_is_permanent_and_says_what_to_set() {
-        let env = env_of(&[("HOME", "/nonexistent"), ("AWS_ACCESS_KEY_ID", "only-half")]);
-        let err = find(&env).unwrap_err();
+        let env = env_of(&[
+            ("HOME", "/nonexistent"),
+            ("AWS_ACCESS_KEY_ID", "only-half"),
+            ("AWS_EC2_METADATA_DISABLED", "true"),
+        ]);
+        let err = find(&env, "us-east-1", soon()).unwrap_err();
         assert_eq!(err.kind(), Kind::Permanent);
         assert!(err.to_string().contains("AWS_SECRET_ACCESS_KEY"), "{err}");
         assert_eq!(region(&env), "us-east-1");

@@ -9,6 +9,7 @@
 //! ([`probe`]).
 
 mod credentials;
+mod issued;
 mod object;
 mod probe;
 mod slot;
@@ -78,7 +79,7 @@ impl Options {
             .or_else(|| env("AWS_ENDPOINT_URL").filter(|value| !value.is_empty()));
         let region = credentials::region(&env);
         let target = Target::parse(url, endpoint.as_deref(), &region)?;
-        let credentials = credentials::find(&env)?;
+        let credentials = credentials::find(&env, &region, Deadline::after(FREE_CALL))?;
         let location = format!(
             "S3 bucket {} (credentials from {})",
             target.shown, credentials.source
@@ -87,6 +88,7 @@ impl Options {
             objects: Rc::new(RefCell::new(Objects::new(ObjectClient::new(
                 target,
                 credentials,
+                region,
             )))),
             location,
             probed: false,

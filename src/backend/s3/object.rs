@@ -14,13 +14,16 @@ use std::time::Duration;
 use rustls::ClientConfig;
 use rusty_s3::S3Action;
 
-use super::credentials::Credentials;
+use super::credentials::{self, Credentials};
 use super::target::Target;
 use crate::backend::net::http::{self, Connection};
 use crate::backend::net::{Deadline, Failure, Kind};
+use crate::platform::clock::Moment;
 
 /// How long a presigned request stays valid: it is sent at once.
 const SIGNED_FOR: Duration = Duration::from_secs(300);
+/// How often issued credentials are fetched again (they last 15 minutes at the least).
+const REFETCH: Duration = Duration::from_secs(5 * 60);
 /// The longest object read: a state document of many waiters, or a listing page.
 const MAX_OBJECT: usize = 8 * 1024 * 1024;
 
@@ -58,6 +61,9 @@ pub enum Put {
 pub struct ObjectClient {
     target: Target,
     credentials: Credentials,
+    /// When the credentials were found: issued ones are fetched again after [`REFETCH`].
+    found_at: Moment,
+    region: String,
     signing: rusty_s3::Credentials,
     tls: Option<Arc<ClientConfig>>,
     connection: Option<Connection>,
@@ -79,11 +85,13 @@ enum Broke {
 }
 
 impl ObjectClient {
-    pub fn new(target: Target, credentials: Credentials) -> Self {
+    pub fn new(target: Target, credentials: Credentials, region: String) -> Self {
         Self {
             signing: credentials.signing(),
             target,
             credentials,
+            found_at: Moment::now(),
+            region,
             tls: None,
             connection: None,
         }
@@ -93,6 +101,20 @@ impl ObjectClient {
         &self.target
     }
 
+    /// Issued credentials last for a while (an hour, often): fetched again
+    /// well before, the old ones kept should the issuer not answer.
+    fn refetch_credentials(&mut self, deadline: Deadline) {
+        if !self.credentials.issued || self.found_at + REFETCH > Moment::now() {
+            return;
+        }
+        let env = |name: &str| std::env::var(name).ok();
+        if let Ok(credentials) = credentials::find(&env, &self.region, deadline) {
+            self.signing = credentials.signing();
+            self.credentials = credentials;
+            self.found_at = Moment::now();
+        }
+    }
+
     /// GETs `key`; with `known` (an ETag) answers `Unchanged` when it still is.
     pub fn get(
         &mut self,
@@ -100,6 +122,7 @@ impl ObjectClient {
         known: Option<&str>,
         deadline: Deadline,
     ) -> Result<Got, Failure> {
+        self.refetch_credentials(deadline);
         let mut action = self.target.bucket.get_object(Some(&self.signing), key);
         if let Some(etag) = known {
             action
@@ -137,6 +160,7 @@ impl ObjectClient {
         condition: Condition,
         deadline: Deadline,
     ) -> Result<Put, Failure> {
+        self.refetch_credentials(deadline);
         let mut action = self.target.bucket.put_object(Some(&self.signing), key);
         match condition {
             Condition::Create => action.headers_mut().insert("if-none-match", "*"),
@@ -336,7 +360,7 @@ fn error_code(body: &[u8]) -> String {
 }
 
 /// The texts of the elements `<tag>...</tag>` of an XML document, in order.
-fn elements<'a>(text: &'a str, tag: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+pub(super) fn elements<'a>(text: &'a str, tag: &'a str) -> impl Iterator<Item = &'a str> + 'a {
     let open = format!("<{tag}>");
     let close = format!("</{tag}>");
     let mut rest = text;
@@ -350,7 +374,7 @@ fn elements<'a>(text: &'a str, tag: &'a str) -> impl Iterator<Item = &'a str> + 
 }
 
 /// XML's five entities and numeric character references, decoded.
-fn unescape_xml(text: &str) -> String {
+pub(super) fn unescape_xml(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(at) = rest.find('&') {
