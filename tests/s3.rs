@@ -1,12 +1,15 @@
 //! The S3 backend's own behaviour (README: "S3 backend"), against a real
 //! SeaweedFS server: what every backend does is in the shared backend tests.
 
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
 use std::process::Stdio;
+use std::thread;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-use crate::support::s3::{IgnoringProxy, SeaweedServer, fresh_prefix};
+use crate::support::s3::{self, IgnoringProxy, SeaweedServer, fresh_prefix};
 use crate::support::{
     Scratch, Start, assert_status, lockrun, read_pid, run, signal, stderr, stdout, wait,
 };
@@ -115,4 +118,56 @@ fn a_silent_holders_slot_is_taken_after_one_ttl_as_the_waiter_sees_it() {
     assert!(waited < Duration::from_secs(6), "taken after {waited:?}");
     signal(holder.id(), Signal::SIGCONT);
     assert_eq!(wait(&mut holder).code(), Some(76));
+}
+
+/// Credentials from the container endpoint (a stand-in that answers as
+/// ECS's does, with the test server's identity) sign the run's requests;
+/// neither the secret nor the authorization token shows with `-v`.
+#[test]
+fn credentials_from_a_container_endpoint_sign_the_run() {
+    let Some(server) = SeaweedServer::shared() else {
+        return;
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}/v2/credentials", listener.local_addr().unwrap());
+    thread::spawn(move || {
+        for mut socket in listener.incoming().flatten() {
+            let mut head = String::new();
+            let mut reader = BufReader::new(socket.try_clone().unwrap());
+            while reader.read_line(&mut head).unwrap_or(0) > 2 {}
+            let body = format!(
+                r#"{{"AccessKeyId":"{}","SecretAccessKey":"{}","Token":"","Expiration":"2099-01-01T00:00:00Z"}}"#,
+                s3::KEY,
+                s3::SECRET
+            );
+            let status = if head.contains("Authorization: container-auth-token") {
+                "200 OK"
+            } else {
+                "401 Unauthorized"
+            };
+            let _ = write!(
+                socket,
+                "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    let output = run(lockrun()
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_SECRET_ACCESS_KEY")
+        .env("AWS_CONTAINER_CREDENTIALS_FULL_URI", &endpoint)
+        .env("AWS_CONTAINER_AUTHORIZATION_TOKEN", "container-auth-token")
+        .args(server.args(&fresh_prefix()))
+        .args(["--name", "deploy", "-v", "-c", "echo $LOCKRUN_FENCE"]));
+    assert_status(&output, 0);
+    assert_eq!(stdout(&output).trim(), "1");
+    let err = stderr(&output);
+    assert!(
+        err.contains("credentials from the container endpoint"),
+        "{err}"
+    );
+    assert!(
+        !err.contains(s3::SECRET) && !err.contains("container-auth-token"),
+        "{err}"
+    );
 }
