@@ -43,7 +43,12 @@ pub fn status(args: &StatusArgs) -> Result<u8> {
 
 /// `lockrun check`: what a probe of the store found, one line each on stdout.
 pub fn check(args: &CheckArgs) -> Result<u8> {
-    let found = args.store.open(false)?.check()?;
+    let found = match args.store.open(false) {
+        Ok(mut store) => store.check()?,
+        // Nothing made yet: the first run makes it.
+        Err(Error::Missing(why)) => vec![format!("no lockrun store yet: {why}")],
+        Err(err) => return Err(err),
+    };
     let mut out = std::io::stdout().lock();
     finish(
         found

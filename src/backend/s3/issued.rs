@@ -139,7 +139,10 @@ impl Issued {
         Ok(Credentials {
             key: issued.access_key_id,
             secret: Secret::new(issued.secret_access_key),
-            token: issued.token.filter(|token| !token.is_empty()).map(Secret::new),
+            token: issued
+                .token
+                .filter(|token| !token.is_empty())
+                .map(Secret::new),
             source: from,
             issued: true,
         })
