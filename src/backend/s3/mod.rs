@@ -106,8 +106,9 @@ struct S3Store {
     probed: bool,
     /// When our place in line must next show a new heartbeat.
     beat_due: Option<Moment>,
-    /// When the first write that could have given us a slot was sent: the
-    /// lease runs from no earlier, should its outcome be learnt only later.
+    /// When a write that could have given us a slot was sent by a look that
+    /// ended in trouble before it learnt whether it did: the lease runs from
+    /// no earlier, should a later look find the slot ours.
     take_sent: Option<Moment>,
     /// The pause before the next poll of a wait.
     poll: Duration,
@@ -124,10 +125,19 @@ impl S3Store {
         object_key(&self.objects.borrow().client.target().prefix, name)
     }
 
-    fn slot(&mut self, request: &Request, key: String, holder: &Holder) -> Attempt {
-        let taken_at = self
-            .take_sent
-            .take()
+    /// The slot `holder` is ours; the write that took it was sent at `sent`
+    /// (by this look) or before (by one whose outcome was not learnt).
+    fn slot(
+        &mut self,
+        request: &Request,
+        key: String,
+        holder: &Holder,
+        sent: Option<Moment>,
+    ) -> Attempt {
+        let taken_at = [self.take_sent.take(), sent]
+            .into_iter()
+            .flatten()
+            .min()
             .unwrap_or_else(|| Moment::now() - request.plan.renew_every());
         self.beat_due = None;
         Attempt::Taken(Box::new(S3Slot {
@@ -234,12 +244,18 @@ impl Store for S3Store {
                     write,
                 ))
             });
-        if sent.is_some() && self.take_sent.is_none() {
-            self.take_sent = sent;
-        }
-        match look? {
-            Look::Taken(holder) => Ok(self.slot(request, key, &holder)),
+        let look = match look {
+            Ok(look) => look,
+            Err(err) => {
+                self.take_sent = [self.take_sent, sent].into_iter().flatten().min();
+                return Err(err);
+            }
+        };
+        match look {
+            Look::Taken(holder) => Ok(self.slot(request, key, &holder, sent)),
             Look::Waiting(line) => {
+                // The look saw the slot not ours: no earlier write of ours took it.
+                self.take_sent = None;
                 if beat_due && line.position > 0 {
                     self.beat_due = Some(Moment::now() + request.plan.refresh_place_after(false));
                 }
