@@ -148,18 +148,59 @@ pub fn fresh_prefix() -> String {
     )
 }
 
-/// A stand-in for a store that accepts conditional writes and ignores their
-/// condition (as s3proxy and some others do): a proxy in front of the real
-/// server that forwards every request, but a PUT with `If-Match` or
-/// `If-None-Match` goes on without that header, re-signed with the tests'
-/// identity (the client's signature covers the header it strips). The write
-/// is then really made, whatever the object is: a lock there would grant twice.
-pub struct IgnoringProxy {
+/// A proxy in front of the real server, forwarding each request on a
+/// connection of its own, and doing to some what its [`Behaviour`] says.
+pub struct Proxy {
     pub endpoint: String,
 }
 
-impl IgnoringProxy {
-    pub fn start(server: &SeaweedServer) -> Self {
+/// What a [`Proxy`] does to the requests it forwards.
+#[derive(Clone, Copy)]
+pub enum Behaviour {
+    /// A stand-in for a store that accepts conditional writes and ignores
+    /// their condition (as s3proxy and some others do): a PUT with
+    /// `If-Match` or `If-None-Match` goes on without that header, re-signed
+    /// with the tests' identity (the client's signature covers the header it
+    /// strips). The write is then really made, whatever the object is: a lock
+    /// there would grant twice.
+    IgnoresConditions,
+    /// Trouble a real store gives now and then, at random: 503 SlowDown and
+    /// 409 `ConditionalRequestConflict` instead of an answer; a write made and
+    /// then answered 500, or not answered at all (the connection cut); slow answers.
+    Faulty,
+}
+
+/// What the faulty proxy does with one request.
+enum Fault {
+    None,
+    /// Answered with this status and S3 error code, without forwarding.
+    Refused(u16, &'static str),
+    /// Forwarded, and then answered 500 whatever the server said.
+    MadeThen500,
+    /// Forwarded, and then the connection cut without an answer.
+    MadeThenCut,
+    /// Forwarded, the answer held back a while.
+    Slow,
+}
+
+impl Fault {
+    fn pick(method: &str) -> Self {
+        let roll: f64 = rand::random();
+        match (method, roll) {
+            ("GET", r) if r < 0.05 => Self::Refused(503, "SlowDown"),
+            ("GET", r) if r < 0.10 => Self::Slow,
+            ("PUT", r) if r < 0.10 => Self::Refused(503, "SlowDown"),
+            ("PUT", r) if r < 0.15 => Self::Refused(409, "ConditionalRequestConflict"),
+            ("PUT", r) if r < 0.25 => Self::MadeThen500,
+            ("PUT", r) if r < 0.35 => Self::MadeThenCut,
+            ("PUT", r) if r < 0.40 => Self::Slow,
+            _ => Self::None,
+        }
+    }
+}
+
+impl Proxy {
+    pub fn start(server: &SeaweedServer, behaviour: Behaviour) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
         let endpoint = format!("http://{}", listener.local_addr().unwrap());
         let upstream = server.endpoint.clone();
@@ -167,7 +208,7 @@ impl IgnoringProxy {
             for client in listener.incoming().flatten() {
                 let upstream = upstream.clone();
                 std::thread::spawn(move || {
-                    let _ = relay(client, &upstream);
+                    let _ = relay(client, &upstream, behaviour);
                 });
             }
         });
@@ -187,81 +228,150 @@ impl IgnoringProxy {
     }
 }
 
-/// Relays the requests of one client connection, one at a time.
-fn relay(client: std::net::TcpStream, upstream: &str) -> std::io::Result<()> {
-    use std::io::{BufRead, BufReader, Read, Write};
+/// One request as the proxy read it.
+struct Request {
+    method: String,
+    target: String,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
 
-    use rusty_s3::{Bucket, Credentials, S3Action, UrlStyle};
+fn is_condition(name: &str) -> bool {
+    name.eq_ignore_ascii_case("if-match") || name.eq_ignore_ascii_case("if-none-match")
+}
+
+/// The next request on a connection; `None` once the client closed it.
+fn read_request(reader: &mut impl std::io::BufRead) -> std::io::Result<Option<Request>> {
+    let mut request_line = String::new();
+    if reader.read_line(&mut request_line)? == 0 {
+        return Ok(None);
+    }
+    let mut words = request_line.split_whitespace();
+    let method = words.next().unwrap_or_default().to_owned();
+    let target = words.next().unwrap_or_default().to_owned();
+    let mut headers = Vec::new();
+    let mut length = 0;
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line)?;
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        let (name, value) = line.split_once(':').unwrap_or((line, ""));
+        if name.eq_ignore_ascii_case("content-length") {
+            length = value.trim().parse().unwrap_or(0);
+        }
+        headers.push((name.to_owned(), value.trim().to_owned()));
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body)?;
+    Ok(Some(Request {
+        method,
+        target,
+        headers,
+        body,
+    }))
+}
+
+impl Request {
+    /// The same PUT without its condition, signed anew for `upstream`.
+    fn without_condition(&mut self, upstream: &str) {
+        use rusty_s3::{Bucket, Credentials, S3Action, UrlStyle};
+
+        let path = self.target.split('?').next().unwrap_or_default();
+        let key = path
+            .strip_prefix(&format!("/{BUCKET}/"))
+            .unwrap_or_default();
+        let key = percent_encoding::percent_decode_str(key).decode_utf8_lossy();
+        let bucket = Bucket::new(
+            url::Url::parse(upstream).unwrap(),
+            UrlStyle::Path,
+            BUCKET,
+            "us-east-1",
+        )
+        .unwrap();
+        let credentials = Credentials::new(KEY, SECRET);
+        let url = bucket
+            .put_object(Some(&credentials), &key)
+            .sign(Duration::from_secs(60));
+        self.target = format!("{}?{}", url.path(), url.query().unwrap_or_default());
+        self.headers
+            .retain(|(name, _)| !is_condition(name) && !name.eq_ignore_ascii_case("host"));
+        self.headers
+            .push(("Host".into(), upstream.trim_start_matches("http://").into()));
+    }
+
+    /// Sends it to `upstream` on a connection of its own; the whole answer.
+    fn forward(&self, upstream: &str) -> std::io::Result<Vec<u8>> {
+        use std::io::{Read, Write};
+
+        let mut server = std::net::TcpStream::connect(upstream.trim_start_matches("http://"))?;
+        let mut head = Vec::new();
+        write!(
+            head,
+            "{} {} HTTP/1.1\r\nConnection: close\r\n",
+            self.method, self.target
+        )?;
+        for (name, value) in &self.headers {
+            write!(head, "{name}: {value}\r\n")?;
+        }
+        head.extend_from_slice(b"\r\n");
+        server.write_all(&head)?;
+        server.write_all(&self.body)?;
+        let mut answer = Vec::new();
+        server.read_to_end(&mut answer)?;
+        Ok(answer)
+    }
+}
+
+/// An S3 error answer.
+fn error_answer(status: u16, code: &str) -> Vec<u8> {
+    let error = format!("<Error><Code>{code}</Code></Error>");
+    format!(
+        "HTTP/1.1 {status} X\r\nContent-Length: {}\r\n\r\n{error}",
+        error.len()
+    )
+    .into_bytes()
+}
+
+/// Relays the requests of one client connection, one at a time.
+fn relay(client: std::net::TcpStream, upstream: &str, behaviour: Behaviour) -> std::io::Result<()> {
+    use std::io::{BufReader, Write};
 
     let mut reader = BufReader::new(client.try_clone()?);
     let mut client = client;
-    loop {
-        let mut request_line = String::new();
-        if reader.read_line(&mut request_line)? == 0 {
-            return Ok(());
-        }
-        let mut words = request_line.split_whitespace();
-        let (method, mut target) = (
-            words.next().unwrap_or_default().to_owned(),
-            words.next().unwrap_or_default().to_owned(),
-        );
-        let mut headers = Vec::new();
-        let mut length = 0;
-        loop {
-            let mut line = String::new();
-            reader.read_line(&mut line)?;
-            let line = line.trim_end();
-            if line.is_empty() {
-                break;
+    while let Some(mut request) = read_request(&mut reader)? {
+        let fault = match behaviour {
+            Behaviour::Faulty => Fault::pick(&request.method),
+            Behaviour::IgnoresConditions => {
+                if request.method == "PUT"
+                    && request.headers.iter().any(|(name, _)| is_condition(name))
+                {
+                    request.without_condition(upstream);
+                }
+                Fault::None
             }
-            let (name, value) = line.split_once(':').unwrap_or((line, ""));
-            if name.eq_ignore_ascii_case("content-length") {
-                length = value.trim().parse().unwrap_or(0);
-            }
-            headers.push((name.to_owned(), value.trim().to_owned()));
-        }
-        let mut body = vec![0; length];
-        reader.read_exact(&mut body)?;
-        let conditional = |name: &str| {
-            name.eq_ignore_ascii_case("if-match") || name.eq_ignore_ascii_case("if-none-match")
         };
-        if method == "PUT" && headers.iter().any(|(name, _)| conditional(name)) {
-            let path = target.split('?').next().unwrap_or_default();
-            let key = path
-                .strip_prefix(&format!("/{BUCKET}/"))
-                .unwrap_or_default();
-            let key = percent_encoding::percent_decode_str(key).decode_utf8_lossy();
-            let bucket = Bucket::new(
-                url::Url::parse(upstream).unwrap(),
-                UrlStyle::Path,
-                BUCKET,
-                "us-east-1",
-            )
-            .unwrap();
-            let credentials = Credentials::new(KEY, SECRET);
-            let url = bucket
-                .put_object(Some(&credentials), &key)
-                .sign(Duration::from_secs(60));
-            target = format!("{}?{}", url.path(), url.query().unwrap_or_default());
-            headers.retain(|(name, _)| !conditional(name) && !name.eq_ignore_ascii_case("host"));
-            headers.push(("Host".into(), upstream.trim_start_matches("http://").into()));
-        }
-        let mut server = std::net::TcpStream::connect(upstream.trim_start_matches("http://"))?;
-        let mut request = Vec::new();
-        write!(
-            request,
-            "{method} {target} HTTP/1.1\r\nConnection: close\r\n"
-        )?;
-        for (name, value) in &headers {
-            write!(request, "{name}: {value}\r\n")?;
-        }
-        request.extend_from_slice(b"\r\n");
-        server.write_all(&request)?;
-        server.write_all(&body)?;
-        let mut answer = Vec::new();
-        server.read_to_end(&mut answer)?;
+        let answer = match fault {
+            Fault::Refused(status, code) => error_answer(status, code),
+            Fault::MadeThenCut => {
+                request.forward(upstream)?;
+                return Ok(());
+            }
+            Fault::MadeThen500 => {
+                request.forward(upstream)?;
+                error_answer(500, "InternalError")
+            }
+            Fault::Slow => {
+                let answer = request.forward(upstream)?;
+                std::thread::sleep(Duration::from_millis(300));
+                answer
+            }
+            Fault::None => request.forward(upstream)?,
+        };
         client.write_all(&answer)?;
-        // The answer says `Connection: close`: the client opens a new connection.
+        // An answer that says `Connection: close` ends the connection: the client opens another.
         if String::from_utf8_lossy(&answer)
             .to_ascii_lowercase()
             .contains("connection: close")
@@ -269,4 +379,5 @@ fn relay(client: std::net::TcpStream, upstream: &str) -> std::io::Result<()> {
             return Ok(());
         }
     }
+    Ok(())
 }
