@@ -373,10 +373,11 @@ impl S3Store {
             let page = objects.client.list(&prefix, after.as_deref(), deadline)?;
             let full = page.len() >= 1000;
             after = page.last().cloned();
-            keys.extend(
-                page.into_iter()
-                    .filter(|key| key.ends_with(SUFFIX) && !key[prefix.len()..].contains('/')),
-            );
+            // A name's object sits right under the prefix; deeper keys are another prefix's.
+            keys.extend(page.into_iter().filter(|key| {
+                key.strip_prefix(&prefix)
+                    .is_some_and(|rest| rest.ends_with(SUFFIX) && !rest.contains('/'))
+            }));
             if !full {
                 return Ok(keys);
             }
