@@ -552,6 +552,15 @@ mod tests {
     }
 
     #[test]
+    fn a_304_has_no_body_whatever_its_head_says_and_its_etag_is_kept() {
+        let (result, connection) =
+            answer(&[b"HTTP/1.1 304 Not Modified\r\nETag: \"abc\"\r\nContent-Length: 10\r\n\r\n"]);
+        assert_eq!(result.unwrap(), (304, Vec::new()));
+        assert_eq!(connection.etag(), Some("\"abc\""));
+        assert!(connection.reusable());
+    }
+
+    #[test]
     fn connection_close_and_http_1_0_are_not_reused() {
         let (result, connection) =
             answer(&[b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}"]);
