@@ -116,8 +116,87 @@ struct S3Store {
 
 /// What one look decided.
 enum Look {
+    /// The slot is ours already (a write whose answer we missed took it).
     Taken(Holder),
+    /// The slot is ours once this look's write is made.
+    Took(Holder),
     Waiting(Line),
+}
+
+/// One look at `state`, changed as the look decides: silent entries
+/// dropped, and then a slot taken if the line lets us, else our place
+/// taken (with `request.queue`) or our heartbeat bumped (when `beat_due`).
+/// Whether it changed anything.
+fn look_at(
+    state: &mut State,
+    heartbeats: &watch::Heartbeats,
+    request: &Request,
+    beat_due: bool,
+) -> (Look, bool) {
+    let token = &request.owner.token;
+    let dropped = heartbeats.drop_silent(state, token);
+    if let Some(holder) = state.holder(token) {
+        return (Look::Taken(holder.clone()), dropped);
+    }
+    let place = state.place_of(token);
+    let ahead = &state.line[..place.unwrap_or(state.line.len())];
+    let parallelism = state
+        .holders
+        .iter()
+        .map(|holder| holder.record.owner.parallelism)
+        .chain(ahead.iter().map(|waiter| waiter.record.owner.parallelism))
+        .find(|&theirs| refuses(theirs, request.parallelism))
+        .flatten();
+    if let Some(theirs) = parallelism {
+        return (Look::Waiting(Line::refused(theirs)), dropped);
+    }
+    let modes = ahead.iter().map(|waiter| waiter.record.owner.mode);
+    let free = state.lowest_free(request.capacity());
+    if let Some(slot) = free.filter(|_| request.admitted(state.holder_modes(), modes)) {
+        state
+            .line
+            .retain(|waiter| &waiter.record.owner.token != token);
+        state.fence += 1;
+        let holder = Holder {
+            slot,
+            record: HolderRecord {
+                name: request.name.to_string(),
+                owner: request.owner.clone(),
+                acquired_at: now_millis(),
+                fence: state.fence,
+                kept_until: None,
+            },
+            beat: 0,
+            ttl_ms: millis(request.plan.ttl()),
+            kept: false,
+        };
+        state.holders.push(holder.clone());
+        return (Look::Took(holder), true);
+    }
+    let mut write = dropped;
+    match place {
+        Some(at) if beat_due => {
+            state.line[at].beat += 1;
+            write = true;
+        }
+        None if request.queue => {
+            state.line.push(Waiter {
+                record: WaiterRecord {
+                    name: request.name.to_string(),
+                    owner: request.owner.clone(),
+                    since: now_millis(),
+                },
+                beat: 0,
+                ttl_ms: millis(request.plan.ttl()),
+            });
+            write = true;
+        }
+        _ => {}
+    }
+    (
+        Look::Waiting(where_we_stand(state, heartbeats, request)),
+        write,
+    )
 }
 
 impl S3Store {
@@ -172,77 +251,17 @@ impl Store for S3Store {
             self.probed = true;
         }
         let key = self.key(&request.name);
-        let token = &request.owner.token;
         let beat_due = self.beat_due.is_none_or(Moment::has_passed);
         let mut sent = None;
         let look = self
             .objects
             .borrow_mut()
             .change(&key, deadline, |state, heartbeats| {
-                let dropped = heartbeats.drop_silent(state, token);
-                if let Some(holder) = state.holder(token) {
-                    return Ok((Look::Taken(holder.clone()), dropped));
-                }
-                let place = state.place_of(token);
-                let ahead = &state.line[..place.unwrap_or(state.line.len())];
-                let parallelism = state
-                    .holders
-                    .iter()
-                    .map(|holder| holder.record.owner.parallelism)
-                    .chain(ahead.iter().map(|waiter| waiter.record.owner.parallelism))
-                    .find(|&theirs| refuses(theirs, request.parallelism))
-                    .flatten();
-                if let Some(theirs) = parallelism {
-                    return Ok((Look::Waiting(Line::refused(theirs)), dropped));
-                }
-                let modes = ahead.iter().map(|waiter| waiter.record.owner.mode);
-                let free = state.lowest_free(request.capacity());
-                if let Some(slot) = free.filter(|_| request.admitted(state.holder_modes(), modes)) {
-                    state
-                        .line
-                        .retain(|waiter| &waiter.record.owner.token != token);
-                    state.fence += 1;
-                    let holder = Holder {
-                        slot,
-                        record: HolderRecord {
-                            name: request.name.to_string(),
-                            owner: request.owner.clone(),
-                            acquired_at: now_millis(),
-                            fence: state.fence,
-                            kept_until: None,
-                        },
-                        beat: 0,
-                        ttl_ms: millis(request.plan.ttl()),
-                        kept: false,
-                    };
-                    state.holders.push(holder.clone());
+                let (look, write) = look_at(state, heartbeats, request, beat_due);
+                if matches!(look, Look::Took(_)) {
                     sent.get_or_insert_with(Moment::now);
-                    return Ok((Look::Taken(holder), true));
                 }
-                let mut write = dropped;
-                match place {
-                    Some(at) if beat_due => {
-                        state.line[at].beat += 1;
-                        write = true;
-                    }
-                    None if request.queue => {
-                        state.line.push(Waiter {
-                            record: WaiterRecord {
-                                name: request.name.to_string(),
-                                owner: request.owner.clone(),
-                                since: now_millis(),
-                            },
-                            beat: 0,
-                            ttl_ms: millis(request.plan.ttl()),
-                        });
-                        write = true;
-                    }
-                    _ => {}
-                }
-                Ok((
-                    Look::Waiting(where_we_stand(state, heartbeats, request)),
-                    write,
-                ))
+                Ok((look, write))
             });
         let look = match look {
             Ok(look) => look,
@@ -252,7 +271,7 @@ impl Store for S3Store {
             }
         };
         match look {
-            Look::Taken(holder) => Ok(self.slot(request, key, &holder, sent)),
+            Look::Taken(holder) | Look::Took(holder) => Ok(self.slot(request, key, &holder, sent)),
             Look::Waiting(line) => {
                 // The look saw the slot not ours: no earlier write of ours took it.
                 self.take_sent = None;
