@@ -65,6 +65,14 @@ impl Address {
     }
 }
 
+/// The request target of `url`: its path and query.
+pub fn target_of(url: &Url) -> String {
+    match url.query() {
+        Some(query) => format!("{}?{query}", url.path()),
+        None => url.path().to_owned(),
+    }
+}
+
 /// An answer that is not HTTP as this client reads it.
 fn malformed(why: &str) -> io::Error {
     io::Error::new(

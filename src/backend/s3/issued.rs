@@ -52,11 +52,7 @@ fn call(
         None => None,
     };
     let mut connection = Connection::open(&address, tls.as_ref(), deadline)?;
-    let target = match url.query() {
-        Some(query) => format!("{}?{query}", url.path()),
-        None => url.path().to_owned(),
-    };
-    let status = connection.send(method, &target, headers, body, deadline)?;
+    let status = connection.send(method, &http::target_of(url), headers, body, deadline)?;
     let mut answer = Vec::new();
     while connection.read_body(&mut answer, deadline)? {}
     Ok((status, answer))

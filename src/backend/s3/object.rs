@@ -220,18 +220,16 @@ impl ObjectClient {
         body: &[u8],
         deadline: Deadline,
     ) -> Result<Answer, Broke> {
-        let target = match url.query() {
-            Some(query) => format!("{}?{query}", url.path()),
-            None => url.path().to_owned(),
-        };
+        let target = http::target_of(url);
         let headers: Vec<(&str, &str)> = headers
             .iter()
             .map(|(n, v)| (n.as_str(), v.as_str()))
             .collect();
         let reused = self.connection.is_some();
         match self.exchange_once(method, &target, &headers, body, deadline) {
-            Err(Broke::Sent(failure)) if reused && method == "GET" => {
-                let _ = failure;
+            // A kept connection the server closed meanwhile: a GET changes
+            // nothing, so it goes again on a new one (a PUT is read back instead).
+            Err(Broke::Sent(_)) if reused && method == "GET" => {
                 self.exchange_once(method, &target, &headers, body, deadline)
             }
             other => other,
