@@ -31,6 +31,8 @@ Register-ArgumentCompleter -Native -CommandName 'lockrun' -ScriptBlock {
             [CompletionResult]::new('--redis-replicas', '--redis-replicas', [CompletionResultType]::ParameterName, 'Replicas that must acknowledge an acquisition or renewal (WAIT) before it counts [default: 1 with redis+sentinel://, else 0]')
             [CompletionResult]::new('--postgres-url', '--postgres-url', [CompletionResultType]::ParameterName, 'PostgreSQL server: postgres://[user[:pass]@]host[:port]/db[?sslmode=...] or a key=value conninfo string [default: libpq''s: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]')
             [CompletionResult]::new('--etcd-endpoints', '--etcd-endpoints', [CompletionResultType]::ParameterName, 'etcd v3 endpoints, comma-separated: http://[user:pass@]host:port, https:// for TLS')
+            [CompletionResult]::new('--s3-url', '--s3-url', [CompletionResultType]::ParameterName, 'The bucket and key prefix of the S3 backend: s3://BUCKET[/PREFIX]')
+            [CompletionResult]::new('--s3-endpoint', '--s3-endpoint', [CompletionResultType]::ParameterName, 'An S3-compatible endpoint (MinIO, R2, Ceph, SeaweedFS...) instead of AWS [env: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL]')
             [CompletionResult]::new('-p', '-p', [CompletionResultType]::ParameterName, 'How many holders at once (slots), 1 to 1024; the same for every run of a name while it is held or waited for')
             [CompletionResult]::new('--parallelism', '--parallelism', [CompletionResultType]::ParameterName, 'How many holders at once (slots), 1 to 1024; the same for every run of a name while it is held or waited for')
             [CompletionResult]::new('-w', '-w', [CompletionResultType]::ParameterName, 'Longest wait for a slot; inf waits forever')
@@ -63,6 +65,7 @@ Register-ArgumentCompleter -Native -CommandName 'lockrun' -ScriptBlock {
             [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print version')
             [CompletionResult]::new('status', 'status', [CompletionResultType]::ParameterValue, 'List who holds a lock (every name when NAME is omitted)')
             [CompletionResult]::new('release', 'release', [CompletionResultType]::ParameterValue, 'Break a lease that is known to be dead (every backend but file)')
+            [CompletionResult]::new('check', 'check', [CompletionResultType]::ParameterValue, 'Probe the store without taking a lock: reachable, and safe to lock on')
             [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
             break
         }
@@ -76,6 +79,8 @@ Register-ArgumentCompleter -Native -CommandName 'lockrun' -ScriptBlock {
             [CompletionResult]::new('--redis-replicas', '--redis-replicas', [CompletionResultType]::ParameterName, 'Replicas that must acknowledge an acquisition or renewal (WAIT) before it counts [default: 1 with redis+sentinel://, else 0]')
             [CompletionResult]::new('--postgres-url', '--postgres-url', [CompletionResultType]::ParameterName, 'PostgreSQL server: postgres://[user[:pass]@]host[:port]/db[?sslmode=...] or a key=value conninfo string [default: libpq''s: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]')
             [CompletionResult]::new('--etcd-endpoints', '--etcd-endpoints', [CompletionResultType]::ParameterName, 'etcd v3 endpoints, comma-separated: http://[user:pass@]host:port, https:// for TLS')
+            [CompletionResult]::new('--s3-url', '--s3-url', [CompletionResultType]::ParameterName, 'The bucket and key prefix of the S3 backend: s3://BUCKET[/PREFIX]')
+            [CompletionResult]::new('--s3-endpoint', '--s3-endpoint', [CompletionResultType]::ParameterName, 'An S3-compatible endpoint (MinIO, R2, Ceph, SeaweedFS...) instead of AWS [env: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL]')
             [CompletionResult]::new('--log-format', '--log-format', [CompletionResultType]::ParameterName, 'Diagnostics as text lines or one JSON event per line')
             [CompletionResult]::new('--json', '--json', [CompletionResultType]::ParameterName, 'Print a JSON array instead of a table')
             [CompletionResult]::new('-v', '-v', [CompletionResultType]::ParameterName, 'More diagnostics on stderr: waiting, acquired, renewals, release')
@@ -97,8 +102,31 @@ Register-ArgumentCompleter -Native -CommandName 'lockrun' -ScriptBlock {
             [CompletionResult]::new('--redis-replicas', '--redis-replicas', [CompletionResultType]::ParameterName, 'Replicas that must acknowledge an acquisition or renewal (WAIT) before it counts [default: 1 with redis+sentinel://, else 0]')
             [CompletionResult]::new('--postgres-url', '--postgres-url', [CompletionResultType]::ParameterName, 'PostgreSQL server: postgres://[user[:pass]@]host[:port]/db[?sslmode=...] or a key=value conninfo string [default: libpq''s: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]')
             [CompletionResult]::new('--etcd-endpoints', '--etcd-endpoints', [CompletionResultType]::ParameterName, 'etcd v3 endpoints, comma-separated: http://[user:pass@]host:port, https:// for TLS')
+            [CompletionResult]::new('--s3-url', '--s3-url', [CompletionResultType]::ParameterName, 'The bucket and key prefix of the S3 backend: s3://BUCKET[/PREFIX]')
+            [CompletionResult]::new('--s3-endpoint', '--s3-endpoint', [CompletionResultType]::ParameterName, 'An S3-compatible endpoint (MinIO, R2, Ceph, SeaweedFS...) instead of AWS [env: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL]')
             [CompletionResult]::new('--log-format', '--log-format', [CompletionResultType]::ParameterName, 'Diagnostics as text lines or one JSON event per line')
             [CompletionResult]::new('--force', '--force', [CompletionResultType]::ParameterName, 'Required: breaking a live holder''s lease lets a second holder in')
+            [CompletionResult]::new('-v', '-v', [CompletionResultType]::ParameterName, 'More diagnostics on stderr: waiting, acquired, renewals, release')
+            [CompletionResult]::new('--verbose', '--verbose', [CompletionResultType]::ParameterName, 'More diagnostics on stderr: waiting, acquired, renewals, release')
+            [CompletionResult]::new('-q', '-q', [CompletionResultType]::ParameterName, 'No diagnostics at all')
+            [CompletionResult]::new('--quiet', '--quiet', [CompletionResultType]::ParameterName, 'No diagnostics at all')
+            [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help')
+            [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help')
+            break
+        }
+        'lockrun;check' {
+            [CompletionResult]::new('-b', '-b', [CompletionResultType]::ParameterName, 'Where the lock lives (in any case: sqlite, SQLite)')
+            [CompletionResult]::new('--backend', '--backend', [CompletionResultType]::ParameterName, 'Where the lock lives (in any case: sqlite, SQLite)')
+            [CompletionResult]::new('--prefix', '--prefix', [CompletionResultType]::ParameterName, 'Key prefix on redis (keys start with PREFIX:) and etcd (/PREFIX/); schema on postgres')
+            [CompletionResult]::new('--dir', '--dir', [CompletionResultType]::ParameterName, 'File backend''s directory [default: /run/lock/lockrun-$UID, else /var/tmp/lockrun-$UID; the same in every session]')
+            [CompletionResult]::new('--db', '--db', [CompletionResultType]::ParameterName, 'SQLite database [default: $XDG_STATE_HOME/lockrun/locks.sqlite3, else ~/.local/state/lockrun/locks.sqlite3]')
+            [CompletionResult]::new('--redis-url', '--redis-url', [CompletionResultType]::ParameterName, 'Redis: redis://[user:pass@]host:port[/db], rediss:// (TLS), redis+unix:///path, redis+sentinel://[user:pass@]HOST:PORT[,HOST:PORT...]/PRIMARY[/db] or redis+cluster://[user:pass@]HOST:PORT[,HOST:PORT...]')
+            [CompletionResult]::new('--redis-replicas', '--redis-replicas', [CompletionResultType]::ParameterName, 'Replicas that must acknowledge an acquisition or renewal (WAIT) before it counts [default: 1 with redis+sentinel://, else 0]')
+            [CompletionResult]::new('--postgres-url', '--postgres-url', [CompletionResultType]::ParameterName, 'PostgreSQL server: postgres://[user[:pass]@]host[:port]/db[?sslmode=...] or a key=value conninfo string [default: libpq''s: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]')
+            [CompletionResult]::new('--etcd-endpoints', '--etcd-endpoints', [CompletionResultType]::ParameterName, 'etcd v3 endpoints, comma-separated: http://[user:pass@]host:port, https:// for TLS')
+            [CompletionResult]::new('--s3-url', '--s3-url', [CompletionResultType]::ParameterName, 'The bucket and key prefix of the S3 backend: s3://BUCKET[/PREFIX]')
+            [CompletionResult]::new('--s3-endpoint', '--s3-endpoint', [CompletionResultType]::ParameterName, 'An S3-compatible endpoint (MinIO, R2, Ceph, SeaweedFS...) instead of AWS [env: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL]')
+            [CompletionResult]::new('--log-format', '--log-format', [CompletionResultType]::ParameterName, 'Diagnostics as text lines or one JSON event per line')
             [CompletionResult]::new('-v', '-v', [CompletionResultType]::ParameterName, 'More diagnostics on stderr: waiting, acquired, renewals, release')
             [CompletionResult]::new('--verbose', '--verbose', [CompletionResultType]::ParameterName, 'More diagnostics on stderr: waiting, acquired, renewals, release')
             [CompletionResult]::new('-q', '-q', [CompletionResultType]::ParameterName, 'No diagnostics at all')
@@ -110,6 +138,7 @@ Register-ArgumentCompleter -Native -CommandName 'lockrun' -ScriptBlock {
         'lockrun;help' {
             [CompletionResult]::new('status', 'status', [CompletionResultType]::ParameterValue, 'List who holds a lock (every name when NAME is omitted)')
             [CompletionResult]::new('release', 'release', [CompletionResultType]::ParameterValue, 'Break a lease that is known to be dead (every backend but file)')
+            [CompletionResult]::new('check', 'check', [CompletionResultType]::ParameterValue, 'Probe the store without taking a lock: reachable, and safe to lock on')
             [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
             break
         }
@@ -117,6 +146,9 @@ Register-ArgumentCompleter -Native -CommandName 'lockrun' -ScriptBlock {
             break
         }
         'lockrun;help;release' {
+            break
+        }
+        'lockrun;help;check' {
             break
         }
         'lockrun;help;help' {

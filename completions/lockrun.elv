@@ -28,6 +28,8 @@ set edit:completion:arg-completer[lockrun] = {|@words|
             cand --redis-replicas 'Replicas that must acknowledge an acquisition or renewal (WAIT) before it counts [default: 1 with redis+sentinel://, else 0]'
             cand --postgres-url 'PostgreSQL server: postgres://[user[:pass]@]host[:port]/db[?sslmode=...] or a key=value conninfo string [default: libpq''s: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]'
             cand --etcd-endpoints 'etcd v3 endpoints, comma-separated: http://[user:pass@]host:port, https:// for TLS'
+            cand --s3-url 'The bucket and key prefix of the S3 backend: s3://BUCKET[/PREFIX]'
+            cand --s3-endpoint 'An S3-compatible endpoint (MinIO, R2, Ceph, SeaweedFS...) instead of AWS [env: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL]'
             cand -p 'How many holders at once (slots), 1 to 1024; the same for every run of a name while it is held or waited for'
             cand --parallelism 'How many holders at once (slots), 1 to 1024; the same for every run of a name while it is held or waited for'
             cand -w 'Longest wait for a slot; inf waits forever'
@@ -60,6 +62,7 @@ set edit:completion:arg-completer[lockrun] = {|@words|
             cand --version 'Print version'
             cand status 'List who holds a lock (every name when NAME is omitted)'
             cand release 'Break a lease that is known to be dead (every backend but file)'
+            cand check 'Probe the store without taking a lock: reachable, and safe to lock on'
             cand help 'Print this message or the help of the given subcommand(s)'
         }
         &'lockrun;status'= {
@@ -72,6 +75,8 @@ set edit:completion:arg-completer[lockrun] = {|@words|
             cand --redis-replicas 'Replicas that must acknowledge an acquisition or renewal (WAIT) before it counts [default: 1 with redis+sentinel://, else 0]'
             cand --postgres-url 'PostgreSQL server: postgres://[user[:pass]@]host[:port]/db[?sslmode=...] or a key=value conninfo string [default: libpq''s: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]'
             cand --etcd-endpoints 'etcd v3 endpoints, comma-separated: http://[user:pass@]host:port, https:// for TLS'
+            cand --s3-url 'The bucket and key prefix of the S3 backend: s3://BUCKET[/PREFIX]'
+            cand --s3-endpoint 'An S3-compatible endpoint (MinIO, R2, Ceph, SeaweedFS...) instead of AWS [env: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL]'
             cand --log-format 'Diagnostics as text lines or one JSON event per line'
             cand --json 'Print a JSON array instead of a table'
             cand -v 'More diagnostics on stderr: waiting, acquired, renewals, release'
@@ -92,8 +97,30 @@ set edit:completion:arg-completer[lockrun] = {|@words|
             cand --redis-replicas 'Replicas that must acknowledge an acquisition or renewal (WAIT) before it counts [default: 1 with redis+sentinel://, else 0]'
             cand --postgres-url 'PostgreSQL server: postgres://[user[:pass]@]host[:port]/db[?sslmode=...] or a key=value conninfo string [default: libpq''s: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]'
             cand --etcd-endpoints 'etcd v3 endpoints, comma-separated: http://[user:pass@]host:port, https:// for TLS'
+            cand --s3-url 'The bucket and key prefix of the S3 backend: s3://BUCKET[/PREFIX]'
+            cand --s3-endpoint 'An S3-compatible endpoint (MinIO, R2, Ceph, SeaweedFS...) instead of AWS [env: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL]'
             cand --log-format 'Diagnostics as text lines or one JSON event per line'
             cand --force 'Required: breaking a live holder''s lease lets a second holder in'
+            cand -v 'More diagnostics on stderr: waiting, acquired, renewals, release'
+            cand --verbose 'More diagnostics on stderr: waiting, acquired, renewals, release'
+            cand -q 'No diagnostics at all'
+            cand --quiet 'No diagnostics at all'
+            cand -h 'Print help'
+            cand --help 'Print help'
+        }
+        &'lockrun;check'= {
+            cand -b 'Where the lock lives (in any case: sqlite, SQLite)'
+            cand --backend 'Where the lock lives (in any case: sqlite, SQLite)'
+            cand --prefix 'Key prefix on redis (keys start with PREFIX:) and etcd (/PREFIX/); schema on postgres'
+            cand --dir 'File backend''s directory [default: /run/lock/lockrun-$UID, else /var/tmp/lockrun-$UID; the same in every session]'
+            cand --db 'SQLite database [default: $XDG_STATE_HOME/lockrun/locks.sqlite3, else ~/.local/state/lockrun/locks.sqlite3]'
+            cand --redis-url 'Redis: redis://[user:pass@]host:port[/db], rediss:// (TLS), redis+unix:///path, redis+sentinel://[user:pass@]HOST:PORT[,HOST:PORT...]/PRIMARY[/db] or redis+cluster://[user:pass@]HOST:PORT[,HOST:PORT...]'
+            cand --redis-replicas 'Replicas that must acknowledge an acquisition or renewal (WAIT) before it counts [default: 1 with redis+sentinel://, else 0]'
+            cand --postgres-url 'PostgreSQL server: postgres://[user[:pass]@]host[:port]/db[?sslmode=...] or a key=value conninfo string [default: libpq''s: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, the local socket]'
+            cand --etcd-endpoints 'etcd v3 endpoints, comma-separated: http://[user:pass@]host:port, https:// for TLS'
+            cand --s3-url 'The bucket and key prefix of the S3 backend: s3://BUCKET[/PREFIX]'
+            cand --s3-endpoint 'An S3-compatible endpoint (MinIO, R2, Ceph, SeaweedFS...) instead of AWS [env: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL]'
+            cand --log-format 'Diagnostics as text lines or one JSON event per line'
             cand -v 'More diagnostics on stderr: waiting, acquired, renewals, release'
             cand --verbose 'More diagnostics on stderr: waiting, acquired, renewals, release'
             cand -q 'No diagnostics at all'
@@ -104,11 +131,14 @@ set edit:completion:arg-completer[lockrun] = {|@words|
         &'lockrun;help'= {
             cand status 'List who holds a lock (every name when NAME is omitted)'
             cand release 'Break a lease that is known to be dead (every backend but file)'
+            cand check 'Probe the store without taking a lock: reachable, and safe to lock on'
             cand help 'Print this message or the help of the given subcommand(s)'
         }
         &'lockrun;help;status'= {
         }
         &'lockrun;help;release'= {
+        }
+        &'lockrun;help;check'= {
         }
         &'lockrun;help;help'= {
         }

@@ -48,6 +48,8 @@ pub enum Action {
     Status(StatusArgs),
     /// Break a lease that is known to be dead (every backend but file)
     Release(ReleaseArgs),
+    /// Probe the store without taking a lock: reachable, and safe to lock on
+    Check(CheckArgs),
 }
 
 /// The end of `--help`: what a script that runs lockrun checks (README: "Exit status").
@@ -226,6 +228,15 @@ pub struct ReleaseArgs {
     #[arg(long)]
     pub force: bool,
 
+    #[command(flatten)]
+    pub store: StoreArgs,
+
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
     #[command(flatten)]
     pub store: StoreArgs,
 

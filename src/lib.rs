@@ -49,11 +49,13 @@ fn run(args: Vec<OsString>) -> u8 {
     let reporter = match &cli.action {
         Some(Action::Status(args)) => reporter(&args.output, args.name.as_ref()),
         Some(Action::Release(args)) => reporter(&args.output, Some(&args.name)),
+        Some(Action::Check(args)) => reporter(&args.output, None),
         None => reporter(&cli.run.output, cli.run.names.first()).in_mode(cli.run.mode()),
     };
     let result = match cli.action {
         Some(Action::Status(args)) => operator::status(&args),
         Some(Action::Release(args)) => operator::release(&args),
+        Some(Action::Check(args)) => operator::check(&args),
         None => run::run(cli.run, &reporter),
     };
     result.unwrap_or_else(|err| match err {

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 use serde_json::json;
 
 use crate::backend::Entry;
-use crate::cli::{ReleaseArgs, StatusArgs};
+use crate::cli::{CheckArgs, ReleaseArgs, StatusArgs};
 use crate::duration::display;
 use crate::error::{Error, Result};
 use crate::escape::escape_controls;
@@ -38,6 +38,24 @@ pub fn status(args: &StatusArgs) -> Result<u8> {
         table(&mut out, &entries, args.name.as_ref(), &place, now)
     };
     finish(written.and_then(|()| out.flush()))?;
+    Ok(0)
+}
+
+/// `lockrun check`: what a probe of the store found, one line each on stdout.
+pub fn check(args: &CheckArgs) -> Result<u8> {
+    let found = match args.store.open(false) {
+        Ok(mut store) => store.check()?,
+        // Nothing made yet: the first run makes it.
+        Err(Error::Missing(why)) => vec![format!("no lockrun store yet: {why}")],
+        Err(err) => return Err(err),
+    };
+    let mut out = std::io::stdout().lock();
+    finish(
+        found
+            .iter()
+            .try_for_each(|line| writeln!(out, "{line}"))
+            .and_then(|()| out.flush()),
+    )?;
     Ok(0)
 }
 

@@ -75,6 +75,8 @@ backend_tests!(redis_cluster_backend, Store::redis_cluster());
 backend_tests!(postgres_backend, Store::postgres());
 #[cfg(feature = "etcd")]
 backend_tests!(etcd_backend, Store::etcd());
+#[cfg(feature = "s3")]
+backend_tests!(s3_backend, Store::s3());
 
 /// A command that holds the lock until `release` appears, after writing `ready`.
 pub fn hold(store: &Store, scratch: &Scratch, name: &str, extra: &[&str]) -> Running {

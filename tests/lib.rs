@@ -28,6 +28,8 @@ mod postgres_runs;
 mod recipes;
 mod redis;
 mod redis_deployed;
+#[cfg(feature = "s3")]
+mod s3;
 mod sessions;
 mod source;
 mod sqlite;

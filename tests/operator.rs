@@ -608,3 +608,35 @@ fn a_holder_that_wrote_no_record_shows_unknown_times_not_1970() {
     );
     assert!(!err.contains("1970") && !err.contains(" for "), "{err}");
 }
+
+/// `lockrun check` on a store that needs no probe: it says that the store
+/// answers (exit 0), that none is made yet, or why it cannot be used (69).
+#[test]
+fn check_says_whether_the_store_answers() {
+    let store = Store::file();
+    let output = run(lockrun().arg("check").args(store.args()));
+    assert_status(&output, 0);
+    assert!(
+        stdout(&output).starts_with("reachable: "),
+        "{}",
+        stdout(&output)
+    );
+    let scratch = Scratch::new();
+    let missing = scratch.path("not-yet.sqlite3");
+    let output = run(lockrun()
+        .args(["check", "-b", "sqlite", "--db"])
+        .arg(&missing));
+    assert_status(&output, 0);
+    assert!(
+        stdout(&output).starts_with("no lockrun store yet"),
+        "{}",
+        stdout(&output)
+    );
+    assert!(!missing.exists(), "check made the database");
+    let not_a_database = scratch.path("text");
+    fs::write(&not_a_database, "not a database, not at all, just text").unwrap();
+    let output = run(lockrun()
+        .args(["check", "-b", "sqlite", "--db"])
+        .arg(&not_a_database));
+    assert_status(&output, 69);
+}

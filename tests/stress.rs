@@ -51,6 +51,8 @@ stress_tests!(sqlite, Store::sqlite());
 stress_tests!(redis, Store::redis());
 #[cfg(feature = "etcd")]
 stress_tests!(etcd, Store::etcd());
+#[cfg(feature = "s3")]
+stress_tests!(s3, Store::s3());
 
 const WORKERS: usize = 8;
 const RUNS_PER_WORKER: usize = 10;

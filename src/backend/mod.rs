@@ -15,7 +15,12 @@
 #[cfg(feature = "etcd")]
 pub mod etcd;
 mod file;
-#[cfg(any(feature = "redis", feature = "postgres", feature = "etcd"))]
+#[cfg(any(
+    feature = "redis",
+    feature = "postgres",
+    feature = "etcd",
+    feature = "s3"
+))]
 pub mod net;
 /// Public for the integration tests of its groundwork (sessions, schema, failures).
 #[cfg(feature = "postgres")]
@@ -23,6 +28,8 @@ pub mod postgres;
 pub mod record;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "s3")]
+mod s3;
 mod sqlite;
 
 use std::time::{Duration, SystemTime};
@@ -96,6 +103,8 @@ backends! {
     postgres => postgres,
     #[cfg(feature = "etcd")]
     etcd => etcd,
+    #[cfg(feature = "s3")]
+    s3 => s3,
 }
 
 /// The versioned store formats of the backends built in, one line each
@@ -447,6 +456,13 @@ pub trait Store {
     fn break_slots(&mut self, name: &Name, slot: Option<u32>) -> Result<Vec<Entry>> {
         let _ = (name, slot);
         Ok(Vec::new())
+    }
+
+    /// What `lockrun check` found, one line each: that the store answers and
+    /// is fit to lock on. Stores with more to check than a read override it.
+    fn check(&mut self) -> Result<Vec<String>> {
+        self.list(None)?;
+        Ok(vec![format!("reachable: {}", self.location())])
     }
 
     /// Problems with the store's setup worth a warning (shown with `-v`); may ask the server.

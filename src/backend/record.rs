@@ -199,6 +199,26 @@ pub fn waiting<'a>(
     entries
 }
 
+/// Counts the places of a line, waiter by waiter in line order: consecutive
+/// sharers stand in one place, as they go together (README: "Shared locks");
+/// an exclusive waiter stands alone.
+#[derive(Default)]
+pub struct Places {
+    place: u32,
+    last: Option<Mode>,
+}
+
+impl Places {
+    /// The place, from 1, of the next waiter, who waits in `mode`.
+    pub fn next(&mut self, mode: Mode) -> u32 {
+        if mode == Mode::Exclusive || self.last != Some(Mode::Shared) {
+            self.place += 1;
+        }
+        self.last = Some(mode);
+        self.place
+    }
+}
+
 /// A holder or waiter ahead of us, as one look at the line saw it.
 pub struct Ahead<'a> {
     pub owner: &'a Owner,

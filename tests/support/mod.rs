@@ -10,6 +10,8 @@ pub mod pgbouncer;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod pty;
+#[cfg(feature = "s3")]
+pub mod s3;
 pub mod sentinel;
 pub mod users;
 
@@ -134,6 +136,23 @@ impl Store {
             ],
             _keep: servers,
         }
+    }
+
+    /// The S3 backend on the test process's SeaweedFS server, under a key
+    /// prefix of its own; `None` (after a loud notice) when SeaweedFS is not
+    /// installed, unless `CI=true`.
+    #[cfg(feature = "s3")]
+    pub fn s3() -> Option<Self> {
+        let server = s3::SeaweedServer::shared()?;
+        Some(Self {
+            kind: "s3",
+            args: server
+                .args(&s3::fresh_prefix())
+                .into_iter()
+                .map(OsString::from)
+                .collect(),
+            _keep: Box::new(()),
+        })
     }
 
     /// The SQLite backend on a fresh database file.
@@ -454,13 +473,21 @@ pub fn in_a_pid_namespace() -> Option<Command> {
     Some(without_lockrun_variables(command))
 }
 
-/// `command` without the `LOCKRUN_*` variables of the test's environment, and without stdin.
+/// `command` without the `LOCKRUN_*` and `AWS_*` variables of the test's
+/// environment, and without stdin; with the identity of the tests' S3 server.
 pub fn without_lockrun_variables(mut command: Command) -> Command {
     for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("LOCKRUN_") {
+        let key_text = key.to_string_lossy();
+        if key_text.starts_with("LOCKRUN_") || key_text.starts_with("AWS_") {
             command.env_remove(key);
         }
     }
+    #[cfg(feature = "s3")]
+    command
+        .env("AWS_ACCESS_KEY_ID", s3::KEY)
+        .env("AWS_SECRET_ACCESS_KEY", s3::SECRET)
+        .env("AWS_CONFIG_FILE", "/nonexistent")
+        .env("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent");
     command.stdin(Stdio::null());
     command
 }

@@ -1,4 +1,4 @@
-//! What the networked backends (Redis, PostgreSQL, etcd) share about talking
+//! What the networked backends (Redis, PostgreSQL, etcd, S3) share about talking
 //! to a lock server: how a failure is sorted (trouble to ride out, or a
 //! verdict waiting cannot change), the deadline every call runs against, and
 //! the secret that no message may show (docs/guide.md: "When the server has trouble").
@@ -6,6 +6,8 @@
 mod deadline;
 mod failure;
 pub mod probe;
+#[cfg(any(feature = "etcd", feature = "s3"))]
+pub mod http;
 mod secret;
 
 pub use deadline::Deadline;

@@ -8,6 +8,7 @@ use rusqlite::{Connection, params};
 
 use super::database::SCHEMA_VERSION;
 use super::rows::{HolderRow, live_holders, next_waiter};
+use crate::backend::record::Places;
 use crate::backend::{Mode, Owner, admitted, capacity};
 use crate::platform::doorbell;
 
@@ -169,26 +170,6 @@ fn front(tx: &Connection, name: &str, now: u64) -> rusqlite::Result<Vec<String>>
         front.push(token);
     }
     Ok(front)
-}
-
-/// Counts the places of a line, waiter by waiter in line order: consecutive
-/// sharers stand in one place, as they go together (docs/guide.md: "Shared locks");
-/// an exclusive waiter stands alone.
-#[derive(Default)]
-pub(super) struct Places {
-    place: u32,
-    last: Option<Mode>,
-}
-
-impl Places {
-    /// The place, from 1, of the next waiter, who waits in `mode`.
-    pub(super) fn next(&mut self, mode: Mode) -> u32 {
-        if mode == Mode::Exclusive || self.last != Some(Mode::Shared) {
-            self.place += 1;
-        }
-        self.last = Some(mode);
-        self.place
-    }
 }
 
 /// Wakes the waiters of `tokens`, once what they must see is committed.

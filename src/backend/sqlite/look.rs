@@ -4,10 +4,10 @@
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::database::SCHEMA_VERSION;
-use super::line::{Places, lowest_free};
+use super::line::lowest_free;
 use super::moment_at;
 use super::rows::{HolderRow, WaiterRow, live_holders, live_waiters};
-use crate::backend::record::{Ahead, line};
+use crate::backend::record::{Ahead, Places, line};
 use crate::backend::{Line, Request, refuses};
 
 /// A slot granted to us while we waited: its number, fence, and when it was granted.

@@ -5,10 +5,10 @@
 use std::fmt;
 
 use percent_encoding::percent_decode_str;
-use rustls::pki_types::ServerName;
-use url::{Host, Url};
+use url::Url;
 
 use super::error::{Error, Result};
+use crate::backend::net::http::Address;
 use crate::backend::net::{Kind, Secret};
 
 /// etcd's client port, when an endpoint names none.
@@ -17,13 +17,7 @@ const DEFAULT_PORT: u16 = 2379;
 /// One member's client URL.
 #[derive(Clone, Debug)]
 pub struct Member {
-    /// Host (without IPv6 brackets) and port, for name resolution.
-    pub(super) host: String,
-    pub(super) port: u16,
-    /// `host:port` as the `Host` header wants it.
-    pub(super) authority: String,
-    /// The name the server's certificate must carry; `None` for plain `http://`.
-    pub(super) tls: Option<ServerName<'static>>,
+    pub(super) address: Address,
     /// The URL with its password replaced, for messages.
     shown: String,
 }
@@ -89,36 +83,25 @@ impl fmt::Display for Endpoints {
 fn parse_one(text: &str) -> Result<(Member, Option<Credentials>)> {
     let shown = redact(text);
     let url = Url::parse(text).map_err(|err| usage(&shown, &err.to_string()))?;
-    let tls = match url.scheme() {
-        "http" => false,
-        "https" => true,
-        _ => return Err(usage(&shown, "the scheme must be http:// or https://")),
-    };
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(usage(&shown, "the scheme must be http:// or https://"));
+    }
     if !matches!(url.path(), "" | "/") || url.query().is_some() || url.fragment().is_some() {
         return Err(usage(&shown, "an endpoint has no path, query or fragment"));
     }
-    let (host, server_name) = match url.host() {
-        Some(Host::Domain(domain)) => (
-            domain.to_owned(),
-            ServerName::try_from(domain.to_owned()).ok(),
-        ),
-        Some(Host::Ipv4(ip)) => (ip.to_string(), Some(ServerName::from(ip))),
-        Some(Host::Ipv6(ip)) => (ip.to_string(), Some(ServerName::from(ip))),
-        None => return Err(usage(&shown, "it names no host")),
-    };
-    let server_name = server_name.ok_or_else(|| usage(&shown, "the host is not a valid name"))?;
-    let port = url.port().unwrap_or(DEFAULT_PORT);
-    let authority = format!("{}:{port}", url.host_str().unwrap_or_default());
+    let address = Address::of_url(&url, DEFAULT_PORT).map_err(|why| usage(&shown, why))?;
     let credentials = (!url.username().is_empty()).then(|| Credentials {
         user: decode(url.username()),
         password: Secret::new(url.password().map(decode).unwrap_or_default()),
     });
     let endpoint = Member {
-        host,
-        port,
-        tls: tls.then_some(server_name),
-        shown: format!("{}://{}{authority}", url.scheme(), shown_user(&url)),
-        authority,
+        shown: format!(
+            "{}://{}{}",
+            url.scheme(),
+            shown_user(&url),
+            address.authority
+        ),
+        address,
     };
     Ok((endpoint, credentials))
 }
@@ -174,7 +157,7 @@ mod tests {
         let endpoints =
             Endpoints::parse("http://lock:s%40cret@127.0.0.1, https://[::1]:2479/").unwrap();
         assert_eq!(endpoints.members.len(), 2);
-        let (plain, tls) = (&endpoints.members[0], &endpoints.members[1]);
+        let (plain, tls) = (&endpoints.members[0].address, &endpoints.members[1].address);
         assert_eq!((plain.host.as_str(), plain.port), ("127.0.0.1", 2379));
         assert!(plain.tls.is_none());
         assert_eq!((tls.host.as_str(), tls.port), ("::1", 2479));

@@ -19,7 +19,6 @@
 
 mod endpoint;
 mod error;
-mod http;
 mod kv;
 mod watch;
 mod wire;
@@ -33,9 +32,9 @@ use rustls::ClientConfig;
 use serde::Serialize;
 
 use crate::backend::net::probe::{self, Protocol};
+use crate::backend::net::http::{self, Connection};
 use crate::backend::net::{Deadline, Kind, Secret};
 use error::{AttemptError, Remedy, Tally, code};
-use http::Connection;
 use wire::{
     AuthenticateRequest, AuthenticateResponse, LeaseRequest, LeaseResponse, RangeRequest,
     RangeResponse, TxnResponse, WatchCreateRequest, WatchRequest, decode, decode_streamed,
@@ -385,11 +384,11 @@ impl Client {
     }
 
     fn open(&mut self, deadline: Deadline) -> Result<Connection, AttemptError> {
-        let tls = match self.endpoints.members[self.current].tls {
+        let tls = match self.endpoints.members[self.current].address.tls {
             Some(_) => Some(self.tls_config()?),
             None => None,
         };
-        let endpoint = &self.endpoints.members[self.current];
+        let endpoint = &self.endpoints.members[self.current].address;
         Ok(Connection::open(endpoint, tls.as_ref(), deadline)?)
     }
 

@@ -9,8 +9,8 @@
 //! Either way the caller gets an error and watches again on another member.
 
 use super::error::{AttemptError, Error, Result, code, not_etcd};
-use super::http::Connection;
 use super::wire::{WatchEvent, WatchResponse, decode_streamed};
+use crate::backend::net::http::Connection;
 use crate::backend::net::{Deadline, Kind};
 
 pub struct Watch {

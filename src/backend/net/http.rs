@@ -1,8 +1,9 @@
-//! A small blocking HTTP/1.1 client, just what etcd's JSON gateway needs: a
-//! POST with a JSON body over TCP or TLS (rustls with ring), a response framed
-//! by `Content-Length` or chunked, and a deadline on every connect, read and
-//! write. A body can be read as it arrives, since a watch is one endless response.
-//! No threads and no runtime: everything happens in the caller's system calls.
+//! A small blocking HTTP/1.1 client, just what etcd's JSON gateway and S3
+//! need: a request with a body over TCP or TLS (rustls with ring), a response
+//! framed by `Content-Length` or chunked, and a deadline on every connect, read
+//! and write. A body can be read as it arrives, since an etcd watch is one
+//! endless response. No threads and no runtime: everything happens in the
+//! caller's system calls.
 
 use std::io::{self, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -11,9 +12,10 @@ use std::time::Duration;
 
 use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
 use socket2::{SockRef, TcpKeepalive};
+use url::{Host, Url};
 
-use super::endpoint::Member;
-use super::error::not_etcd;
+use rustls::pki_types::ServerName;
+
 use crate::backend::net::Deadline;
 
 /// Longest response head or chunk-size line we accept from a server.
@@ -26,6 +28,58 @@ const MAX_BODY: usize = 64 * 1024 * 1024;
 const KEEPALIVE_IDLE: Duration = Duration::from_secs(5);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
 const KEEPALIVE_PROBES: u32 = 3;
+
+/// Where a server is: what [`Connection::open`] needs of an endpoint.
+#[derive(Clone, Debug)]
+pub struct Address {
+    /// Host (without IPv6 brackets) and port, for name resolution.
+    pub host: String,
+    pub port: u16,
+    /// `host:port` as the `Host` header wants it.
+    pub authority: String,
+    /// The name the server's certificate must carry; `None` for plain `http://`.
+    pub tls: Option<ServerName<'static>>,
+}
+
+impl Address {
+    /// Where `url` (`http://` or `https://`, checked by the caller) points,
+    /// with `default_port` when it names none; `Err` says why it cannot be used.
+    pub fn of_url(url: &Url, default_port: u16) -> Result<Self, &'static str> {
+        let (host, server_name) = match url.host() {
+            Some(Host::Domain(domain)) => (
+                domain.to_owned(),
+                ServerName::try_from(domain.to_owned()).ok(),
+            ),
+            Some(Host::Ipv4(ip)) => (ip.to_string(), Some(ServerName::from(ip))),
+            Some(Host::Ipv6(ip)) => (ip.to_string(), Some(ServerName::from(ip))),
+            None => return Err("it names no host"),
+        };
+        let server_name = server_name.ok_or("the host is not a valid name")?;
+        let port = url.port().unwrap_or(default_port);
+        Ok(Self {
+            host,
+            port,
+            authority: format!("{}:{port}", url.host_str().unwrap_or_default()),
+            tls: (url.scheme() == "https").then_some(server_name),
+        })
+    }
+}
+
+/// The request target of `url`: its path and query.
+pub fn target_of(url: &Url) -> String {
+    match url.query() {
+        Some(query) => format!("{}?{query}", url.path()),
+        None => url.path().to_owned(),
+    }
+}
+
+/// An answer that is not HTTP as this client reads it.
+fn malformed(why: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("not an HTTP answer: {why}"),
+    )
+}
 
 /// The client side of TLS: the system's trusted roots (`SSL_CERT_FILE` and
 /// `SSL_CERT_DIR` point elsewhere, as for `rediss://`) and ring as the crypto
@@ -118,13 +172,15 @@ pub struct Connection {
     body: Body,
     /// Whether the server lets the connection carry another request.
     reusable: bool,
+    /// The current response's `ETag`, if it has one.
+    etag: Option<String>,
 }
 
 impl Connection {
     /// Connects to the first of the endpoint's addresses that answers, and
     /// completes the TLS handshake for `https://`, all by `deadline`.
     pub fn open(
-        endpoint: &Member,
+        endpoint: &Address,
         tls: Option<&Arc<ClientConfig>>,
         deadline: Deadline,
     ) -> io::Result<Self> {
@@ -155,6 +211,7 @@ impl Connection {
             received: Vec::new(),
             body: Body::Done,
             reusable: true,
+            etag: None,
         })
     }
 
@@ -173,10 +230,25 @@ impl Connection {
         body: &[u8],
         deadline: Deadline,
     ) -> io::Result<u16> {
+        let mut with_type = vec![("Content-Type", "application/json")];
+        with_type.extend_from_slice(headers);
+        self.send("POST", path, &with_type, body, deadline)
+    }
+
+    /// Sends `method target` with `headers` and `body` (a `Content-Length` is
+    /// added) and reads the response's head; returns its status.
+    pub fn send(
+        &mut self,
+        method: &str,
+        target: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        deadline: Deadline,
+    ) -> io::Result<u16> {
         let mut request = Vec::with_capacity(512 + body.len());
         write!(
             request,
-            "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+            "{method} {target} HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\n",
             self.authority,
             body.len()
         )?;
@@ -191,12 +263,17 @@ impl Connection {
         self.read_head(deadline)
     }
 
+    /// The `ETag` header of the last response, quotes included, if it had one.
+    pub fn etag(&self) -> Option<&str> {
+        self.etag.as_deref()
+    }
+
     /// The whole body of the current response.
     pub fn read_to_end(&mut self, deadline: Deadline) -> io::Result<Vec<u8>> {
         let mut body = Vec::new();
         while self.read_body(&mut body, deadline)? {
             if body.len() > MAX_BODY {
-                return Err(not_etcd("the answer is too long"));
+                return Err(malformed("the answer is too long"));
             }
         }
         Ok(body)
@@ -227,7 +304,7 @@ impl Connection {
                     let line = self.take_line(deadline)?;
                     let size = line.split(';').next().unwrap_or_default().trim();
                     let size = usize::from_str_radix(size, 16)
-                        .map_err(|_| not_etcd("a bad chunk size"))?;
+                        .map_err(|_| malformed("a bad chunk size"))?;
                     self.body = if size == 0 {
                         Body::Trailer
                     } else {
@@ -236,7 +313,7 @@ impl Connection {
                 }
                 Body::ChunkEnd => {
                     if !self.take_line(deadline)?.is_empty() {
-                        return Err(not_etcd("a chunk longer than its size"));
+                        return Err(malformed("a chunk longer than its size"));
                     }
                     self.body = Body::ChunkSize;
                 }
@@ -270,16 +347,17 @@ impl Connection {
             .next()
             .and_then(|code| code.parse().ok())
             .filter(|_| version.starts_with("HTTP/1."))
-            .ok_or_else(|| not_etcd("not an HTTP response"))?;
+            .ok_or_else(|| malformed("not an HTTP response"))?;
         let (mut length, mut chunked) = (None, false);
         self.reusable = version == "HTTP/1.1";
+        self.etag = None;
         loop {
             let line = self.take_line(deadline)?;
             if line.is_empty() {
                 break;
             }
             let Some((name, value)) = line.split_once(':') else {
-                return Err(not_etcd("a malformed header"));
+                return Err(malformed("a malformed header"));
             };
             let value = value.trim();
             match name.trim().to_ascii_lowercase().as_str() {
@@ -287,15 +365,19 @@ impl Connection {
                     length = Some(
                         value
                             .parse()
-                            .map_err(|_| not_etcd("a bad Content-Length"))?,
+                            .map_err(|_| malformed("a bad Content-Length"))?,
                     );
                 }
                 "transfer-encoding" => chunked = value.to_ascii_lowercase().contains("chunked"),
                 "connection" => self.reusable &= !value.eq_ignore_ascii_case("close"),
+                "etag" => self.etag = Some(value.to_owned()),
                 _ => {}
             }
         }
+        // RFC 9112 6.3: these answers never have a body, whatever their head says.
+        let bodiless = matches!(status, 100..=199 | 204 | 304);
         self.body = match (chunked, length) {
+            _ if bodiless => Body::Done,
             (true, _) => Body::ChunkSize,
             (false, Some(length)) => Body::Length(length),
             (false, None) => {
@@ -313,10 +395,10 @@ impl Connection {
         loop {
             if let Some(end) = self.received.windows(2).position(|pair| pair == b"\r\n") {
                 let line: Vec<u8> = self.received.drain(..end + 2).take(end).collect();
-                return String::from_utf8(line).map_err(|_| not_etcd("a line that is not text"));
+                return String::from_utf8(line).map_err(|_| malformed("a line that is not text"));
             }
             if self.received.len() > MAX_LINE {
-                return Err(not_etcd("a line too long"));
+                return Err(malformed("a line too long"));
             }
             self.fill(deadline)?;
         }
@@ -382,7 +464,6 @@ mod tests {
     use std::thread;
 
     use super::*;
-    use crate::backend::etcd::link::Endpoints;
     use crate::platform::clock::Moment;
 
     const PATIENCE: Duration = Duration::from_secs(5);
@@ -420,8 +501,13 @@ mod tests {
                 let _ = reader.read_to_end(&mut Vec::new());
             }
         });
-        let endpoints = Endpoints::parse(&format!("http://127.0.0.1:{port}")).unwrap();
-        Connection::open(&endpoints.members[0], None, Deadline::after(PATIENCE)).unwrap()
+        let address = Address {
+            host: "127.0.0.1".into(),
+            port,
+            authority: format!("127.0.0.1:{port}"),
+            tls: None,
+        };
+        Connection::open(&address, None, Deadline::after(PATIENCE)).unwrap()
     }
 
     /// The status and whole body of the answer `pieces` make up.
@@ -471,6 +557,15 @@ mod tests {
         let (result, connection) = answer(&[b"HTTP/1.1 200 OK\r\n\r\n{\"a\":", b"1}"]);
         assert_eq!(result.unwrap(), (200, b"{\"a\":1}".to_vec()));
         assert!(!connection.reusable());
+    }
+
+    #[test]
+    fn a_304_has_no_body_whatever_its_head_says_and_its_etag_is_kept() {
+        let (result, connection) =
+            answer(&[b"HTTP/1.1 304 Not Modified\r\nETag: \"abc\"\r\nContent-Length: 10\r\n\r\n"]);
+        assert_eq!(result.unwrap(), (304, Vec::new()));
+        assert_eq!(connection.etag(), Some("\"abc\""));
+        assert!(connection.reusable());
     }
 
     #[test]

@@ -1,0 +1,471 @@
+//! The S3 backend (README: "S3 backend"): each name is one state object in a
+//! bucket (`PREFIX/NAME.lock.json`, the name escaped), holding the name's
+//! slots, waiting line and fence counter, changed only by compare-and-swap
+//! ([`swap`]). Holders and waiters bump a heartbeat counter every TTL/3; an
+//! entry is dropped by whoever saw its counter unchanged for its TTL on its
+//! own clock ([`watch`]). Waiters poll with conditional GETs on an interval
+//! that starts at [`POLL_FIRST`] and grows to [`POLL_MOST`]. Before it grants
+//! anything, a run checks once that the store honours conditional writes
+//! ([`probe`]).
+
+mod credentials;
+mod issued;
+mod object;
+mod probe;
+mod slot;
+mod state;
+mod swap;
+mod target;
+mod watch;
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::thread;
+use std::time::{Duration, SystemTime};
+
+use super::record::{Ahead, HolderRecord, Places, WaiterRecord, line, sort, waiting};
+use super::{
+    Abilities, Attempt, Common, Entry, Line, Owner, Request, Store, Waited, Wakeup, refuses,
+};
+use crate::backend::net::Deadline;
+use crate::error::Result;
+use crate::identity::epoch_millis;
+use crate::name::Name;
+use crate::platform::clock::Moment;
+use crate::timing::FREE_CALL;
+use object::ObjectClient;
+use slot::S3Slot;
+use state::{Holder, State, Waiter};
+use swap::Objects;
+use target::Target;
+
+/// The first pause between two polls of a waiter; it doubles while nothing changes...
+const POLL_FIRST: Duration = Duration::from_millis(50);
+/// ...up to this (README: "S3 backend": the requests a waiting minute costs).
+const POLL_MOST: Duration = Duration::from_secs(1);
+
+/// Its command-line options (a group of their own is not needed: clap flattens them).
+#[derive(Debug, clap::Args)]
+#[group(skip)]
+pub struct Options {
+    #[arg(
+        long,
+        env = "LOCKRUN_S3_URL",
+        value_name = "URL",
+        help = "The bucket and key prefix of the S3 backend: s3://BUCKET[/PREFIX]"
+    )]
+    pub s3_url: Option<String>,
+
+    #[arg(
+        long,
+        value_name = "URL",
+        help = "An S3-compatible endpoint (MinIO, R2, Ceph, SeaweedFS...) instead of AWS [env: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL]"
+    )]
+    pub s3_endpoint: Option<String>,
+}
+
+impl Options {
+    pub fn open(&self, _common: &Common) -> Result<Box<dyn Store>> {
+        let env = |name: &str| std::env::var(name).ok();
+        let Some(url) = &self.s3_url else {
+            return Err(crate::error::Error::Usage(
+                "-b s3 needs --s3-url s3://BUCKET[/PREFIX] (or LOCKRUN_S3_URL)".to_owned(),
+            ));
+        };
+        let endpoint = self
+            .s3_endpoint
+            .clone()
+            .or_else(|| env("AWS_ENDPOINT_URL_S3").filter(|value| !value.is_empty()))
+            .or_else(|| env("AWS_ENDPOINT_URL").filter(|value| !value.is_empty()));
+        let region = credentials::region(&env);
+        let target = Target::parse(url, endpoint.as_deref(), &region)?;
+        let credentials = credentials::find(&env, &region, Deadline::after(FREE_CALL))?;
+        let location = format!(
+            "S3 bucket {} (credentials from {})",
+            target.shown, credentials.source
+        );
+        Ok(Box::new(S3Store {
+            objects: Rc::new(RefCell::new(Objects::new(ObjectClient::new(
+                target,
+                credentials,
+                region,
+            )))),
+            location,
+            probed: false,
+            beat_due: None,
+            take_sent: None,
+            poll: POLL_FIRST,
+        }))
+    }
+}
+
+struct S3Store {
+    objects: Rc<RefCell<Objects>>,
+    location: String,
+    /// Whether this run has seen the store honour conditional writes.
+    probed: bool,
+    /// When our place in line must next show a new heartbeat.
+    beat_due: Option<Moment>,
+    /// When a write that could have given us a slot was sent by a look that
+    /// ended in trouble before it learnt whether it did: the lease runs from
+    /// no earlier, should a later look find the slot ours.
+    take_sent: Option<Moment>,
+    /// The pause before the next poll of a wait.
+    poll: Duration,
+}
+
+/// What one look decided.
+enum Look {
+    /// The slot is ours already (a write whose answer we missed took it).
+    Taken(Holder),
+    /// The slot is ours once this look's write is made.
+    Took(Holder),
+    Waiting(Line),
+}
+
+/// One look at `state`, changed as the look decides: silent entries
+/// dropped, and then a slot taken if the line lets us, else our place
+/// taken (with `request.queue`) or our heartbeat bumped (when `beat_due`).
+/// Whether it changed anything.
+fn look_at(
+    state: &mut State,
+    heartbeats: &watch::Heartbeats,
+    request: &Request,
+    beat_due: bool,
+) -> (Look, bool) {
+    let token = &request.owner.token;
+    let dropped = heartbeats.drop_silent(state, token);
+    if let Some(holder) = state.holder(token) {
+        return (Look::Taken(holder.clone()), dropped);
+    }
+    let place = state.place_of(token);
+    let ahead = &state.line[..place.unwrap_or(state.line.len())];
+    let parallelism = state
+        .holders
+        .iter()
+        .map(|holder| holder.record.owner.parallelism)
+        .chain(ahead.iter().map(|waiter| waiter.record.owner.parallelism))
+        .find(|&theirs| refuses(theirs, request.parallelism))
+        .flatten();
+    if let Some(theirs) = parallelism {
+        return (Look::Waiting(Line::refused(theirs)), dropped);
+    }
+    let modes = ahead.iter().map(|waiter| waiter.record.owner.mode);
+    let free = state.lowest_free(request.capacity());
+    if let Some(slot) = free.filter(|_| request.admitted(state.holder_modes(), modes)) {
+        state
+            .line
+            .retain(|waiter| &waiter.record.owner.token != token);
+        state.fence += 1;
+        let holder = Holder {
+            slot,
+            record: HolderRecord {
+                name: request.name.to_string(),
+                owner: request.owner.clone(),
+                acquired_at: now_millis(),
+                fence: state.fence,
+                kept_until: None,
+            },
+            beat: 0,
+            ttl_ms: millis(request.plan.ttl()),
+            kept: false,
+        };
+        state.holders.push(holder.clone());
+        return (Look::Took(holder), true);
+    }
+    let mut write = dropped;
+    match place {
+        Some(at) if beat_due => {
+            state.line[at].beat += 1;
+            write = true;
+        }
+        None if request.queue => {
+            state.line.push(Waiter {
+                record: WaiterRecord {
+                    name: request.name.to_string(),
+                    owner: request.owner.clone(),
+                    since: now_millis(),
+                },
+                beat: 0,
+                ttl_ms: millis(request.plan.ttl()),
+            });
+            write = true;
+        }
+        _ => {}
+    }
+    (
+        Look::Waiting(where_we_stand(state, heartbeats, request)),
+        write,
+    )
+}
+
+impl S3Store {
+    fn key(&self, name: &Name) -> String {
+        object_key(&self.objects.borrow().client.target().prefix, name)
+    }
+
+    /// The slot `holder` is ours; the write that took it was sent at `sent`
+    /// (by this look) or before (by one whose outcome was not learnt).
+    fn slot(
+        &mut self,
+        request: &Request,
+        key: String,
+        holder: &Holder,
+        sent: Option<Moment>,
+    ) -> Attempt {
+        let taken_at = [self.take_sent.take(), sent]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or_else(|| Moment::now() - request.plan.renew_every());
+        self.beat_due = None;
+        Attempt::Taken(Box::new(S3Slot {
+            objects: Rc::clone(&self.objects),
+            key,
+            token: request.owner.token.clone(),
+            number: holder.slot,
+            fence: holder.record.fence,
+            ttl: request.plan.ttl(),
+            taken_at,
+        }))
+    }
+}
+
+impl Store for S3Store {
+    fn location(&self) -> String {
+        self.location.clone()
+    }
+
+    fn abilities(&self) -> Abilities {
+        Abilities {
+            // A conditional GET sees every change since the last look: none is lost.
+            wakeup: Wakeup::Watches,
+            ..Abilities::LEASES_THAT_TELL
+        }
+    }
+
+    fn attempt(&mut self, request: &Request) -> Result<Attempt> {
+        let deadline = Deadline::after(FREE_CALL);
+        if !self.probed {
+            probe::refuse_unsafe(&mut self.objects.borrow_mut(), deadline)?;
+            self.probed = true;
+        }
+        let key = self.key(&request.name);
+        let beat_due = self.beat_due.is_none_or(Moment::has_passed);
+        let mut sent = None;
+        let look = self
+            .objects
+            .borrow_mut()
+            .change(&key, deadline, |state, heartbeats| {
+                let (look, write) = look_at(state, heartbeats, request, beat_due);
+                if matches!(look, Look::Took(_)) {
+                    sent.get_or_insert_with(Moment::now);
+                }
+                Ok((look, write))
+            });
+        let look = match look {
+            Ok(look) => look,
+            Err(err) => {
+                self.take_sent = [self.take_sent, sent].into_iter().flatten().min();
+                return Err(err);
+            }
+        };
+        match look {
+            Look::Taken(holder) | Look::Took(holder) => Ok(self.slot(request, key, &holder, sent)),
+            Look::Waiting(line) => {
+                // The look saw the slot not ours: no earlier write of ours took it.
+                self.take_sent = None;
+                if beat_due && line.position > 0 {
+                    self.beat_due = Some(Moment::now() + request.plan.refresh_place_after(false));
+                }
+                Ok(Attempt::Waiting(line))
+            }
+        }
+    }
+
+    fn evict(&mut self, request: &Request, owners: &[Owner]) -> Result<()> {
+        let key = self.key(&request.name);
+        self.objects
+            .borrow_mut()
+            .change(&key, Deadline::after(FREE_CALL), |state, _| {
+                let mut dropped = false;
+                for owner in owners {
+                    dropped |= state.drop_owner(&owner.token);
+                }
+                Ok(((), dropped))
+            })
+    }
+
+    fn wait(&mut self, request: &Request, until: Moment) -> Result<Waited> {
+        let key = self.key(&request.name);
+        loop {
+            let pause = self.poll.min(until.remaining());
+            thread::sleep(pause);
+            if until.has_passed() {
+                return Ok(Waited::Quiet);
+            }
+            let changed = self
+                .objects
+                .borrow_mut()
+                .refresh(&key, Deadline::after(FREE_CALL))?;
+            if changed {
+                self.poll = POLL_FIRST;
+                return Ok(Waited::Moved);
+            }
+            self.poll = (self.poll * 2).min(POLL_MOST);
+        }
+    }
+
+    fn leave(&mut self, request: &Request) -> Result<()> {
+        let key = self.key(&request.name);
+        self.beat_due = None;
+        self.objects
+            .borrow_mut()
+            .change(&key, Deadline::after(FREE_CALL), |state, _| {
+                // A slot our unanswered write took goes back too.
+                Ok(((), state.drop_owner(&request.owner.token)))
+            })
+    }
+
+    fn list(&mut self, name: Option<&Name>) -> Result<Vec<Entry>> {
+        let deadline = Deadline::after(FREE_CALL);
+        let keys = match name {
+            Some(name) => vec![self.key(name)],
+            None => self.every_key(deadline)?,
+        };
+        let now = now_millis();
+        let mut entries = Vec::new();
+        let mut objects = self.objects.borrow_mut();
+        for key in keys {
+            let Some(read) = objects.read(&key, deadline)? else {
+                continue;
+            };
+            let state = read.state;
+            entries.extend(state.holder_entries(now));
+            entries.extend(waiting(state.line.iter().map(|waiter| {
+                (
+                    waiter.record.name.as_str(),
+                    &waiter.record.owner,
+                    waiter.record.since,
+                    Some(now + waiter.ttl_ms),
+                )
+            })));
+        }
+        sort(&mut entries);
+        Ok(entries)
+    }
+
+    fn break_slots(&mut self, name: &Name, slot: Option<u32>) -> Result<Vec<Entry>> {
+        let key = self.key(name);
+        self.objects
+            .borrow_mut()
+            .change(&key, Deadline::after(FREE_CALL), |state, _| {
+                let (broken, kept): (Vec<Holder>, Vec<Holder>) = std::mem::take(&mut state.holders)
+                    .into_iter()
+                    .partition(|holder| slot.is_none_or(|slot| slot == holder.slot));
+                state.holders = kept;
+                let entries: Vec<Entry> = broken
+                    .iter()
+                    .map(|holder| holder.record.entry(holder.slot))
+                    .collect();
+                let write = !entries.is_empty();
+                Ok((entries, write))
+            })
+    }
+
+    fn check(&mut self) -> Result<Vec<String>> {
+        let deadline = Deadline::after(FREE_CALL);
+        let mut objects = self.objects.borrow_mut();
+        let found = probe::refuse_unsafe(&mut objects, deadline)?;
+        Ok(found)
+    }
+}
+
+impl S3Store {
+    /// The keys of every name's state object under the prefix.
+    fn every_key(&self, deadline: Deadline) -> Result<Vec<String>> {
+        let mut objects = self.objects.borrow_mut();
+        let prefix = objects.client.target().prefix.clone();
+        let mut keys = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let page = objects.client.list(&prefix, after.as_deref(), deadline)?;
+            let full = page.len() >= 1000;
+            after = page.last().cloned();
+            // A name's object sits right under the prefix; deeper keys are another prefix's.
+            keys.extend(page.into_iter().filter(|key| {
+                key.strip_prefix(&prefix)
+                    .is_some_and(|rest| rest.ends_with(SUFFIX) && !rest.contains('/'))
+            }));
+            if !full {
+                return Ok(keys);
+            }
+        }
+    }
+}
+
+/// The end of every state object's key.
+const SUFFIX: &str = ".lock.json";
+
+fn object_key(prefix: &str, name: &Name) -> String {
+    format!("{prefix}{}{SUFFIX}", name.stem())
+}
+
+/// Where we stand in `state`'s line, and when it moves by itself at the latest
+/// (when an entry ahead would have been silent for its TTL).
+fn where_we_stand(state: &State, heartbeats: &watch::Heartbeats, request: &Request) -> Line {
+    let token = &request.owner.token;
+    let in_line = state.place_of(token);
+    let ahead = &state.line[..in_line.unwrap_or(state.line.len())];
+    let mut places = Places::default();
+    let places_ahead: Vec<u32> = ahead
+        .iter()
+        .map(|waiter| places.next(waiter.record.owner.mode))
+        .collect();
+    let (position, place) = match in_line {
+        Some(at) => (at as u32 + 1, places.next(request.mode())),
+        None => (0, 0),
+    };
+    let holders: Vec<Ahead> = state
+        .holders
+        .iter()
+        .map(|holder| Ahead {
+            owner: &holder.record.owner,
+            kept: holder.kept,
+            ends: heartbeats.ends(&holder.record.owner.token, holder.ttl_ms),
+        })
+        .collect();
+    let just_ahead: Vec<Ahead> = ahead
+        .iter()
+        .zip(places_ahead)
+        .filter(|&(_, theirs)| theirs + 1 == place)
+        .map(|(waiter, _)| Ahead {
+            owner: &waiter.record.owner,
+            kept: false,
+            ends: heartbeats.ends(&waiter.record.owner.token, waiter.ttl_ms),
+        })
+        .collect();
+    let mut line = line(
+        &request.owner.process,
+        position,
+        place,
+        &holders,
+        &just_ahead,
+    );
+    // Any silent entry ahead, not only the nearest, is dropped by whoever sees it silent long enough.
+    let silent = ahead
+        .iter()
+        .map(|waiter| heartbeats.ends(&waiter.record.owner.token, waiter.ttl_ms))
+        .chain(holders.iter().map(|holder| holder.ends))
+        .min();
+    line.moves_by = line.moves_by.into_iter().chain(silent).min();
+    line
+}
+
+fn now_millis() -> u64 {
+    epoch_millis(SystemTime::now())
+}
+
+fn millis(duration: Duration) -> u64 {
+    duration.as_millis() as u64
+}
