@@ -29,6 +29,9 @@ _lockrun() {
             ",$1")
                 cmd="lockrun"
                 ;;
+            lockrun,check)
+                cmd="lockrun__subcmd__check"
+                ;;
             lockrun,help)
                 cmd="lockrun__subcmd__help"
                 ;;
@@ -37,6 +40,9 @@ _lockrun() {
                 ;;
             lockrun,status)
                 cmd="lockrun__subcmd__status"
+                ;;
+            lockrun__subcmd__help,check)
+                cmd="lockrun__subcmd__help__subcmd__check"
                 ;;
             lockrun__subcmd__help,help)
                 cmd="lockrun__subcmd__help__subcmd__help"
@@ -54,7 +60,7 @@ _lockrun() {
 
     case "${cmd}" in
         lockrun)
-            opts="-s -x -b -p -n -w -E -c -v -q -h -V --name --shared --exclusive --backend --prefix --dir --db --redis-url --redis-replicas --postgres-url --etcd-endpoints --parallelism --no-wait --timeout --initial-delay --max-delay --backoff-multiplier --ttl --min-hold --max-runtime --kill-grace --conflict-exit-code --command --verbose --quiet --log-format --help --version status release help"
+            opts="-s -x -b -p -n -w -E -c -v -q -h -V --name --shared --exclusive --backend --prefix --dir --db --redis-url --redis-replicas --postgres-url --etcd-endpoints --s3-url --s3-endpoint --parallelism --no-wait --timeout --initial-delay --max-delay --backoff-multiplier --ttl --min-hold --max-runtime --kill-grace --conflict-exit-code --command --verbose --quiet --log-format --help --version status release check help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -65,11 +71,11 @@ _lockrun() {
                     return 0
                     ;;
                 --backend)
-                    COMPREPLY=($(compgen -W "file sqlite redis postgres etcd" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file sqlite redis postgres etcd s3" -- "${cur}"))
                     return 0
                     ;;
                 -b)
-                    COMPREPLY=($(compgen -W "file sqlite redis postgres etcd" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file sqlite redis postgres etcd s3" -- "${cur}"))
                     return 0
                     ;;
                 --prefix)
@@ -97,6 +103,14 @@ _lockrun() {
                     return 0
                     ;;
                 --etcd-endpoints)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --s3-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --s3-endpoint)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -171,9 +185,85 @@ _lockrun() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
-        lockrun__subcmd__help)
-            opts="status release help"
+        lockrun__subcmd__check)
+            opts="-b -v -q -h --backend --prefix --dir --db --redis-url --redis-replicas --postgres-url --etcd-endpoints --s3-url --s3-endpoint --verbose --quiet --log-format --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --backend)
+                    COMPREPLY=($(compgen -W "file sqlite redis postgres etcd s3" -- "${cur}"))
+                    return 0
+                    ;;
+                -b)
+                    COMPREPLY=($(compgen -W "file sqlite redis postgres etcd s3" -- "${cur}"))
+                    return 0
+                    ;;
+                --prefix)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --dir)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --db)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --redis-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --redis-replicas)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --postgres-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --etcd-endpoints)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --s3-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --s3-endpoint)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --log-format)
+                    COMPREPLY=($(compgen -W "text json" -- "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        lockrun__subcmd__help)
+            opts="status release check help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        lockrun__subcmd__help__subcmd__check)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
@@ -228,7 +318,7 @@ _lockrun() {
             return 0
             ;;
         lockrun__subcmd__release)
-            opts="-b -v -q -h --slot --force --backend --prefix --dir --db --redis-url --redis-replicas --postgres-url --etcd-endpoints --verbose --quiet --log-format --help"
+            opts="-b -v -q -h --slot --force --backend --prefix --dir --db --redis-url --redis-replicas --postgres-url --etcd-endpoints --s3-url --s3-endpoint --verbose --quiet --log-format --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -239,11 +329,11 @@ _lockrun() {
                     return 0
                     ;;
                 --backend)
-                    COMPREPLY=($(compgen -W "file sqlite redis postgres etcd" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file sqlite redis postgres etcd s3" -- "${cur}"))
                     return 0
                     ;;
                 -b)
-                    COMPREPLY=($(compgen -W "file sqlite redis postgres etcd" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file sqlite redis postgres etcd s3" -- "${cur}"))
                     return 0
                     ;;
                 --prefix)
@@ -271,6 +361,14 @@ _lockrun() {
                     return 0
                     ;;
                 --etcd-endpoints)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --s3-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --s3-endpoint)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -286,18 +384,18 @@ _lockrun() {
             return 0
             ;;
         lockrun__subcmd__status)
-            opts="-b -v -q -h --json --backend --prefix --dir --db --redis-url --redis-replicas --postgres-url --etcd-endpoints --verbose --quiet --log-format --help"
+            opts="-b -v -q -h --json --backend --prefix --dir --db --redis-url --redis-replicas --postgres-url --etcd-endpoints --s3-url --s3-endpoint --verbose --quiet --log-format --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
                 --backend)
-                    COMPREPLY=($(compgen -W "file sqlite redis postgres etcd" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file sqlite redis postgres etcd s3" -- "${cur}"))
                     return 0
                     ;;
                 -b)
-                    COMPREPLY=($(compgen -W "file sqlite redis postgres etcd" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file sqlite redis postgres etcd s3" -- "${cur}"))
                     return 0
                     ;;
                 --prefix)
@@ -325,6 +423,14 @@ _lockrun() {
                     return 0
                     ;;
                 --etcd-endpoints)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --s3-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --s3-endpoint)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -1,4 +1,4 @@
-//! One admission rule, one table (README: "Shared locks", "Slots", "The
+//! One admission rule, one table (docs/guide.md: "Shared locks", "Slots", "The
 //! waiting line"). The rule is `Request::admitted`; each backend applies it in
 //! its own code: the file backend, SQLite and etcd's look in Rust, PostgreSQL's
 //! take and wake in SQL, Redis's acquire, front and release in Lua. Every row
@@ -782,7 +782,7 @@ fn served(scratch: &Scratch) -> Vec<(String, usize, u32)> {
 }
 
 /// A waiter killed in line that becomes the head when the one ahead of it
-/// is granted a slot holds nobody up (README: "Dead waiters leave the line"):
+/// is granted a slot holds nobody up (docs/guide.md: "The waiting line"):
 /// the waiter behind sees it dead and takes the next slot at once.
 /// PostgreSQL told nobody behind a grant that the line had moved, so the
 /// next waiter slept until its place's refresh (TTL/3).

@@ -1,4 +1,4 @@
-//! The S3 backend's own behaviour (README: "S3 backend"), against a real
+//! The S3 backend's own behaviour (docs/backends/s3.md: "S3 backend"), against a real
 //! SeaweedFS server: what every backend does is in the shared backend tests.
 
 use std::io::{BufRead, BufReader, Write};

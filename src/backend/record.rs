@@ -200,7 +200,7 @@ pub fn waiting<'a>(
 }
 
 /// Counts the places of a line, waiter by waiter in line order: consecutive
-/// sharers stand in one place, as they go together (README: "Shared locks");
+/// sharers stand in one place, as they go together (docs/guide.md: "Shared locks");
 /// an exclusive waiter stands alone.
 #[derive(Default)]
 pub struct Places {

@@ -5,9 +5,9 @@
 
 mod deadline;
 mod failure;
-pub mod probe;
 #[cfg(any(feature = "etcd", feature = "s3"))]
 pub mod http;
+pub mod probe;
 mod secret;
 
 pub use deadline::Deadline;

@@ -1,5 +1,4 @@
-//! Credentials and region, found the way the AWS CLI finds them (README: "S3
-//! backend"), in its order: `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` and
+//! Credentials and region, found the way the AWS CLI finds them (docs/backends/s3.md: "S3 backend"), in its order: `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` and
 //! `AWS_SESSION_TOKEN`; a web identity token exchanged at STS; the profile
 //! (`AWS_PROFILE`, else `default`) in the shared credentials file
 //! (`AWS_SHARED_CREDENTIALS_FILE`, else `~/.aws/credentials`) and the config

@@ -1,5 +1,5 @@
 //! Credentials that a service issues for a while, as the AWS CLI fetches them
-//! (README: "S3 backend"): STS `AssumeRoleWithWebIdentity` with the token in
+//! (docs/backends/s3.md: "S3 backend"): STS `AssumeRoleWithWebIdentity` with the token in
 //! `AWS_WEB_IDENTITY_TOKEN_FILE` for `AWS_ROLE_ARN` (what EKS and GitHub's
 //! OIDC give a job); the ECS/EKS container endpoint
 //! (`AWS_CONTAINER_CREDENTIALS_RELATIVE_URI` or `_FULL_URI`, with

@@ -1,4 +1,4 @@
-//! The S3 backend (README: "S3 backend"): each name is one state object in a
+//! The S3 backend (docs/backends/s3.md: "S3 backend"): each name is one state object in a
 //! bucket (`PREFIX/NAME.lock.json`, the name escaped), holding the name's
 //! slots, waiting line and fence counter, changed only by compare-and-swap
 //! ([`swap`]). Holders and waiters bump a heartbeat counter every TTL/3; an
@@ -41,7 +41,7 @@ use target::Target;
 
 /// The first pause between two polls of a waiter; it doubles while nothing changes...
 const POLL_FIRST: Duration = Duration::from_millis(50);
-/// ...up to this (README: "S3 backend": the requests a waiting minute costs).
+/// ...up to this (docs/backends/s3.md: "S3 backend": the requests a waiting minute costs).
 const POLL_MOST: Duration = Duration::from_secs(1);
 
 /// Its command-line options (a group of their own is not needed: clap flattens them).

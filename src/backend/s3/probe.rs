@@ -1,4 +1,4 @@
-//! The probe (README: "S3 backend"): some stores accept `If-None-Match` and
+//! The probe (docs/backends/s3.md: "S3 backend"): some stores accept `If-None-Match` and
 //! `If-Match` and ignore them, answering 200, and a lock there would be
 //! granted twice. Before a run grants anything, and on `lockrun check`, two
 //! PUTs on a probe object of its own (never a name's state) must both be

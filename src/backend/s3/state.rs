@@ -1,4 +1,4 @@
-//! A name's state object (README: "S3 backend"): one JSON document that holds
+//! A name's state object (docs/backends/s3.md: "S3 backend"): one JSON document that holds
 //! everything about the name, so that one compare-and-swap decides every
 //! change. It carries its format version, a sequence number and a fresh nonce
 //! per write (two writes never have the same body, hence never the same

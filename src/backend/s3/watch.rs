@@ -1,4 +1,4 @@
-//! Expiry that trusts no clock (README: "S3 backend"): an entry is gone only
+//! Expiry that trusts no clock (docs/backends/s3.md: "S3 backend"): an entry is gone only
 //! once this lockrun has seen its heartbeat counter unchanged for the entry's
 //! whole TTL, measured on this host's boot clock. No wall clock, ours or
 //! another host's, is compared with anything. What was seen is kept in memory

@@ -31,8 +31,8 @@ use std::time::Duration;
 use rustls::ClientConfig;
 use serde::Serialize;
 
-use crate::backend::net::probe::{self, Protocol};
 use crate::backend::net::http::{self, Connection};
+use crate::backend::net::probe::{self, Protocol};
 use crate::backend::net::{Deadline, Kind, Secret};
 use error::{AttemptError, Remedy, Tally, code};
 use wire::{
@@ -346,13 +346,13 @@ impl Client {
                 | io::ErrorKind::WouldBlock
         );
         let member = &self.endpoints.members[self.current];
-        if !closed_or_silent || member.tls.is_some() {
+        if !closed_or_silent || member.address.tls.is_some() {
             return AttemptError::Io(err);
         }
         let candidates = [Protocol::Redis, Protocol::PostgreSql];
         match probe::identify(
-            &member.host,
-            member.port,
+            &member.address.host,
+            member.address.port,
             &candidates,
             Deadline::after(PROBE),
         ) {
