@@ -212,7 +212,8 @@ pub struct Ahead<'a> {
 /// not in line) behind `holders`. What we watch follows our `place`, where
 /// consecutive sharers stand in one place, as they go together (README:
 /// "Shared locks"), and an exclusive waiter alone; `just_ahead` are the
-/// waiters of the place just ahead of ours. At place 1 (or out of line) the
+/// waiters of the place just ahead of ours, `nearest_local` the waiter
+/// nearest ahead of us on our host, if any. At place 1 (or out of line) the
 /// line moves by itself when the first lease ends; at 2, when a place of
 /// `just_ahead` lapses; further back we are told (see [`local_ahead`]).
 pub fn line(
@@ -221,6 +222,7 @@ pub fn line(
     place: u32,
     holders: &[Ahead],
     just_ahead: &[Ahead],
+    nearest_local: Option<&Owner>,
 ) -> Line {
     let moves_by = match place {
         0 | 1 => holders.iter().map(|holder| holder.ends).min(),
@@ -237,6 +239,7 @@ pub fn line(
                 .filter(|holder| !holder.kept)
                 .map(|holder| holder.owner),
             just_ahead.iter().map(|waiter| waiter.owner),
+            nearest_local,
         ),
         moves_by,
         other_parallelism: None,
@@ -246,24 +249,33 @@ pub fn line(
 /// The entries ahead of us whose owners run on this host, so that the waiting
 /// loop can drop one at once when its process dies: the holders when we are
 /// next in line (or not in line), and the head of the line (its one waiter,
-/// or the sharers that stand there together) when we are second.
-/// A dead waiter further ahead holds nobody up until it reaches the head, and
-/// the one behind it watches it from then on: so only the first two places
-/// of a line ever watch, however long it is.
+/// or the sharers that stand there together) when we are second. With none
+/// of those on this host, the waiter of this host nearest ahead of us (or,
+/// with none, this host's holders): as each waiter watches the nearest one
+/// of its host ahead, every dead entry of a host with a live waiter behind it
+/// is seen by one, however many died together, and one poll of one process
+/// per waiter does it (README: "The waiting line").
 pub fn local_ahead<'a>(
     me: &Process,
     position: u32,
-    holders: impl Iterator<Item = &'a Owner>,
+    holders: impl Iterator<Item = &'a Owner> + Clone,
     nearest_waiters: impl IntoIterator<Item = &'a Owner>,
+    nearest_local: Option<&Owner>,
 ) -> Vec<Owner> {
     let local = |owner: &&Owner| owner.process.shares_host_with(me);
     let mut ahead: Vec<Owner> = if position <= 1 {
-        holders.filter(local).cloned().collect()
+        holders.clone().filter(local).cloned().collect()
     } else {
         Vec::new()
     };
     if position == 2 {
         ahead.extend(nearest_waiters.into_iter().filter(local).cloned());
+    }
+    if ahead.is_empty() && position > 1 {
+        ahead = match nearest_local.filter(local) {
+            Some(owner) => vec![owner.clone()],
+            None => holders.filter(local).cloned().collect(),
+        };
     }
     ahead
 }

@@ -248,7 +248,9 @@ if redis.replicate_commands then redis.replicate_commands() end
 /// the records only of owners on our boot: at the head of the line (or not in
 /// it, or among the sharers at its head) the holders and the earliest lease's
 /// end; right behind the head (one waiter, or the sharers there), those
-/// waiters and when the first of their places lapses; further back, nothing.
+/// waiters and when the first of their places lapses; with none of those on
+/// our boot, the record of the waiter on our boot nearest ahead (or, with
+/// none, our boot's holders).
 const ACQUIRE: &str = r#"
 local token, base, ttl = ARGV[1], ARGV[6], ARGV[4]
 local ours, shared = tonumber(ARGV[9]), ARGV[10] == 'shared'
@@ -332,6 +334,27 @@ elseif ahead == 1 or shared_ahead == ahead then
   for _, before in ipairs(redis.call('ZRANGE', line, 0, ahead - 1)) do
     local key = base .. 'waiter:' .. before
     watch(key, redis.call('GET', key))
+  end
+end
+-- Nothing of our host there: the waiter of our host nearest ahead of us (or,
+-- with none, our host's holders) is ours to watch. As each waiter watches the
+-- nearest one of its host, dead entries of a host are seen however many died
+-- together (README: "The waiting line"); it changes no moment to look again.
+if #watched == 0 and place > 1 and ARGV[7] ~= '' then
+  local tokens = redis.call('ZRANGE', line, 0, ahead - 1)
+  for i = #tokens, 1, -1 do
+    local value = redis.call('GET', base .. 'waiter:' .. tokens[i])
+    if value and string.find(value, marker, 1, true) then
+      table.insert(watched, value)
+      break
+    end
+  end
+  if #watched == 0 then
+    for _, holder in pairs(held) do
+      if not holder.record.kept_until and string.find(holder.value, marker, 1, true) then
+        table.insert(watched, holder.value)
+      end
+    end
   end
 end
 return {0, place, earliest, watched}
