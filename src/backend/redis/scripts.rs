@@ -400,21 +400,31 @@ return 0
 /// gone. Otherwise it is freed and the waiters it is for woken (the head of
 /// the line, or every sharer at its head at once; none when a sharer leaves
 /// others holding before a waiter that holds alone). Returns 1, or
-/// 0 when the slot was not (any longer) held with that token. A remembered
+/// 0 when the slot was not (any longer) held with that token. A place in
+/// line with that token goes too (a failover brought it back). A remembered
 /// release made again after its answer was lost finds it done: that tells it
 /// from a lease lost before it (expired, or broken by `release --force`,
 /// which remembers nothing).
 const RELEASE: &str = r#"
 local token, base, remember = ARGV[1], ARGV[4], tonumber(ARGV[6])
 local released = base .. 'released:' .. token
+-- A place of ours in line is one a failover brought back (we took the slot
+-- on a primary that was being demoted): it goes with the release.
+local placed = redis.call('ZREM', KEYS[2], token) == 1
+if placed then
+  redis.call('ZREM', KEYS[3], token)
+  redis.call('DEL', base .. 'waiter:' .. token)
+end
 local value = redis.call('GET', KEYS[1])
 local record = decoded(value or '')
 if not value or record.token ~= token then
+  if placed then wake_front(KEYS[2], KEYS[3], base, ARGV[5]) end
   if remember > 0 then return redis.call('EXISTS', released) end
   return 0
 end
 if remember > 0 then redis.call('SET', released, '1', 'PX', remember) end
 if tonumber(ARGV[2]) > 0 then
+  if placed then wake_front(KEYS[2], KEYS[3], base, ARGV[5]) end
   -- Kept already: this is the same release made again.
   if not record.kept_until then
     redis.call('SET', KEYS[1], '{"kept_until":' .. ARGV[3] .. ',' .. string.sub(value, 2), 'PX', ARGV[2])
