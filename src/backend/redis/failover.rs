@@ -15,6 +15,25 @@ use super::replicas::Replicas;
 use crate::backend::net::{Deadline, Failure};
 
 /// Runs `invocation`, a write that is safe to make again, on the primary of
+/// `route` within `timeout`: with `replicas`, made good through a failover
+/// (see [`made_good`]); without, once.
+pub fn write<T: FromRedisValue>(
+    link: &RefCell<RedisLink>,
+    replicas: Option<Replicas>,
+    route: Route<'_>,
+    what: &str,
+    timeout: Duration,
+    invocation: &ScriptInvocation<'_>,
+) -> Result<T, Failure> {
+    match replicas {
+        Some(replicas) => made_good(link, replicas, route, what, timeout, invocation),
+        None => link
+            .borrow_mut()
+            .call(route, what, timeout, |c| invocation.invoke(c)),
+    }
+}
+
+/// Runs `invocation`, a write that is safe to make again, on the primary of
 /// `route` within `timeout`, followed by `WAIT` for `replicas` (on a Sentinel
 /// deployment, for every replica the primary had when found, as a planned
 /// failover's promoted replica leaves the old primary without it). When too
@@ -22,7 +41,7 @@ use crate::backend::net::{Deadline, Failure};
 /// name has the write made again on the one they name; the one they still
 /// name has it made again until enough acknowledge it or `timeout` passes.
 /// The first answer: what the write found where it was made first.
-pub fn made_good<T: FromRedisValue>(
+fn made_good<T: FromRedisValue>(
     link: &RefCell<RedisLink>,
     replicas: Replicas,
     route: Route<'_>,

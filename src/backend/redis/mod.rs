@@ -180,21 +180,14 @@ impl RedisStore {
         for owner in owners {
             invocation.arg(&owner.token);
         }
-        let route = Route::Key(&line);
-        let _: i64 = match replicas {
-            Some(replicas) => failover::made_good(
-                &self.link,
-                replicas,
-                route,
-                DROPPING,
-                FREE_CALL,
-                &invocation,
-            )?,
-            None => self
-                .link
-                .borrow_mut()
-                .call(route, DROPPING, FREE_CALL, |c| invocation.invoke(c))?,
-        };
+        let _: i64 = failover::write(
+            &self.link,
+            replicas,
+            Route::Key(&line),
+            DROPPING,
+            FREE_CALL,
+            &invocation,
+        )?;
         Ok(())
     }
 
@@ -508,15 +501,14 @@ pub(super) fn release(
         .arg(keys.base())
         .arg(WAKE_TTL.as_millis() as u64)
         .arg(remember.as_millis() as u64);
-    let route = Route::Key(key);
-    let released: i64 = match replicas {
-        Some(replicas) => {
-            failover::made_good(link, replicas, route, RELEASING, timeout, &invocation)?
-        }
-        None => link
-            .borrow_mut()
-            .call(route, RELEASING, timeout, |c| invocation.invoke(c))?,
-    };
+    let released: i64 = failover::write(
+        link,
+        replicas,
+        Route::Key(key),
+        RELEASING,
+        timeout,
+        &invocation,
+    )?;
     Ok(released == 1)
 }
 

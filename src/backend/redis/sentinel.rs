@@ -126,3 +126,27 @@ fn primary_replicas(role: &Value) -> Option<u32> {
         _ => Some(0),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(word: &str) -> Value {
+        Value::BulkString(word.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn a_primary_counts_the_replicas_its_role_lists() {
+        let replica = || Value::Array(vec![text("127.0.0.1"), text("6380"), text("42")]);
+        let primary = Value::Array(vec![
+            text("master"),
+            Value::Int(42),
+            Value::Array(vec![replica(), replica()]),
+        ]);
+        assert_eq!(primary_replicas(&primary), Some(2));
+        let alone = Value::Array(vec![text("master"), Value::Int(0), Value::Array(vec![])]);
+        assert_eq!(primary_replicas(&alone), Some(0));
+        let demoted = Value::Array(vec![text("slave"), text("127.0.0.1"), Value::Int(6379)]);
+        assert_eq!(primary_replicas(&demoted), None);
+    }
+}
