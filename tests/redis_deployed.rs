@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::core::hold_recording;
+use crate::core::{hold, hold_recording};
 use crate::support::cluster::RedisCluster;
 use crate::support::sentinel::SentinelDeployment;
 use crate::support::*;
@@ -225,28 +225,16 @@ fn lockrun_elsewhere() -> Command {
     lockrun_in_a_pid_namespace().expect("checked by the test")
 }
 
-/// A planned failover (`SENTINEL FAILOVER`) holds no handoff up for a TTL
-/// (README: "Redis as deployed"): releases and leaves that the old primary
-/// took after the promotion are made again on the new one, so that it holds
-/// no slot or place of a run that has gone. Four contenders, each run as on
-/// a host of its own (so that none can drop another's leftovers for its
-/// process being gone), the default TTL: the longest start-to-start gap from
-/// the failover on stays within seconds, and no two runs overlap.
-#[test]
-fn a_planned_failover_holds_no_handoff_up_for_a_ttl() {
-    if lockrun_in_a_pid_namespace().is_none() {
-        return;
-    }
-    let Some(deployment) = SentinelDeployment::start_with_replicas(None, 2) else {
-        return;
-    };
-    let deployment = Arc::new(deployment);
-    let store = deployment.store();
+/// How long `fault` holds up the handoffs of four contenders on `store`,
+/// each run as on a host of its own (so that none can drop another's
+/// leftovers for its process being gone), with the default TTL: the longest
+/// start-to-start gap from the fault on. No two runs overlap, and all exit 0.
+fn longest_gap_after(store: &Store, fault: impl FnOnce()) -> Duration {
     let scratch = Scratch::new();
-    let workers = Workers::start_with(lockrun_elsewhere, &store, &scratch, 4);
+    let workers = Workers::start_with(lockrun_elsewhere, store, &scratch, 4);
     let count = wait_for_more_served(&scratch, 0, 5);
-    let failover = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
-    deployment.failover();
+    let since = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    fault();
     wait_for_more_served(&scratch, count, 10);
     let statuses = workers.stop();
     for (status, err) in &statuses {
@@ -257,18 +245,70 @@ fn a_planned_failover_holds_no_handoff_up_for_a_ttl() {
     for pair in served.windows(2) {
         let ((_, start_a, end_a), (_, start_b, _)) = (pair[0], pair[1]);
         assert!(start_b >= end_a, "two holders at once: {pair:?}");
-        if start_b >= failover.as_nanos() {
+        if start_b >= since.as_nanos() {
             longest = longest.max(start_b - start_a);
         }
     }
-    let longest = Duration::from_nanos(longest as u64);
-    eprintln!(
-        "sentinel: {} runs served, the longest gap from the planned failover on {longest:?}",
-        served.len()
-    );
+    Duration::from_nanos(longest as u64)
+}
+
+/// A planned failover (`SENTINEL FAILOVER`, with two replicas) holds no
+/// handoff up for a TTL (README: "Redis as deployed"): releases and leaves
+/// that the old primary took after the promotion are made again on the new
+/// one, so that it holds no slot or place of a run that has gone.
+#[test]
+fn a_planned_failover_holds_no_handoff_up_for_a_ttl() {
+    if lockrun_in_a_pid_namespace().is_none() {
+        return;
+    }
+    let Some(deployment) = SentinelDeployment::start_with_replicas(None, 2) else {
+        return;
+    };
+    let deployment = Arc::new(deployment);
+    let longest = longest_gap_after(&deployment.store(), || deployment.failover());
+    eprintln!("sentinel: the longest gap from a planned failover on: {longest:?}");
     assert!(
         longest < Duration::from_secs(8),
         "a handoff waited {longest:?} after the planned failover"
+    );
+}
+
+/// A restart of a single Redis that keeps its data holds no handoff up for a
+/// TTL: a holder that ends while the server is down makes its release again
+/// once it is back (README: "Redis as deployed").
+#[test]
+fn a_restart_holds_no_handoff_up_for_a_ttl() {
+    if lockrun_in_a_pid_namespace().is_none() {
+        return;
+    }
+    let Some(server) = RedisServer::start(&["--appendonly", "yes", "--appendfsync", "always"])
+    else {
+        return;
+    };
+    let server = Arc::new(server);
+    let store = Store::on_redis(&server);
+    let (mut restarted, mut held) = (false, None);
+    let longest = longest_gap_after(&store, || {
+        let scratch = Scratch::new();
+        let holder = hold(&store, &scratch, "failover", &[]);
+        server.kill();
+        fs::write(scratch.path("release"), "").unwrap();
+        thread::sleep(Duration::from_secs(1));
+        restarted = server.restart();
+        held = Some(finish(holder));
+    });
+    assert!(restarted, "redis-server restarts");
+    let held = held.expect("the holder ran");
+    assert_status(&held, 0);
+    assert!(
+        !stderr(&held).contains("could not release"),
+        "{}",
+        stderr(&held)
+    );
+    eprintln!("redis: the longest gap from a restart on: {longest:?}");
+    assert!(
+        longest < Duration::from_secs(8),
+        "a handoff waited {longest:?} after the restart"
     );
 }
 

@@ -12,7 +12,7 @@ use redis::{FromRedisValue, ScriptInvocation};
 
 use super::link::{RedisLink, Route, pause};
 use super::replicas::Replicas;
-use crate::backend::net::{Deadline, Failure};
+use crate::backend::net::{Deadline, Failure, Kind};
 
 /// Runs `invocation`, a write that is safe to make again, on the primary of
 /// `route` within `timeout`: with `replicas`, made good through a failover
@@ -39,7 +39,8 @@ pub fn write<T: FromRedisValue>(
 /// failover's promoted replica leaves the old primary without it). When too
 /// few acknowledged it, asks the Sentinels again: a primary they no longer
 /// name has the write made again on the one they name; the one they still
-/// name has it made again until enough acknowledge it or `timeout` passes.
+/// name has it made again until enough acknowledge it or `timeout` passes;
+/// one that failed with trouble that may pass is made again meanwhile too.
 /// The first answer: what the write found where it was made first.
 fn made_good<T: FromRedisValue>(
     link: &RefCell<RedisLink>,
@@ -72,6 +73,9 @@ fn made_good<T: FromRedisValue>(
             });
         let (answer, acknowledged): (T, u32) = match made {
             Ok(made) => made,
+            // A server restarting, or a failover the call could not follow in its
+            // time: made again while the time allows, as it is safe to.
+            Err(failure) if first.is_none() && passes(&failure) && pause(deadline) => continue,
             Err(failure) => return first.ok_or(failure),
         };
         first.get_or_insert(answer);
@@ -91,4 +95,9 @@ fn made_good<T: FromRedisValue>(
             return Ok(first.take().expect("set above"));
         }
     }
+}
+
+/// Whether the failure may pass by itself: the server unreachable or busy.
+fn passes(failure: &Failure) -> bool {
+    matches!(failure.kind(), Kind::Unreachable | Kind::Transient)
 }
