@@ -279,3 +279,50 @@ pub fn local_ahead<'a>(
     }
     ahead
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owner(token: &str, host: &str) -> Owner {
+        Owner {
+            token: token.to_owned(),
+            process: Process {
+                pid: 1,
+                start_time: 1,
+                boot_id: "boot".to_owned(),
+                host: host.to_owned(),
+            },
+            command: "true".to_owned(),
+            parallelism: Some(1),
+            mode: Mode::Exclusive,
+        }
+    }
+
+    fn tokens(owners: &[Owner]) -> Vec<&str> {
+        owners.iter().map(|owner| owner.token.as_str()).collect()
+    }
+
+    #[test]
+    fn a_waiter_further_back_watches_the_nearest_entry_of_its_host() {
+        let me = owner("me", "here").process;
+        let (holder, head) = (owner("holder", "here"), owner("head", "elsewhere"));
+        let near = owner("near", "here");
+        let holders = || [&holder].into_iter();
+        // First: the holders; second: the head, if it runs here.
+        assert_eq!(
+            tokens(&local_ahead(&me, 1, holders(), [], None)),
+            ["holder"]
+        );
+        let second = local_ahead(&me, 2, holders(), [&near], None);
+        assert_eq!(tokens(&second), ["near"]);
+        // Further back, or second behind a head elsewhere: the nearest waiter
+        // here, else the holders here.
+        let back = local_ahead(&me, 4, holders(), [&head], Some(&near));
+        assert_eq!(tokens(&back), ["near"]);
+        let behind_elsewhere = local_ahead(&me, 2, holders(), [&head], None);
+        assert_eq!(tokens(&behind_elsewhere), ["holder"]);
+        let elsewhere = owner("far", "elsewhere");
+        assert!(local_ahead(&me, 3, [&elsewhere].into_iter(), [], Some(&head)).is_empty());
+    }
+}
