@@ -16,8 +16,12 @@ use crate::platform::proc::ancestors;
 use crate::progress::Progress;
 use crate::report::{Event, Reporter, Retry, held_by};
 
-/// How often a waiter looks whether an entry ahead of it on this host has died.
+/// How often a waiter first or second in line looks whether an entry ahead of
+/// it on this host has died.
 const LIVENESS_POLL: Duration = Duration::from_millis(100);
+/// The same further back, where a dead entry holds nobody up before the line
+/// moves up to it: a waiter that drops one is a place nearer, and looks more often.
+const LIVENESS_POLL_BEHIND: Duration = Duration::from_secs(1);
 /// How long a `--no-wait` run rides out trouble with the store (a server's
 /// restart, an election, a failover) before it gives up with 69: seconds,
 /// not the minutes a waiting run may take (docs/guide.md: "When the server has trouble").
@@ -152,9 +156,14 @@ impl WaitLoop<'_> {
         // keeps our place in line alive.
         let look = self.next_look(line);
         let ahead_gone = || line.local_ahead.iter().any(|owner| owner.process.is_gone());
+        let every = if line.position <= 2 {
+            LIVENESS_POLL
+        } else {
+            LIVENESS_POLL_BEHIND
+        };
         loop {
             let check = (!line.local_ahead.is_empty())
-                .then(|| Moment::now() + LIVENESS_POLL)
+                .then(|| Moment::now() + every)
                 .filter(|check| *check < look);
             match self.store.wait(self.request, check.unwrap_or(look)) {
                 Ok(Waited::Taken(slot)) => return Ok(Some(slot)),

@@ -42,6 +42,7 @@ macro_rules! backend_tests {
             line::a_waiter_behind_a_holder_on_this_host_keeps_its_place_past_its_ttl,
             line::a_writers_release_starts_every_waiting_reader_at_once,
             line::dead_readers_at_the_head_hold_nobody_up,
+            line::dead_waiters_at_the_head_hold_nobody_up,
             modes::readers_overlap_while_a_writer_is_kept_out,
             modes::a_stream_of_readers_does_not_starve_a_writer,
             modes::several_names_in_any_order_never_deadlock,

@@ -76,17 +76,18 @@ fn join_line_with(
     extra: &[&str],
 ) -> Running {
     let script = format!("echo {id} $LOCKRUN_FENCE >> '{}'", log.display());
-    join_line_running(store, name, slots, &script, extra)
+    join_line_running(store, name, slots, &script, extra, Stdio::null())
 }
 
-/// Starts a waiter on `name` that runs the shell code `script`, once `status`
-/// shows it at the end of the line.
+/// Starts a waiter on `name` that runs the shell code `script`, its stderr
+/// to `stderr`, once `status` shows it at the end of the line.
 fn join_line_running(
     store: &Store,
     name: &str,
     slots: u32,
     script: &str,
     extra: &[&str],
+    stderr: Stdio,
 ) -> Running {
     let before = waiting_pids(store, name).len();
     let waiter = store
@@ -96,13 +97,24 @@ fn join_line_running(
         // Slow polls: only the line's own wake-ups hand the slots on in time.
         .args(["--initial-delay", "30", "-c", script])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .start();
     wait_until(&format!("waiter {} to join the line", waiter.id()), || {
         let pids = waiting_pids(store, name);
         pids.len() == before + 1 && pids.last() == Some(&u64::from(waiter.id()))
     });
     waiter
+}
+
+/// The place in line that the last `waiting` or `retry` event in the JSON
+/// events at `path` gives.
+fn last_position(path: &std::path::Path) -> Option<u64> {
+    fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter_map(|event| event["position"].as_u64())
+        .next_back()
 }
 
 /// `waiter` runs its command and exits 0 within seconds of `since`: woken, not
@@ -244,7 +256,7 @@ pub fn a_writers_release_starts_every_waiting_reader_at_once(store: &Store) {
         dir = scratch.dir().display()
     );
     let mut readers: Vec<Running> = (0..READERS)
-        .map(|_| join_line_running(store, "group", 1, &script, &["-s"]))
+        .map(|_| join_line_running(store, "group", 1, &script, &["-s"], Stdio::null()))
         .collect();
     let released = Instant::now();
     let_go(writer);
@@ -283,4 +295,49 @@ pub fn dead_readers_at_the_head_hold_nobody_up(store: &Store) {
         .map(|line| line.split(' ').next().unwrap().to_owned())
         .collect();
     assert_eq!(ran, ["3", "4"], "only the live waiters ran, in order");
+}
+
+/// Waiters of this host killed together at the head of the line hold nobody
+/// up: the live waiter behind them sees them gone and stands first, by its
+/// own account as in `status`, within seconds (not when their places lapse
+/// after the TTL), and takes the slot at once when it is freed (docs/guide.md: "The waiting line").
+pub fn dead_waiters_at_the_head_hold_nobody_up(store: &Store) {
+    let scratch = Scratch::new();
+    let log = scratch.path("order");
+    let holder = holders(store, "ghosts", 1);
+    let dead: Vec<Running> = (1..=3)
+        .map(|id| join_line(store, "ghosts", 1, id, &log))
+        .collect();
+    let events = scratch.path("events");
+    let script = format!("echo 4 $LOCKRUN_FENCE >> '{}'", log.display());
+    let mut live = join_line_running(
+        store,
+        "ghosts",
+        1,
+        &script,
+        &["--log-format", "json"],
+        fs::File::create(&events).unwrap().into(),
+    );
+    wait_until("the live waiter to say it stands fourth", || {
+        last_position(&events) == Some(4)
+    });
+    for mut waiter in dead {
+        waiter.kill().unwrap();
+        waiter.wait().unwrap();
+    }
+    wait_until_within(
+        "the live waiter to say it stands first",
+        Duration::from_secs(5),
+        || last_position(&events) == Some(1),
+    );
+    assert_eq!(waiting_pids(store, "ghosts"), [u64::from(live.id())]);
+    let released = Instant::now();
+    let_go(holder);
+    runs_soon(&mut live, released, "the live waiter ran");
+    let ran: Vec<String> = scratch
+        .lines("order")
+        .iter()
+        .map(|line| line.split(' ').next().unwrap().to_owned())
+        .collect();
+    assert_eq!(ran, ["4"], "only the live waiter ran");
 }

@@ -97,6 +97,7 @@ fn uncontended_acquire_and_release_are_one_round_trip_each() {
         "zrank",
         "zcard",
         "zrange",
+        "zrem",
         "config|resetstat",
     ];
     for line in stats.lines().filter(|line| line.starts_with("cmdstat_")) {

@@ -1,15 +1,15 @@
-//! Redis as deployed (docs/backends/redis.md: "Redis as deployed"): a primary, a replica and
+//! Redis as deployed (docs/backends/redis.md: "Redis as deployed"): a primary, a replica (or two) and
 //! three Sentinels failing over under holders and waiters; `--redis-replicas`
 //! without its replica; a Redis Cluster moving a held name's slot.
 
 use std::fs;
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::core::hold_recording;
+use crate::core::{hold, hold_recording};
 use crate::support::cluster::RedisCluster;
 use crate::support::sentinel::SentinelDeployment;
 use crate::support::*;
@@ -32,6 +32,17 @@ struct Workers {
 
 impl Workers {
     fn start(store: &Store, scratch: &Scratch, workers: usize) -> Self {
+        Self::start_with(lockrun, store, scratch, workers)
+    }
+
+    /// Like [`Workers::start`], each run started by `launch` (`lockrun`, or
+    /// lockrun where the others cannot see its process).
+    fn start_with(
+        launch: fn() -> Command,
+        store: &Store,
+        scratch: &Scratch,
+        workers: usize,
+    ) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let statuses = Arc::new(Mutex::new(Vec::new()));
         let script = format!(
@@ -44,7 +55,7 @@ impl Workers {
                 let (backend, script) = (store.args().to_vec(), script.clone());
                 thread::spawn(move || {
                     while !stop.load(Ordering::Relaxed) {
-                        let child = lockrun()
+                        let child = launch()
                             .args(&backend)
                             .args(["--name", "failover", "--initial-delay", "0.2"])
                             .args(["--max-delay", "1", "-c", &script])
@@ -205,6 +216,99 @@ fn sentinel_failovers_planned_and_by_kill_grant_no_slot_twice_and_fences_only_in
     eprintln!(
         "sentinel: {} runs served through two failovers, none overlapping",
         served.len()
+    );
+}
+
+/// lockrun in a pid namespace of its own, as on another host: no other run
+/// can tell that its process is gone. Only where one can be made.
+fn lockrun_elsewhere() -> Command {
+    lockrun_in_a_pid_namespace().expect("checked by the test")
+}
+
+/// How long `fault` holds up the handoffs of four contenders on `store`,
+/// each run as on a host of its own (so that none can drop another's
+/// leftovers for its process being gone), with the default TTL: the longest
+/// start-to-start gap from the fault on. No two runs overlap, and all exit 0.
+fn longest_gap_after(store: &Store, fault: impl FnOnce()) -> Duration {
+    let scratch = Scratch::new();
+    let workers = Workers::start_with(lockrun_elsewhere, store, &scratch, 4);
+    let count = wait_for_more_served(&scratch, 0, 5);
+    let since = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    fault();
+    wait_for_more_served(&scratch, count, 10);
+    let statuses = workers.stop();
+    for (status, err) in &statuses {
+        assert_eq!(*status, Some(0), "a run failed: {err}");
+    }
+    let served = served(&scratch);
+    let mut longest = 0;
+    for pair in served.windows(2) {
+        let ((_, start_a, end_a), (_, start_b, _)) = (pair[0], pair[1]);
+        assert!(start_b >= end_a, "two holders at once: {pair:?}");
+        if start_b >= since.as_nanos() {
+            longest = longest.max(start_b - start_a);
+        }
+    }
+    Duration::from_nanos(longest as u64)
+}
+
+/// A planned failover (`SENTINEL FAILOVER`, with two replicas) holds no
+/// handoff up for a TTL (docs/backends/redis.md: "Redis as deployed"): releases and leaves
+/// that the old primary took after the promotion are made again on the new
+/// one, so that it holds no slot or place of a run that has gone.
+#[test]
+fn a_planned_failover_holds_no_handoff_up_for_a_ttl() {
+    if lockrun_in_a_pid_namespace().is_none() {
+        return;
+    }
+    let Some(deployment) = SentinelDeployment::start_with_replicas(None, 2) else {
+        return;
+    };
+    let deployment = Arc::new(deployment);
+    let longest = longest_gap_after(&deployment.store(), || deployment.failover());
+    eprintln!("sentinel: the longest gap from a planned failover on: {longest:?}");
+    assert!(
+        longest < Duration::from_secs(8),
+        "a handoff waited {longest:?} after the planned failover"
+    );
+}
+
+/// A restart of a single Redis that keeps its data holds no handoff up for a
+/// TTL: a holder that ends while the server is down makes its release again
+/// once it is back (docs/backends/redis.md: "Redis as deployed").
+#[test]
+fn a_restart_holds_no_handoff_up_for_a_ttl() {
+    if lockrun_in_a_pid_namespace().is_none() {
+        return;
+    }
+    let Some(server) = RedisServer::start(&["--appendonly", "yes", "--appendfsync", "always"])
+    else {
+        return;
+    };
+    let server = Arc::new(server);
+    let store = Store::on_redis(&server);
+    let (mut restarted, mut held) = (false, None);
+    let longest = longest_gap_after(&store, || {
+        let scratch = Scratch::new();
+        let holder = hold(&store, &scratch, "failover", &[]);
+        server.kill();
+        fs::write(scratch.path("release"), "").unwrap();
+        thread::sleep(Duration::from_secs(1));
+        restarted = server.restart();
+        held = Some(finish(holder));
+    });
+    assert!(restarted, "redis-server restarts");
+    let held = held.expect("the holder ran");
+    assert_status(&held, 0);
+    assert!(
+        !stderr(&held).contains("could not release"),
+        "{}",
+        stderr(&held)
+    );
+    eprintln!("redis: the longest gap from a restart on: {longest:?}");
+    assert!(
+        longest < Duration::from_secs(8),
+        "a handoff waited {longest:?} after the restart"
     );
 }
 

@@ -232,7 +232,8 @@ pub struct Ahead<'a> {
 /// not in line) behind `holders`. What we watch follows our `place`, where
 /// consecutive sharers stand in one place, as they go together (docs/guide.md:
 /// "Shared locks"), and an exclusive waiter alone; `just_ahead` are the
-/// waiters of the place just ahead of ours. At place 1 (or out of line) the
+/// waiters of the place just ahead of ours, `nearest_local` the waiter
+/// nearest ahead of us on our host, if any. At place 1 (or out of line) the
 /// line moves by itself when the first lease ends; at 2, when a place of
 /// `just_ahead` lapses; further back we are told (see [`local_ahead`]).
 pub fn line(
@@ -241,6 +242,7 @@ pub fn line(
     place: u32,
     holders: &[Ahead],
     just_ahead: &[Ahead],
+    nearest_local: Option<&Owner>,
 ) -> Line {
     let moves_by = match place {
         0 | 1 => holders.iter().map(|holder| holder.ends).min(),
@@ -257,6 +259,7 @@ pub fn line(
                 .filter(|holder| !holder.kept)
                 .map(|holder| holder.owner),
             just_ahead.iter().map(|waiter| waiter.owner),
+            nearest_local,
         ),
         moves_by,
         other_parallelism: None,
@@ -266,24 +269,80 @@ pub fn line(
 /// The entries ahead of us whose owners run on this host, so that the waiting
 /// loop can drop one at once when its process dies: the holders when we are
 /// next in line (or not in line), and the head of the line (its one waiter,
-/// or the sharers that stand there together) when we are second.
-/// A dead waiter further ahead holds nobody up until it reaches the head, and
-/// the one behind it watches it from then on: so only the first two places
-/// of a line ever watch, however long it is.
+/// or the sharers that stand there together) when we are second. With none
+/// of those on this host, the waiter of this host nearest ahead of us (or,
+/// with none, this host's holders): as each waiter watches the nearest one
+/// of its host ahead, every dead entry of a host with a live waiter behind it
+/// is seen by one, however many died together, and one poll of one process
+/// per waiter does it (docs/guide.md: "The waiting line").
 pub fn local_ahead<'a>(
     me: &Process,
     position: u32,
-    holders: impl Iterator<Item = &'a Owner>,
+    holders: impl Iterator<Item = &'a Owner> + Clone,
     nearest_waiters: impl IntoIterator<Item = &'a Owner>,
+    nearest_local: Option<&Owner>,
 ) -> Vec<Owner> {
     let local = |owner: &&Owner| owner.process.shares_host_with(me);
     let mut ahead: Vec<Owner> = if position <= 1 {
-        holders.filter(local).cloned().collect()
+        holders.clone().filter(local).cloned().collect()
     } else {
         Vec::new()
     };
     if position == 2 {
         ahead.extend(nearest_waiters.into_iter().filter(local).cloned());
     }
+    if ahead.is_empty() && position > 1 {
+        ahead = match nearest_local.filter(local) {
+            Some(owner) => vec![owner.clone()],
+            None => holders.filter(local).cloned().collect(),
+        };
+    }
     ahead
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owner(token: &str, host: &str) -> Owner {
+        Owner {
+            token: token.to_owned(),
+            process: Process {
+                pid: 1,
+                start_time: 1,
+                boot_id: "boot".to_owned(),
+                host: host.to_owned(),
+            },
+            command: "true".to_owned(),
+            parallelism: Some(1),
+            mode: Mode::Exclusive,
+        }
+    }
+
+    fn tokens(owners: &[Owner]) -> Vec<&str> {
+        owners.iter().map(|owner| owner.token.as_str()).collect()
+    }
+
+    #[test]
+    fn a_waiter_further_back_watches_the_nearest_entry_of_its_host() {
+        let me = owner("me", "here").process;
+        let (holder, head) = (owner("holder", "here"), owner("head", "elsewhere"));
+        let near = owner("near", "here");
+        let holders = || [&holder].into_iter();
+        // First: the holders; second: the head, if it runs here.
+        assert_eq!(
+            tokens(&local_ahead(&me, 1, holders(), [], None)),
+            ["holder"]
+        );
+        let second = local_ahead(&me, 2, holders(), [&near], None);
+        assert_eq!(tokens(&second), ["near"]);
+        // Further back, or second behind a head elsewhere: the nearest waiter
+        // here, else the holders here.
+        let back = local_ahead(&me, 4, holders(), [&head], Some(&near));
+        assert_eq!(tokens(&back), ["near"]);
+        let behind_elsewhere = local_ahead(&me, 2, holders(), [&head], None);
+        assert_eq!(tokens(&behind_elsewhere), ["holder"]);
+        let elsewhere = owner("far", "elsewhere");
+        assert!(local_ahead(&me, 3, [&elsewhere].into_iter(), [], Some(&head)).is_empty());
+    }
 }

@@ -1,5 +1,5 @@
 //! A Redis deployment managed by Sentinel, of the test's own: a primary, one
-//! replica and three Sentinels, on free loopback ports with their files in
+//! replica (or more) and three Sentinels, on free loopback ports with their files in
 //! temporary directories; killed when dropped. It fails over on demand
 //! (`SENTINEL FAILOVER`) or when its primary is killed with SIGKILL.
 
@@ -22,7 +22,7 @@ const RESYNC: Duration = Duration::from_secs(60);
 const DOWN_AFTER_MS: u32 = 1500;
 
 pub struct SentinelDeployment {
-    servers: [Arc<RedisServer>; 2],
+    servers: Vec<Arc<RedisServer>>,
     sentinels: Vec<Sentinel>,
     password: Option<String>,
 }
@@ -47,24 +47,36 @@ impl SentinelDeployment {
     /// waits until every Sentinel knows the replica and the other Sentinels.
     /// `None` after a loud notice when redis-server or redis-sentinel is missing.
     pub fn start(password: Option<&str>) -> Option<Self> {
+        Self::start_with_replicas(password, 1)
+    }
+
+    /// Like [`SentinelDeployment::start`], with `replicas` replicas.
+    pub fn start_with_replicas(password: Option<&str>, replicas: usize) -> Option<Self> {
         RedisServer::installed()?;
         super::program_installed("redis-sentinel", "Redis Sentinel").then_some(())?;
-        let auth: Vec<&str> = password
+        let mut args: Vec<&str> = password
             .map(|password| vec!["--requirepass", password, "--masterauth", password])
             .unwrap_or_default();
-        let primary = Arc::new(RedisServer::start(&auth)?);
+        // A replica's full sync starts at once, not after Redis's default 5 s
+        // wait for more replicas: a failover's remaining replica catches up in
+        // well under a second, so what a test measures is lockrun's part.
+        args.extend(["--repl-diskless-sync-delay", "0"]);
+        let primary = Arc::new(RedisServer::start(&args)?);
         let port = primary.port().to_string();
-        let replica_args = [&auth[..], &["--replicaof", "127.0.0.1", &port]].concat();
-        let replica = Arc::new(RedisServer::start(&replica_args)?);
+        let replica_args = [&args[..], &["--replicaof", "127.0.0.1", &port]].concat();
+        let mut servers = vec![primary];
+        for _ in 0..replicas {
+            servers.push(Arc::new(RedisServer::start(&replica_args)?));
+        }
         let sentinels = (0..3)
-            .map(|_| Sentinel::start(primary.port(), password))
+            .map(|_| Sentinel::start(servers[0].port(), password))
             .collect();
         let deployment = Self {
-            servers: [primary, replica],
+            servers,
             sentinels,
             password: password.map(str::to_owned),
         };
-        wait_until("the Sentinels to know each other and the replica", || {
+        wait_until("the Sentinels to know each other and the replicas", || {
             deployment.sentinels.iter().all(|sentinel| {
                 let known = |what: &str| {
                     deployment
@@ -74,7 +86,7 @@ impl SentinelDeployment {
                             _ => 0,
                         })
                 };
-                known("SENTINELS") == 2 && known("REPLICAS") == 1
+                known("SENTINELS") == 2 && known("REPLICAS") == replicas
             })
         });
         deployment.wait_for_replication();
@@ -115,31 +127,31 @@ impl SentinelDeployment {
         self.server(port)
     }
 
-    /// The server that is not the primary.
-    pub fn replica(&self) -> &RedisServer {
+    /// The servers that are not the primary.
+    fn replicas(&self) -> impl Iterator<Item = &RedisServer> {
         let primary = self.primary().port();
         self.servers
             .iter()
-            .find(|server| server.port() != primary)
-            .expect("two servers")
+            .map(AsRef::as_ref)
+            .filter(move |server| server.port() != primary)
     }
 
-    /// `SENTINEL FAILOVER`, waiting until the replica is the primary that
-    /// every Sentinel names, and the old primary its replica in sync.
+    /// `SENTINEL FAILOVER`, waiting until a replica is the primary that
+    /// every Sentinel names, and the old primary a replica in sync.
     pub fn failover(&self) {
-        let to = self.replica().port();
+        let from = self.primary().port();
         let _ = self.ask(&self.sentinels[0], &["SENTINEL", "FAILOVER", PRIMARY]);
-        self.wait_for_primary(to);
+        self.wait_for_primary_other_than(from);
         self.wait_for_replication();
     }
 
-    /// Kills the primary with SIGKILL, waits until the Sentinels promote the
+    /// Kills the primary with SIGKILL, waits until the Sentinels promote a
     /// replica, and restarts the old primary, empty, as the new one's replica.
     pub fn kill_primary(&self) {
-        let (old, new) = (self.primary(), self.replica());
+        let old = self.primary();
         old.kill();
-        self.wait_for_primary(new.port());
-        let port = new.port().to_string();
+        self.wait_for_primary_other_than(old.port());
+        let port = self.primary().port().to_string();
         assert!(
             old.restart_with(&["--replicaof", "127.0.0.1", &port]),
             "the old primary restarts as a replica"
@@ -147,24 +159,37 @@ impl SentinelDeployment {
         self.wait_for_replication();
     }
 
-    fn wait_for_primary(&self, port: u16) {
+    fn wait_for_primary_other_than(&self, old: u16) {
         wait_until("every Sentinel to name the new primary", || {
-            self.sentinels.iter().all(|sentinel| {
-                self.ask(sentinel, &["SENTINEL", "get-master-addr-by-name", PRIMARY])
-                    .is_ok_and(|named| port_of(&named) == Some(port))
-            }) && role(self.server(port)).as_deref() == Some("master")
+            let named: Vec<Option<u16>> = self
+                .sentinels
+                .iter()
+                .map(|sentinel| {
+                    self.ask(sentinel, &["SENTINEL", "get-master-addr-by-name", PRIMARY])
+                        .ok()
+                        .and_then(|named| port_of(&named))
+                })
+                .collect();
+            match named[..] {
+                [Some(port), ..] if port != old && named.iter().all(|&p| p == Some(port)) => {
+                    role(self.server(port)).as_deref() == Some("master")
+                }
+                _ => false,
+            }
         });
     }
 
-    /// Waits until the replica is in sync: Sentinel makes a demoted primary a
-    /// replica only at its next look, every 10 s.
+    /// Waits until every replica is in sync: Sentinel makes a demoted primary
+    /// a replica only at its next look, every 10 s.
     fn wait_for_replication(&self) {
-        wait_until_within("the replica to be in sync", RESYNC, || {
-            let info: String = redis::cmd("INFO")
-                .arg("replication")
-                .query(&mut self.replica().client())
-                .unwrap_or_default();
-            info.contains("master_link_status:up")
+        wait_until_within("the replicas to be in sync", RESYNC, || {
+            self.replicas().all(|replica| {
+                let info: String = redis::cmd("INFO")
+                    .arg("replication")
+                    .query(&mut replica.client())
+                    .unwrap_or_default();
+                info.contains("master_link_status:up")
+            })
         });
     }
 

@@ -260,8 +260,8 @@ impl LineView {
     /// waiting loop: its place behind the group, and the entries on this
     /// host among those it watches that are at the head of the line (the
     /// group, the first waiter and the sharers right behind a sharer there),
-    /// whose death it can see at once. A waiter further back is woken when
-    /// the one it watches gets there, and checks it from then on.
+    /// whose death it can see at once; with none of those on this host, the
+    /// nearest place of this host ahead of it.
     pub fn waiting(&self, me: &Process, index: usize, request: &Request) -> (Blocker, Line) {
         let group = self.group(request);
         let blocker = self.blocker(index, group, request);
@@ -272,9 +272,13 @@ impl LineView {
             Blocker::Place { at, .. } if at < head => at..at + 1,
             Blocker::Place { .. } => 0..0,
         };
+        let mut local_ahead = self.local(me, watched, None);
+        if local_ahead.is_empty() {
+            local_ahead = self.nearest_local(me, index);
+        }
         let line = Line {
             position: (index + 1).saturating_sub(group).max(1) as u32,
-            local_ahead: self.local(me, watched, None),
+            local_ahead,
             // A lease that runs out deletes its keys, and the watch sees it.
             moves_by: None,
             other_parallelism: None,
@@ -344,6 +348,22 @@ impl LineView {
             Some(_) => 1,
             None => 0,
         }
+    }
+
+    /// The owner of the place nearest ahead of `index` that runs on `me`'s
+    /// host (not kept by `--min-hold`), if any. As each waiter watches the
+    /// nearest one of its host, dead places of a host are seen however many
+    /// died together (docs/guide.md: "The waiting line").
+    fn nearest_local(&self, me: &Process, index: usize) -> Vec<Owner> {
+        self.places[..index]
+            .iter()
+            .rev()
+            .filter(|place| !place.kept())
+            .filter_map(Place::owner)
+            .find(|owner| owner.process.shares_host_with(me))
+            .into_iter()
+            .cloned()
+            .collect()
     }
 
     /// The owners of the places in `range` that run on `me`'s host (not

@@ -38,6 +38,8 @@ pub struct LookReport {
     holders: Vec<Neighbour>,
     /// The waiters of the place just ahead of ours.
     just_ahead: Vec<Neighbour>,
+    /// The waiter nearest ahead of us on our host (boot and host name), if any.
+    nearest_local: Option<Neighbour>,
     /// When the answer came: `left_ms` counts from then.
     answered: Moment,
 }
@@ -197,7 +199,8 @@ impl LookReport {
     }
 
     /// The report's one row: our position and place, whether the line lets
-    /// us in, the holders and the waiters just ahead.
+    /// us in, the holders, the waiters just ahead, another `-p` and the
+    /// waiter of our host nearest ahead.
     fn report(row: &Row) -> Result<Self> {
         let neighbours = |column: usize| -> Result<Vec<Neighbour>> {
             row.get::<_, Option<String>>(column)
@@ -212,6 +215,11 @@ impl LookReport {
             began_listening: false,
             holders: neighbours(3)?,
             just_ahead: neighbours(4)?,
+            nearest_local: row
+                .get::<_, Option<String>>(6)
+                .map(|json| serde_json::from_str(&json))
+                .transpose()
+                .map_err(|err| Error::internal("reading the line", err))?,
             answered: Moment::now(),
             moves_by: None,
             other_parallelism: row.get::<_, Option<i32>>(5).map(i32::cast_unsigned),
@@ -233,7 +241,15 @@ impl LookReport {
             .iter()
             .map(|w| w.ahead(self.answered))
             .collect();
-        let mut line = line(me, self.position, self.place, &holders, &just_ahead);
+        let nearest_local = self.nearest_local.as_ref().map(|waiter| &waiter.owner);
+        let mut line = line(
+            me,
+            self.position,
+            self.place,
+            &holders,
+            &just_ahead,
+            nearest_local,
+        );
         line.moves_by = [line.moves_by, self.moves_by].into_iter().flatten().min();
         line
     }

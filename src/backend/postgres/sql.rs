@@ -66,11 +66,12 @@ pub struct Sql {
     /// this granted any), tells those of the next two places (`LINE_MOVED`),
     /// which watch what is ahead of them.
     pub wake: String,
-    /// $1 name, $2 token, $3 parallelism, $11 mode. Where we stand: our
+    /// $1 name, $2 token, $3 parallelism, $7 boot id, $8 host, $11 mode. Where we stand: our
     /// position (0: not in line) and place, whether the line lets us take a
     /// slot, the live holders and the waiters of the place just ahead as JSON
     /// (owner, `kept`, `left_ms` until the lease or place ends), and another
-    /// `-p` that a holder or waiter has, if one does.
+    /// `-p` that a holder or waiter has, if one does, and the waiter nearest
+    /// ahead of us on our boot and host, as JSON like those.
     pub report: String,
     /// $1 name, $2 tokens. Drops dead holders (not kept ones) and waiters.
     pub evict: String,
@@ -283,7 +284,12 @@ impl Sql {
                         (SELECT json_agg(json_build_object({owner_json}, 'kept', false,
                                                            'left_ms', {LEFT_MS}))
                          FROM line WHERE place = (SELECT place FROM mine) - 1)::text,
-                        ({other_parallelism} LIMIT 1)",
+                        ({other_parallelism} LIMIT 1),
+                        (SELECT json_build_object({owner_json}, 'kept', false,
+                                                  'left_ms', {LEFT_MS})
+                         FROM line WHERE position < (SELECT position FROM mine)
+                                     AND boot_id = $7 AND host = $8
+                         ORDER BY position DESC LIMIT 1)::text",
                 line = line(&format!(" AND ticket <= {our_ticket}"))
             ),
             evict: format!(

@@ -12,7 +12,7 @@ use redis::{Connection, RedisError};
 
 use super::cluster::Cluster;
 use super::node::{Node, interrupted, sort};
-use super::sentinel::Sentinels;
+use super::sentinel::{Primary, Sentinels};
 use super::url::{Deployment, RedisTarget};
 use crate::backend::net::probe::{self, Protocol};
 use crate::backend::net::{Deadline, Failure, Kind, Secret};
@@ -46,7 +46,7 @@ enum Way {
     Single(Node),
     Sentinel {
         sentinels: Sentinels,
-        primary: Option<Node>,
+        primary: Option<Primary>,
     },
     Cluster(Cluster),
 }
@@ -111,6 +111,33 @@ impl RedisLink {
         match cluster.primaries(Deadline::after(FREE_CALL)) {
             Ok(primaries) => Ok(primaries),
             Err(failure) => Err(self.failure(what, &failure)),
+        }
+    }
+
+    /// The primary the Sentinels name, as found by the last call (or now,
+    /// before `deadline`, when none has found it yet): its address and how
+    /// many replicas it had then. `None` outside a Sentinel deployment.
+    pub fn sentinel_primary(
+        &mut self,
+        deadline: Deadline,
+    ) -> Result<Option<(String, u32)>, Failure> {
+        let Way::Sentinel { sentinels, primary } = &mut self.way else {
+            return Ok(None);
+        };
+        if primary.is_none() {
+            *primary = Some(sentinels.primary(deadline)?);
+        }
+        Ok(primary
+            .as_ref()
+            .map(|found| (found.address.clone(), found.replicas)))
+    }
+
+    /// Makes the next call ask the Sentinels where the primary is: a write
+    /// that too few replicas acknowledged may have gone to a primary that a
+    /// failover is demoting.
+    pub fn forget_primary(&mut self) {
+        if let Way::Sentinel { primary, .. } = &mut self.way {
+            *primary = None;
         }
     }
 
@@ -253,7 +280,7 @@ impl RedisLink {
                 if primary.is_none() {
                     *primary = Some(sentinels.primary(deadline)?);
                 }
-                Ok((primary.as_mut().expect("found above"), false))
+                Ok((&mut primary.as_mut().expect("found above").node, false))
             }
             Way::Cluster(cluster) => match route {
                 Route::Key(key) => cluster.node_for(key, deadline),
@@ -331,7 +358,7 @@ fn asked<T>(
 }
 
 /// Waits a moment before the next try, if the deadline leaves time for one.
-fn pause(deadline: Deadline) -> bool {
+pub fn pause(deadline: Deadline) -> bool {
     if deadline.remaining() <= FOLLOW_PAUSE {
         return false;
     }

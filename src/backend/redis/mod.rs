@@ -6,6 +6,7 @@
 //! node, Sentinel's primary, a Cluster's node) is the link's business.
 
 mod cluster;
+mod failover;
 mod link;
 mod node;
 mod replicas;
@@ -170,6 +171,34 @@ impl RedisStore {
         })))
     }
 
+    /// Drops the entries of `owners` from the line of `request.name` and from
+    /// any slot they hold; with `replicas`, made good through a failover.
+    fn drop_entries(
+        &self,
+        request: &Request,
+        owners: &[Owner],
+        replicas: Option<Replicas>,
+    ) -> Result<()> {
+        const DROPPING: &str = "dropping entries from the line";
+        let keys = self.keys(&request.name);
+        let line = keys.line();
+        let mut invocation = self.scripts.evict.key(&line);
+        invocation.key(keys.sharers()).key(keys.widest());
+        invocation.arg(keys.base()).arg(WAKE_TTL.as_millis() as u64);
+        for owner in owners {
+            invocation.arg(&owner.token);
+        }
+        let _: i64 = failover::write(
+            &self.link,
+            replicas,
+            Route::Key(&line),
+            DROPPING,
+            FREE_CALL,
+            &invocation,
+        )?;
+        Ok(())
+    }
+
     /// Every key matching `pattern` on the server of `route`, by SCAN (never
     /// KEYS, which blocks the server).
     fn scan(&self, route: Route<'_>, pattern: &str) -> Result<Vec<String>> {
@@ -295,8 +324,10 @@ impl Store for RedisStore {
                 taken_at: sent,
             };
             if let Some(short) = replicas.short(acknowledged) {
-                // A grant the replicas may lack is given back, and asked for again.
+                // A grant the replicas may lack is given back, and asked for
+                // again, where the Sentinels name the primary then.
                 let _ = slot.give_back();
+                self.link.borrow_mut().forget_primary();
                 return Err(self.link.borrow().failure(ACQUIRING, &short).into());
             }
             return Ok(Attempt::Taken(Box::new(slot)));
@@ -322,21 +353,7 @@ impl Store for RedisStore {
     }
 
     fn evict(&mut self, request: &Request, owners: &[Owner]) -> Result<()> {
-        let keys = self.keys(&request.name);
-        let line = keys.line();
-        let mut invocation = self.scripts.evict.key(&line);
-        invocation.key(keys.sharers()).key(keys.widest());
-        invocation.arg(keys.base()).arg(WAKE_TTL.as_millis() as u64);
-        for owner in owners {
-            invocation.arg(&owner.token);
-        }
-        let _: i64 = self.link.borrow_mut().call(
-            Route::Key(&line),
-            "dropping dead entries",
-            FREE_CALL,
-            |c| invocation.invoke(c),
-        )?;
-        Ok(())
+        self.drop_entries(request, owners, None)
     }
 
     fn wait(&mut self, request: &Request, until: Moment) -> Result<Waited> {
@@ -366,8 +383,14 @@ impl Store for RedisStore {
     }
 
     fn leave(&mut self, request: &Request) -> Result<()> {
-        // Dropping our place is what a dead waiter's eviction does; the slot we do not take is nobody's to free.
-        self.evict(request, std::slice::from_ref(&request.owner))
+        // Dropping our place is what a dead waiter's eviction does; the slot we
+        // do not take is nobody's to free. A failover must not lose it.
+        let replicas = self.replicas;
+        self.drop_entries(
+            request,
+            std::slice::from_ref(&request.owner),
+            Some(replicas),
+        )
     }
 
     fn list(&mut self, name: Option<&Name>) -> Result<Vec<Entry>> {
@@ -440,13 +463,17 @@ impl Store for RedisStore {
 
 /// What a release does with a slot. Its holder's release is remembered for
 /// as long as the call may be made again, so that one whose answer was lost
-/// is not found lost when made again.
+/// is not found lost when made again; and made good through a failover with
+/// the replicas given (see `failover::made_good`).
 #[derive(Clone, Copy)]
 pub(super) enum Release {
     /// Its holder frees it.
-    Free,
+    Free(Replicas),
     /// Its holder keeps it taken this long (`--min-hold`).
-    Keep(Duration),
+    Keep(Duration, Replicas),
+    /// A grant that too few replicas acknowledged is given back: it does not
+    /// count, and where the replicas lack it there is nothing to free.
+    GiveBack,
     /// An operator takes it away from its holder (`release --force`), whose
     /// own release must then find it lost: nothing is remembered.
     Break,
@@ -463,10 +490,12 @@ pub(super) fn release(
     how: Release,
     timeout: Duration,
 ) -> Result<bool> {
-    let (keep, remember) = match how {
-        Release::Free => (Duration::ZERO, timeout),
-        Release::Keep(keep) => (keep, timeout),
-        Release::Break => (Duration::ZERO, Duration::ZERO),
+    const RELEASING: &str = "releasing the lock";
+    let (keep, remember, replicas) = match how {
+        Release::Free(replicas) => (Duration::ZERO, timeout, Some(replicas)),
+        Release::Keep(keep, replicas) => (keep, timeout, Some(replicas)),
+        Release::GiveBack => (Duration::ZERO, timeout, None),
+        Release::Break => (Duration::ZERO, Duration::ZERO, None),
     };
     let mut invocation = scripts.release.key(key);
     invocation
@@ -480,11 +509,14 @@ pub(super) fn release(
         .arg(keys.base())
         .arg(WAKE_TTL.as_millis() as u64)
         .arg(remember.as_millis() as u64);
-    let released: i64 =
-        link.borrow_mut()
-            .call(Route::Key(key), "releasing the lock", timeout, |c| {
-                invocation.invoke(c)
-            })?;
+    let released: i64 = failover::write(
+        link,
+        replicas,
+        Route::Key(key),
+        RELEASING,
+        timeout,
+        &invocation,
+    )?;
     Ok(released == 1)
 }
 

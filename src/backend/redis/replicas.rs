@@ -21,6 +21,14 @@ impl Replicas {
         Self { wanted }
     }
 
+    /// At least `count` replicas, and no fewer than these.
+    #[must_use]
+    pub fn at_least(self, count: u32) -> Self {
+        Self {
+            wanted: self.wanted.max(count),
+        }
+    }
+
     /// Runs `invocation`, then (when replicas are wanted) `WAIT` for them for
     /// at most half the call's `timeout`: the script's answer and how many
     /// replicas acknowledged it.

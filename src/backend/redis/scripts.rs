@@ -248,7 +248,9 @@ if redis.replicate_commands then redis.replicate_commands() end
 /// the records only of owners on our boot: at the head of the line (or not in
 /// it, or among the sharers at its head) the holders and the earliest lease's
 /// end; right behind the head (one waiter, or the sharers there), those
-/// waiters and when the first of their places lapses; further back, nothing.
+/// waiters and when the first of their places lapses; with none of those on
+/// our boot, the record of the waiter on our boot nearest ahead (or, with
+/// none, our boot's holders).
 const ACQUIRE: &str = r#"
 local token, base, ttl = ARGV[1], ARGV[6], ARGV[4]
 local ours, shared = tonumber(ARGV[9]), ARGV[10] == 'shared'
@@ -334,6 +336,27 @@ elseif ahead == 1 or shared_ahead == ahead then
     watch(key, redis.call('GET', key))
   end
 end
+-- Nothing of our host there: the waiter of our host nearest ahead of us (or,
+-- with none, our host's holders) is ours to watch. As each waiter watches the
+-- nearest one of its host, dead entries of a host are seen however many died
+-- together (docs/guide.md: "The waiting line"); it changes no moment to look again.
+if #watched == 0 and place > 1 and ARGV[7] ~= '' then
+  local tokens = redis.call('ZRANGE', line, 0, ahead - 1)
+  for i = #tokens, 1, -1 do
+    local value = redis.call('GET', base .. 'waiter:' .. tokens[i])
+    if value and string.find(value, marker, 1, true) then
+      table.insert(watched, value)
+      break
+    end
+  end
+  if #watched == 0 then
+    for _, holder in pairs(held) do
+      if not holder.record.kept_until and string.find(holder.value, marker, 1, true) then
+        table.insert(watched, holder.value)
+      end
+    end
+  end
+end
 return {0, place, earliest, watched}
 "#;
 
@@ -377,21 +400,31 @@ return 0
 /// gone. Otherwise it is freed and the waiters it is for woken (the head of
 /// the line, or every sharer at its head at once; none when a sharer leaves
 /// others holding before a waiter that holds alone). Returns 1, or
-/// 0 when the slot was not (any longer) held with that token. A remembered
+/// 0 when the slot was not (any longer) held with that token. A place in
+/// line with that token goes too (a failover brought it back). A remembered
 /// release made again after its answer was lost finds it done: that tells it
 /// from a lease lost before it (expired, or broken by `release --force`,
 /// which remembers nothing).
 const RELEASE: &str = r#"
 local token, base, remember = ARGV[1], ARGV[4], tonumber(ARGV[6])
 local released = base .. 'released:' .. token
+-- A place of ours in line is one a failover brought back (we took the slot
+-- on a primary that was being demoted): it goes with the release.
+local placed = redis.call('ZREM', KEYS[2], token) == 1
+if placed then
+  redis.call('ZREM', KEYS[3], token)
+  redis.call('DEL', base .. 'waiter:' .. token)
+end
 local value = redis.call('GET', KEYS[1])
 local record = decoded(value or '')
 if not value or record.token ~= token then
+  if placed then wake_front(KEYS[2], KEYS[3], base, ARGV[5]) end
   if remember > 0 then return redis.call('EXISTS', released) end
   return 0
 end
 if remember > 0 then redis.call('SET', released, '1', 'PX', remember) end
 if tonumber(ARGV[2]) > 0 then
+  if placed then wake_front(KEYS[2], KEYS[3], base, ARGV[5]) end
   -- Kept already: this is the same release made again.
   if not record.kept_until then
     redis.call('SET', KEYS[1], '{"kept_until":' .. ARGV[3] .. ',' .. string.sub(value, 2), 'PX', ARGV[2])

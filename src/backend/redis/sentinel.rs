@@ -12,6 +12,15 @@ use super::node::{Node, sort};
 use super::url::Nodes;
 use crate::backend::net::{Deadline, Failure, Kind};
 
+/// The primary a Sentinel named and that confirmed it.
+pub struct Primary {
+    /// `HOST:PORT` as the Sentinel named it.
+    pub address: String,
+    pub node: Node,
+    /// How many replicas it had when it confirmed (`ROLE`).
+    pub replicas: u32,
+}
+
 pub struct Sentinels {
     /// Each Sentinel's address and connection.
     asked: Vec<(String, Node)>,
@@ -35,7 +44,7 @@ impl Sentinels {
     }
 
     /// The primary, connected, as a Sentinel names it and it confirms, before `deadline`.
-    pub fn primary(&mut self, deadline: Deadline) -> Result<Node, Failure> {
+    pub fn primary(&mut self, deadline: Deadline) -> Result<Primary, Failure> {
         let count = self.asked.len();
         let mut unknown = 0;
         let mut trouble = Vec::new();
@@ -65,18 +74,23 @@ impl Sentinels {
                 continue;
             };
             let mut node = Node::new(self.nodes.at(&host, port));
-            match node.call(within.io_timeout(), |c| {
+            let role = node.call(within.io_timeout(), |c| {
                 redis::cmd("ROLE").query::<Value>(c)
-            }) {
-                Ok(role) if is_primary(&role) => {
+            });
+            match role.as_ref().map(primary_replicas) {
+                Ok(Some(replicas)) => {
                     self.first = at;
-                    return Ok(node);
+                    return Ok(Primary {
+                        address: format!("{host}:{port}"),
+                        node,
+                        replicas,
+                    });
                 }
-                Ok(_) => trouble.push(format!(
+                Ok(None) => trouble.push(format!(
                     "Sentinel {address} names {host}:{port}, which is not the primary (yet)"
                 )),
                 Err(err) => {
-                    let (kind, why) = sort(&err);
+                    let (kind, why) = sort(err);
                     if kind == Kind::Permanent {
                         return Err(Failure::new(kind, format!("{host}:{port}: {why}")));
                     }
@@ -99,10 +113,40 @@ impl Sentinels {
     }
 }
 
-/// Whether a `ROLE` reply says "master".
-fn is_primary(role: &Value) -> bool {
+/// How many replicas a `ROLE` reply that says "master" lists; `None` for another role.
+fn primary_replicas(role: &Value) -> Option<u32> {
     let Value::Array(fields) = role else {
-        return false;
+        return None;
     };
-    matches!(fields.first(), Some(Value::BulkString(role)) if role == b"master")
+    if !matches!(fields.first(), Some(Value::BulkString(role)) if role == b"master") {
+        return None;
+    }
+    match fields.get(2) {
+        Some(Value::Array(replicas)) => Some(u32::try_from(replicas.len()).unwrap_or(u32::MAX)),
+        _ => Some(0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(word: &str) -> Value {
+        Value::BulkString(word.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn a_primary_counts_the_replicas_its_role_lists() {
+        let replica = || Value::Array(vec![text("127.0.0.1"), text("6380"), text("42")]);
+        let primary = Value::Array(vec![
+            text("master"),
+            Value::Int(42),
+            Value::Array(vec![replica(), replica()]),
+        ]);
+        assert_eq!(primary_replicas(&primary), Some(2));
+        let alone = Value::Array(vec![text("master"), Value::Int(0), Value::Array(vec![])]);
+        assert_eq!(primary_replicas(&alone), Some(0));
+        let demoted = Value::Array(vec![text("slave"), text("127.0.0.1"), Value::Int(6379)]);
+        assert_eq!(primary_replicas(&demoted), None);
+    }
 }

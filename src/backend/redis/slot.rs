@@ -38,7 +38,7 @@ impl RedisSlot {
             &self.keys,
             &self.keys.slot(self.slot),
             &self.token,
-            Release::Free,
+            Release::GiveBack,
             FREE_CALL,
         )
     }
@@ -74,7 +74,9 @@ impl Slot for RedisSlot {
         if renewed == 1
             && let Some(short) = replicas.short(acknowledged)
         {
-            // Not confirmed: retried until the command's stop, as any failed renewal.
+            // Not confirmed: retried until the command's stop, as any failed
+            // renewal, after asking the Sentinels again (a failover's new primary).
+            self.link.borrow_mut().forget_primary();
             return Err(self.link.borrow().failure(RENEWING, &short).into());
         }
         Ok(Renewal::confirmed(renewed == 1))
@@ -85,7 +87,9 @@ impl Slot for RedisSlot {
         let how = keep_until
             .and_then(|until| until.duration_since(SystemTime::now()).ok())
             .filter(|keep| keep.as_millis() > 0)
-            .map_or(Release::Free, Release::Keep);
+            .map_or(Release::Free(self.replicas), |keep| {
+                Release::Keep(keep, self.replicas)
+            });
         let ours = super::release(
             &self.link,
             &self.scripts,

@@ -445,13 +445,13 @@ fn where_we_stand(state: &State, heartbeats: &watch::Heartbeats, request: &Reque
             ends: heartbeats.ends(&waiter.record.owner.token, waiter.ttl_ms),
         })
         .collect();
-    let mut line = line(
-        &request.owner.process,
-        position,
-        place,
-        &holders,
-        &just_ahead,
-    );
+    let me = &request.owner.process;
+    let nearest_local = ahead
+        .iter()
+        .rev()
+        .map(|waiter| &waiter.record.owner)
+        .find(|owner| owner.process.shares_host_with(me));
+    let mut line = line(me, position, place, &holders, &just_ahead, nearest_local);
     // Any silent entry ahead, not only the nearest, is dropped by whoever sees it silent long enough.
     let silent = ahead
         .iter()

@@ -118,12 +118,13 @@ impl LineRows {
                 ends: moment_at(row.expires_at),
             })
             .collect();
-        line(
-            &request.owner.process,
-            position,
-            place,
-            &holders,
-            &just_ahead,
-        )
+        let me = &request.owner.process;
+        let nearest_local = self
+            .ahead
+            .iter()
+            .rev()
+            .map(|row| &row.owner)
+            .find(|owner| owner.process.shares_host_with(me));
+        line(me, position, place, &holders, &just_ahead, nearest_local)
     }
 }
