@@ -855,8 +855,10 @@ on_backend!(
     admission_follows_the_rule,
     a_dead_waiter_made_the_head_by_a_grant_holds_nobody_up
 );
-// Not yet the dead head on etcd: a waiter there watches only the place just
-// ahead, which becomes the head without changing when the places before it
-// take slots, so a dead one is seen only when its place lapses (TTL/3).
 #[cfg(feature = "etcd")]
-on_backend!(etcd_backend, Store::etcd(), admission_follows_the_rule);
+on_backend!(
+    etcd_backend,
+    Store::etcd(),
+    admission_follows_the_rule,
+    a_dead_waiter_made_the_head_by_a_grant_holds_nobody_up
+);
