@@ -12,6 +12,7 @@
 //! Adding a backend: a new folder here, one line in the `backends!` list below,
 //! one line in the per-backend test list (`tests/core.rs`).
 
+mod boot_date;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 mod file;
@@ -25,7 +26,7 @@ pub mod record;
 mod redis;
 mod sqlite;
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use crate::error::Result;
 use crate::name::Name;
@@ -290,8 +291,9 @@ pub trait Slot {
     fn renew(&mut self, within: Duration) -> Result<Renewal>;
 
     /// Gives the slot up. With `keep_until` in the future the slot stays taken
-    /// until then (`--min-hold`), though lockrun exits.
-    fn release(self: Box<Self>, keep_until: Option<SystemTime>) -> Result<Released>;
+    /// until then (`--min-hold`), though lockrun exits. A moment on the boot
+    /// clock, not a wall-clock time: no step of the wall clock shortens it.
+    fn release(self: Box<Self>, keep_until: Option<Moment>) -> Result<Released>;
 }
 
 /// What a release found.

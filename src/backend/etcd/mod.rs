@@ -214,6 +214,7 @@ fn holding(request: &Request, slot: u32) -> Holding {
             acquired_at: now_millis(),
             fence: 0,
             kept_until: None,
+            kept_on: None,
         },
     }
 }

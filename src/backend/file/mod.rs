@@ -74,7 +74,7 @@ struct Head {
 #[derive(Default)]
 struct NoSlot {
     /// The earliest a `--min-hold` lets a slot go.
-    kept_until: Option<SystemTime>,
+    kept_until: Option<Moment>,
     /// A free slot was given back: a holder has this other `-p`.
     other_parallelism: Option<u32>,
 }
@@ -87,7 +87,7 @@ impl NoSlot {
         }
     }
 
-    fn kept(until: SystemTime) -> Self {
+    fn kept(until: Moment) -> Self {
         Self {
             kept_until: Some(until),
             ..Self::default()
@@ -300,7 +300,7 @@ impl Store for FileStore {
                 return Ok(Attempt::Waiting(match other {
                     Some(theirs) => Line::refused(theirs),
                     None => Line {
-                        moves_by: no_slot.kept_until.map(moment_of),
+                        moves_by: no_slot.kept_until,
                         ..Line::default()
                     },
                 }));
@@ -342,7 +342,7 @@ impl Store for FileStore {
                     other_parallelism: Some(theirs),
                     ..
                 }) => return Ok(Attempt::Waiting(Line::refused(theirs))),
-                Err(no_slot) => moves_by = no_slot.kept_until.map(moment_of),
+                Err(no_slot) => moves_by = no_slot.kept_until,
             }
         }
         Ok(Attempt::Waiting(Line {
@@ -401,7 +401,7 @@ impl Store for FileStore {
                 kept_until: Some(kept_until),
                 ..
             }) => {
-                thread::sleep(moment_of(kept_until).min(until).remaining());
+                thread::sleep(kept_until.min(until).remaining());
                 Ok(Waited::Moved)
             }
             // The next look says why.
@@ -423,7 +423,6 @@ impl Store for FileStore {
         })?;
         let wanted = name.map(Name::stem);
         let locked = live_flocks();
-        let now = epoch_millis(SystemTime::now());
         let mut holders = Vec::new();
         let mut waiters: Vec<(String, String, Entry)> = Vec::new();
         for entry in entries.flatten() {
@@ -444,7 +443,7 @@ impl Store for FileStore {
                     .ok()
                     .and_then(|meta| locked.iter().find(|l| l.is_on(&meta)).map(|l| l.pid));
                 let record = slot::read_record(&file);
-                if let Some(entry) = holder_entry(stem, slot, record, lock_pid, now) {
+                if let Some(entry) = holder_entry(stem, slot, record, lock_pid) {
                     holders.push(entry);
                 }
             } else if let Some((stem, ticket)) = line::parse_waiter_file_name(file_name) {
@@ -489,13 +488,10 @@ fn holder_entry(
     slot: SlotFile,
     record: Option<HolderRecord>,
     lock_pid: Option<u32>,
-    now: u64,
 ) -> Option<Entry> {
     match (record, lock_pid) {
         (Some(record), Some(_)) => Some(record.entry(slot.number())),
-        (Some(record), None) if record.kept_until.is_some_and(|until| until > now) => {
-            Some(record.entry(slot.number()))
-        }
+        (Some(record), None) if record.kept_end().is_some() => Some(record.entry(slot.number())),
         // Locked, but not (yet) by a holder that wrote its record.
         (_, Some(pid)) => Some(Entry {
             name: stem.to_owned(),
@@ -513,13 +509,8 @@ fn holder_entry(
     }
 }
 
-fn earliest(current: Option<SystemTime>, other: SystemTime) -> SystemTime {
+fn earliest(current: Option<Moment>, other: Moment) -> Moment {
     current.map_or(other, |current| current.min(other))
-}
-
-/// The moment on the monotonic clock when the wall clock shows `time`.
-fn moment_of(time: SystemTime) -> Moment {
-    Moment::now() + time.duration_since(SystemTime::now()).unwrap_or_default()
 }
 
 fn unusable(path: &Path, err: io::Error) -> Error {

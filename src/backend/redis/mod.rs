@@ -241,6 +241,7 @@ impl Store for RedisStore {
             acquired_at: now,
             fence: 0,
             kept_until: None,
+            kept_on: None,
         })?;
         let waiter = json(&WaiterRecord {
             name: request.name.to_string(),

@@ -16,7 +16,7 @@ use crate::backoff::{self, Backoff};
 use crate::error::{Error, Result, Trouble};
 
 /// Bumped when the tables change, so a later lockrun can migrate (stored in `PRAGMA user_version`).
-pub const SCHEMA_VERSION: u32 = 4;
+pub const SCHEMA_VERSION: u32 = 5;
 /// Marks the file as lockrun's in the SQLite header (`PRAGMA application_id`): "LKRN".
 const APPLICATION_ID: u32 = 0x4c4b_524e;
 
@@ -93,13 +93,40 @@ ALTER TABLE waiters ADD COLUMN mode TEXT NOT NULL DEFAULT 'exclusive';
 ALTER TABLE waiters ADD COLUMN ttl INTEGER;
 ";
 
+/// Version 5: each lease's and place's end on the boot clock of the kernel
+/// that wrote it (README: "SQLite backend"): that boot's id (`clock`), the end
+/// in milliseconds after it (`ends`), the milliseconds from the writing to the
+/// end (`span`), and a `beat` that every writing changes. A renewal by an
+/// older lockrun changes `expires_at` alone: the triggers then clear `clock`,
+/// and the row is judged by its beats.
+const BOOT_CLOCK: &str = "
+ALTER TABLE holders ADD COLUMN clock TEXT;
+ALTER TABLE holders ADD COLUMN ends INTEGER;
+ALTER TABLE holders ADD COLUMN span INTEGER;
+ALTER TABLE holders ADD COLUMN beat INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE waiters ADD COLUMN clock TEXT;
+ALTER TABLE waiters ADD COLUMN ends INTEGER;
+ALTER TABLE waiters ADD COLUMN span INTEGER;
+ALTER TABLE waiters ADD COLUMN beat INTEGER NOT NULL DEFAULT 0;
+CREATE TRIGGER holders_renewed_by_older AFTER UPDATE OF expires_at ON holders
+WHEN NEW.beat = OLD.beat BEGIN
+    UPDATE holders SET clock = NULL WHERE name = NEW.name AND slot = NEW.slot;
+END;
+CREATE TRIGGER waiters_refreshed_by_older AFTER UPDATE OF expires_at ON waiters
+WHEN NEW.beat = OLD.beat BEGIN
+    UPDATE waiters SET clock = NULL WHERE ticket = NEW.ticket;
+END;
+";
+
 /// What brings a database of version N (from 1) up to version N + 1.
-const UPGRADES: [&str; SCHEMA_VERSION as usize - 1] = [WAITERS, PARALLELISM, MODES];
+const UPGRADES: [&str; SCHEMA_VERSION as usize - 1] = [WAITERS, PARALLELISM, MODES, BOOT_CLOCK];
 
 /// The first version whose rows say their `-p`.
 pub const PARALLELISM_SINCE: u32 = 3;
 /// The first version whose rows say their mode.
 pub const MODES_SINCE: u32 = 4;
+/// The first version whose rows date their ends on a boot clock.
+pub const BOOT_CLOCK_SINCE: u32 = 5;
 
 /// An open lockrun database.
 pub struct Database {
