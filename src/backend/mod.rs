@@ -91,6 +91,16 @@ backends! {
     etcd => etcd,
 }
 
+/// Why a store written by a newer lockrun is refused, before anything in it is
+/// touched (exit 69; README: "Upgrading"): `what` names the store's format
+/// (`file format`, `schema version`), `found` is its, `ours` the newest this lockrun knows.
+pub fn newer_format(store: &str, what: &str, found: impl std::fmt::Display, ours: u32) -> String {
+    format!(
+        "{store} was written by a newer lockrun ({what} {found}; lockrun {} knows {what} {ours} and older): upgrade lockrun",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
 /// What every backend is told when it opens its store.
 pub struct Common<'a> {
     /// `--prefix`, for backends that name keys or a schema.

@@ -7,6 +7,7 @@
 mod admit;
 mod dir;
 mod fence;
+mod format;
 mod line;
 mod share;
 mod slot;
@@ -44,8 +45,10 @@ pub struct Options {
 
 impl Options {
     pub fn open(&self, common: &Common) -> Result<Box<dyn Store>> {
+        let dir = dir::choose(self.dir.as_deref(), common.create)?;
+        format::check(&dir, common.create)?;
         Ok(Box::new(FileStore {
-            dir: dir::choose(self.dir.as_deref(), common.create)?,
+            dir,
             place: None,
             ahead: None,
             head: None,

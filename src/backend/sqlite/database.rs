@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, ErrorCode, OpenFlags, Transaction, TransactionBehavior};
 
+use crate::backend::newer_format;
 use crate::backoff::{self, Backoff};
 use crate::error::{Error, Result, Trouble};
 
@@ -348,6 +349,12 @@ fn inspect(path: &Path) -> Result<bool> {
     }
     match field(60) {
         1..=SCHEMA_VERSION => Ok(true),
+        version if version > SCHEMA_VERSION => Err(Error::Unavailable(newer_format(
+            &format!("the SQLite database {}", path.display()),
+            "schema version",
+            version,
+            SCHEMA_VERSION,
+        ))),
         version => Err(refuse(format!(
             "has lockrun schema version {version}, which this lockrun (version {SCHEMA_VERSION}) does not know"
         ))),
