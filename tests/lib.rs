@@ -3,6 +3,7 @@
 mod support;
 
 mod cli;
+mod clocks;
 mod core;
 #[cfg(feature = "etcd")]
 mod etcd;

@@ -171,7 +171,11 @@ pub fn create_or_check(
         Found::Lockrun { version, .. } if version > SCHEMA_VERSION => Err(Failure::new(
             Kind::Permanent,
             newer_format(
-                &format!("PostgreSQL at {}: schema {:?}", session.target(), schema.name),
+                &format!(
+                    "PostgreSQL at {}: schema {:?}",
+                    session.target(),
+                    schema.name
+                ),
                 "schema version",
                 version,
                 u32::try_from(SCHEMA_VERSION).expect("small"),

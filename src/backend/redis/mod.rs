@@ -19,7 +19,7 @@ use std::rc::Rc;
 use std::time::{Duration, SystemTime};
 
 use super::record::{HolderRecord, WaiterRecord, sort, waiting};
-use super::{Abilities, Attempt, Common, Entry, Line, Owner, Request, Store, Waited};
+use super::{Abilities, Attempt, Common, Entry, Line, Owner, Request, Store, Waited, newer_format};
 use crate::error::{Error, Result};
 use crate::identity::epoch_millis;
 use crate::name::Name;
@@ -296,6 +296,19 @@ impl Store for RedisStore {
         }
         if taken == 2 {
             return Ok(Attempt::Waiting(Line::refused(first as u32)));
+        }
+        if taken == 3 {
+            let found = if first < 0 {
+                "unknown".to_owned()
+            } else {
+                first.to_string()
+            };
+            return Err(Error::Unavailable(newer_format(
+                &self.location,
+                "key format",
+                found,
+                scripts::FORMAT,
+            )));
         }
         // The script chose what we watch (README: "The waiting line"); of it, what runs here.
         let local_ahead = watched
