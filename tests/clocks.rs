@@ -61,3 +61,35 @@ pub fn a_wall_clock_step_lets_no_run_into_a_kept_slot(store: &Store) {
     assert_status(&output, 0);
     no_step_gets_in(store, "kept");
 }
+
+/// On SQLite a lease written on another boot (another host, or before a
+/// reboot) is judged by its heartbeat alone: a lockrun that meets it counts it
+/// held until it has seen it unchanged for its whole span, whatever the wall
+/// clocks say (README: "SQLite backend").
+#[test]
+fn an_sqlite_lease_from_another_boot_is_held_until_seen_unchanged_for_its_span() {
+    let store = Store::sqlite();
+    assert_status(&run(store.lockrun().args(["--name", "afar", "true"])), 0);
+    let at = store.args().iter().position(|arg| arg == "--db").unwrap();
+    let db = rusqlite::Connection::open(&store.args()[at + 1]).unwrap();
+    // Its wall-clock expiry is long past: only its heartbeat can keep it.
+    db.execute(
+        "INSERT INTO holders (name, slot, token, fence, pid, start_time, boot_id, host, command,
+                              acquired_at, expires_at, parallelism, mode, clock, ends, span, beat)
+         VALUES ('afar', 0, 't', 7, 1, 1, 'another-boot/pid:[1]', 'elsewhere', 'far', 0, 0, 1,
+                 'exclusive', 'another-boot', 0, 1500, 0)",
+        [],
+    )
+    .unwrap();
+    drop(db);
+    let output = run(store.lockrun().args(["--name", "afar", "-n", "true"]));
+    assert_status(&output, 75);
+    no_step_gets_in(&store, "afar");
+    let started = std::time::Instant::now();
+    let output = run(store.lockrun().args(["--name", "afar", "-w", "10", "true"]));
+    assert_status(&output, 0);
+    assert!(
+        started.elapsed() >= std::time::Duration::from_millis(1500),
+        "taken before it was seen unchanged for its span"
+    );
+}

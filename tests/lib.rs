@@ -12,6 +12,7 @@ mod etcd_client;
 mod faults;
 mod file;
 mod fleet;
+mod formats;
 mod generated;
 mod line;
 mod modes;
