@@ -25,16 +25,18 @@ pub(super) struct Dated {
     pub(super) ends: Option<u64>,
     /// Milliseconds from its last writing to its end.
     pub(super) span: u64,
-    /// Changed by every writing: the beat, and the wall-clock end, which an
-    /// older lockrun's renewal changes alone.
-    pub(super) beat: (i64, u64),
+    /// Changed by every writing.
+    pub(super) beat: Beat,
 }
+
+/// A row's beat, and its wall-clock end, which an older lockrun's renewal changes alone.
+pub(super) type Beat = (i64, u64);
 
 /// This lockrun's judge of ends: its boot, and the rows dated elsewhere it has seen.
 pub(super) struct Judge {
     boot: String,
     /// Per row dated elsewhere: the beat it had and when it was first seen with it.
-    seen: RefCell<HashMap<String, ((i64, u64), Moment)>>,
+    seen: RefCell<HashMap<String, (Beat, Moment)>>,
 }
 
 impl Judge {
