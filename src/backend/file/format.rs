@@ -32,6 +32,8 @@ pub fn check(dir: &LockDir, create: bool) -> Result<()> {
         Err(err) if err.kind() == io::ErrorKind::NotFound => {
             return if create { mark(dir, &path) } else { Ok(()) };
         }
+        // Another user's, in a directory where users do not share locks (`/tmp`).
+        Err(err) if err.kind() == io::ErrorKind::PermissionDenied => return Ok(()),
         Err(err) => return Err(cannot(err)),
     };
     let meta = file.metadata().map_err(cannot)?;
