@@ -36,17 +36,20 @@ pub fn check(dir: &LockDir, create: bool) -> Result<()> {
         Err(err) if err.kind() == io::ErrorKind::PermissionDenied => return Ok(()),
         Err(err) => return Err(cannot(err)),
     };
+    // One read: the file is only ever written whole (see `mark`).
+    let mut text = [0; 32];
+    let len = file.read(&mut text).map_err(cannot)?;
+    let text = String::from_utf8_lossy(&text[..len]);
+    let found = text.trim();
+    if found == FORMAT.to_string() {
+        return Ok(());
+    }
     let meta = file.metadata().map_err(cannot)?;
     // In a world-writable directory a file another user made says nothing of ours.
     if !meta.is_file() || dir.trusts(&meta).is_err() {
         return Ok(());
     }
-    let mut text = String::new();
-    Read::by_ref(&mut file)
-        .take(64)
-        .read_to_string(&mut text)
-        .map_err(cannot)?;
-    match text.trim().parse::<u64>() {
+    match found.parse::<u64>() {
         Ok(found) if found <= u64::from(FORMAT) => Ok(()),
         Ok(found) => Err(Error::Unavailable(newer_format(
             &format!("the lock directory {}", dir.path().display()),
