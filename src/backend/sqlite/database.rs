@@ -541,7 +541,8 @@ pub(super) mod tests {
         assert_eq!(user_version(&db), SCHEMA_VERSION);
         db.conn
             .prepare(
-                "SELECT h.parallelism, w.parallelism, h.mode, w.mode, w.ttl FROM holders h, waiters w",
+                "SELECT h.parallelism, w.parallelism, h.mode, w.mode, w.ttl, h.clock, h.ends, h.span,
+                        h.beat, w.clock, w.ends, w.span, w.beat FROM holders h, waiters w",
             )
             .unwrap();
     }
@@ -560,6 +561,36 @@ pub(super) mod tests {
             )
             .unwrap();
         assert_eq!(modes, ("exclusive".to_owned(), "exclusive".to_owned()));
+    }
+
+    #[test]
+    fn a_renewal_by_an_older_lockrun_leaves_its_row_to_the_heartbeat_rule() {
+        let (_dir, path) = database_of_version(4, "");
+        let db = open(Some(&path), true).unwrap();
+        assert_eq!(user_version(&db), SCHEMA_VERSION);
+        let clock = |db: &Database| -> Option<String> {
+            db.conn
+                .query_row("SELECT clock FROM holders", [], |row| row.get(0))
+                .unwrap()
+        };
+        db.conn
+            .execute_batch(
+                "INSERT INTO holders (name, slot, token, fence, pid, start_time, boot_id, host,
+                                      command, acquired_at, expires_at, clock, ends, span)
+                 VALUES ('x', 0, 't', 1, 1, 1, 'b', 'h', 'c', 0, 10, 'b', 10, 10);
+                 UPDATE holders SET expires_at = 20, clock = 'b', ends = 20, beat = beat + 1",
+            )
+            .unwrap();
+        assert_eq!(
+            clock(&db).as_deref(),
+            Some("b"),
+            "a renewal of this version"
+        );
+        // What an older lockrun's renewal writes: the wall-clock end alone.
+        db.conn
+            .execute_batch("UPDATE holders SET expires_at = 30")
+            .unwrap();
+        assert_eq!(clock(&db), None, "no longer judged by a boot clock");
     }
 
     #[test]
