@@ -79,10 +79,9 @@ impl Now<'_> {
     /// When the row dated by `dated` ends, `None` when it has. Called once its
     /// row was read: a first sight is timed after it was written.
     pub(super) fn end(&self, dated: &Dated) -> Option<Moment> {
-        let on_our_clock = dated.clock.as_deref() == Some(self.clock()) && !self.clock().is_empty();
-        let end = match dated.ends {
-            Some(ends) if on_our_clock => Moment::after_boot(Duration::from_millis(ends)),
-            _ => {
+        let end = match self.on_our_clock(dated) {
+            Some(ends) => Moment::after_boot(Duration::from_millis(ends)),
+            None => {
                 let mut seen = self.judge.seen.borrow_mut();
                 let first = match seen.get(&dated.key) {
                     Some(&(beat, first)) if beat == dated.beat => first,
@@ -96,6 +95,20 @@ impl Now<'_> {
             }
         };
         (end > self.at).then_some(end)
+    }
+
+    /// When the row was last dated (taken, granted, renewed), if on our clock.
+    pub(super) fn dated_at(&self, dated: &Dated) -> Option<Moment> {
+        let ends = self.on_our_clock(dated)?;
+        Some(Moment::after_boot(Duration::from_millis(
+            ends.saturating_sub(dated.span),
+        )))
+    }
+
+    /// The row's end in milliseconds after this boot, if it was dated on our clock.
+    fn on_our_clock(&self, dated: &Dated) -> Option<u64> {
+        let ours = !self.clock().is_empty() && dated.clock.as_deref() == Some(self.clock());
+        dated.ends.filter(|_| ours)
     }
 }
 

@@ -176,6 +176,7 @@ fn grant(tx: &Connection, name: &str, now: &Now) -> rusqlite::Result<Vec<String>
             acquired_at: now.wall,
             expires_at: now.wall + span,
             ends: now.at + Duration::from_millis(span),
+            dated_at: Some(now.at),
             released: false,
         });
     }

@@ -9,11 +9,14 @@ use super::line::{Places, lowest_free};
 use super::rows::{HolderRow, WaiterRow, live_holders, live_waiters};
 use crate::backend::record::{Ahead, line};
 use crate::backend::{Line, Request, refuses};
+use crate::platform::clock::Moment;
 
-/// A slot granted to us while we waited: its number and fence.
+/// A slot granted to us while we waited: its number and fence, and when it
+/// was granted if the lockrun that granted it shares our boot clock.
 pub(super) struct Granted {
     pub(super) slot: u32,
     pub(super) fence: u64,
+    pub(super) at: Option<Moment>,
 }
 
 /// One look at the line of a name, in one transaction.
@@ -50,6 +53,7 @@ impl LineRows {
             .map(|row| Granted {
                 slot: row.slot,
                 fence: row.fence,
+                at: row.dated_at,
             });
         Ok(Self {
             holders,

@@ -88,11 +88,18 @@ impl SqliteStore {
             let now = self.judge.now();
             purge_ended(tx, name, &now)?;
             let look = LineRows::take(tx, name, &owner.token, &now)?;
-            if let Some((slot, fence)) = look.granted.as_ref().map(|g| (g.slot, g.fence)) {
-                // Granted to us by another lockrun, who dated it by its clock:
-                // dated anew, the lease runs from this request on our clock.
-                redate(tx, name, slot, &owner.token, &now, ttl, false)?;
-                return Ok((look, Some((slot, fence)), Vec::new()));
+            if let Some(granted) = &look.granted {
+                let (slot, fence) = (granted.slot, granted.fence);
+                let taken_at = match granted.at {
+                    Some(at) => at,
+                    // Granted by a lockrun of another boot, on its clock:
+                    // dated anew, the lease runs from this request on ours.
+                    None => {
+                        redate(tx, name, slot, &owner.token, &now, ttl, false)?;
+                        sent
+                    }
+                };
+                return Ok((look, Some((slot, fence, taken_at)), Vec::new()));
             }
             if look.other_parallelism(request.parallelism).is_some() {
                 return Ok((look, None, Vec::new()));
@@ -106,11 +113,11 @@ impl SqliteStore {
                 return Ok((look, None, Vec::new()));
             };
             let fence = take_slot(tx, name, owner, slot, &now, ttl)?;
-            Ok((look, Some((slot, fence)), moved(tx, name, &now)?))
+            Ok((look, Some((slot, fence, sent)), moved(tx, name, &now)?))
         })?;
         ring(&tell);
-        if let Some((slot, fence)) = taken {
-            return Ok(self.slot(request, slot, fence, sent));
+        if let Some((slot, fence, taken_at)) = taken {
+            return Ok(self.slot(request, slot, fence, taken_at));
         }
         if let Some(theirs) = look.other_parallelism(request.parallelism) {
             self.in_line = look.ticket.is_some();
@@ -156,7 +163,12 @@ impl Store for SqliteStore {
                 let now = self.judge.now();
                 LineRows::take(tx, request.name.as_str(), &request.owner.token, &now)
             })?;
-            // A slot granted to us is dated anew by the write below.
+            if let Some(granted) = &look.granted
+                && let Some(at) = granted.at
+            {
+                return Ok(self.slot(request, granted.slot, granted.fence, at));
+            }
+            // A slot granted to us on another boot's clock is dated anew by the write below.
             if look.granted.is_none() && look.ticket.is_some() && look.free_slot(request).is_none()
             {
                 self.seen = look.data_version;

@@ -21,6 +21,8 @@ pub(super) struct HolderRow {
     pub(super) expires_at: u64,
     /// When its lease ends, as judged (see `judge`).
     pub(super) ends: Moment,
+    /// When its lease was last dated, if on our boot clock (see `judge`).
+    pub(super) dated_at: Option<Moment>,
     /// Its lockrun has finished; the slot stays taken until expiry (`--min-hold`).
     pub(super) released: bool,
 }
@@ -83,6 +85,7 @@ pub(super) fn holders(
             acquired_at,
             expires_at,
             ends: Moment::now(),
+            dated_at: None,
             released: row.get("released")?,
         };
         Ok((holder, dated))
@@ -93,6 +96,7 @@ pub(super) fn holders(
         let end = now.end(&dated);
         if end.is_some() == live {
             holder.ends = end.unwrap_or(now.at);
+            holder.dated_at = now.dated_at(&dated);
             judged.push(holder);
         }
     }
