@@ -79,20 +79,19 @@ impl Now<'_> {
     /// When the row dated by `dated` ends, `None` when it has. Called once its
     /// row was read: a first sight is timed after it was written.
     pub(super) fn end(&self, dated: &Dated) -> Option<Moment> {
-        let end = match self.on_our_clock(dated) {
-            Some(ends) => Moment::after_boot(Duration::from_millis(ends)),
-            None => {
-                let mut seen = self.judge.seen.borrow_mut();
-                let first = match seen.get(&dated.key) {
-                    Some(&(beat, first)) if beat == dated.beat => first,
-                    _ => {
-                        let first = Moment::now();
-                        seen.insert(dated.key.clone(), (dated.beat, first));
-                        first
-                    }
-                };
-                first + Duration::from_millis(dated.span)
-            }
+        let end = if let Some(ends) = self.on_our_clock(dated) {
+            Moment::after_boot(Duration::from_millis(ends))
+        } else {
+            let mut seen = self.judge.seen.borrow_mut();
+            let first = match seen.get(&dated.key) {
+                Some(&(beat, first)) if beat == dated.beat => first,
+                _ => {
+                    let first = Moment::now();
+                    seen.insert(dated.key.clone(), (dated.beat, first));
+                    first
+                }
+            };
+            first + Duration::from_millis(dated.span)
         };
         (end > self.at).then_some(end)
     }

@@ -90,14 +90,13 @@ impl SqliteStore {
             let look = LineRows::take(tx, name, &owner.token, &now)?;
             if let Some(granted) = &look.granted {
                 let (slot, fence) = (granted.slot, granted.fence);
-                let taken_at = match granted.at {
-                    Some(at) => at,
+                let taken_at = if let Some(at) = granted.at {
+                    at
+                } else {
                     // Granted by a lockrun of another boot, on its clock:
                     // dated anew, the lease runs from this request on ours.
-                    None => {
-                        redate(tx, name, slot, &owner.token, &now, ttl, false)?;
-                        sent
-                    }
+                    redate(tx, name, slot, &owner.token, &now, ttl, false)?;
+                    sent
                 };
                 return Ok((look, Some((slot, fence, taken_at)), Vec::new()));
             }
