@@ -10,14 +10,18 @@ use std::sync::Arc;
 
 use crate::support::*;
 
-/// A run on `store` is refused (69) with one line that names `found` and says to upgrade.
+/// A run on `store`, and `release --force`, are refused (69) with one line
+/// that names `found` and says to upgrade.
 fn refused(store: &Store, found: &str) {
-    let output = run(store.lockrun().args(["--name", "x", "true"]));
-    assert_status(&output, 69);
-    let said = stderr(&output);
-    assert_eq!(said.trim_end().lines().count(), 1, "{said}");
-    assert!(said.contains(found), "{said}");
-    assert!(said.contains("upgrade lockrun"), "{said}");
+    let run_it = run(store.lockrun().args(["--name", "x", "true"]));
+    let break_it = run(store.release().args(["--force", "x"]));
+    for output in [run_it, break_it] {
+        assert_status(&output, 69);
+        let said = stderr(&output);
+        assert_eq!(said.trim_end().lines().count(), 1, "{said}");
+        assert!(said.contains(found), "{said}");
+        assert!(said.contains("upgrade lockrun"), "{said}");
+    }
 }
 
 /// Every file in `dir` with its content.

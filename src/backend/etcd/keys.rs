@@ -10,6 +10,7 @@
 //!   keys under the prefix, put by the first claim there; no stem starts with a dot.
 
 use super::link::Keys;
+use crate::backend::newer_format;
 use crate::name::Name;
 
 /// The format of the keys under a prefix, bumped when they change in a way an
@@ -35,17 +36,19 @@ impl FormatKeys {
         }
     }
 
-    /// `/PREFIX/`, for messages.
-    pub fn prefix(&self) -> &str {
-        &self.base[..self.base.len() - ".format/".len()]
-    }
-
-    /// The format a newer key found under [`FormatKeys::newer`] says.
-    pub fn format_of(&self, key: &[u8]) -> Option<u64> {
-        std::str::from_utf8(key.strip_prefix(self.base.as_bytes())?)
-            .ok()?
-            .parse()
+    /// Why the keys are refused, given the newer format key found under [`FormatKeys::newer`].
+    pub fn refusal(&self, newer: &[u8]) -> String {
+        let found = std::str::from_utf8(newer.strip_prefix(self.base.as_bytes()).unwrap_or(newer))
             .ok()
+            .and_then(|found| found.parse::<u64>().ok())
+            .map_or_else(|| "unknown".to_owned(), |found| found.to_string());
+        let prefix = &self.base[..self.base.len() - ".format/".len()];
+        newer_format(
+            &format!("the etcd keys under {prefix}"),
+            "key format",
+            found,
+            FORMAT,
+        )
     }
 }
 

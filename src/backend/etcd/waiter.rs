@@ -6,14 +6,14 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
 
-use super::keys::{FORMAT, NameKeys};
+use super::keys::NameKeys;
 use super::link::{self, Client, GrantedLease, Op, Txn, TxnOutcome};
 use super::look::{Holding, LineView, Place, Record, Stand};
 use super::slot::EtcdSlot;
 use super::watching::{WatchTarget, Watcher, Woken};
 use super::{holding, now_millis, recipe};
 use crate::backend::record::WaiterRecord;
-use crate::backend::{Attempt, Line, Mode, Request, Slot, newer_format};
+use crate::backend::{Attempt, Line, Mode, Request, Slot};
 use crate::platform::clock::Moment;
 use crate::timing::{FREE_CALL, Plan};
 
@@ -217,17 +217,7 @@ impl Waiter {
         if !outcome.succeeded
             && let Some(newer) = outcome.listings.first().and_then(|newer| newer.kvs.first())
         {
-            let format = keys.format();
-            let found = format
-                .format_of(&newer.key)
-                .map_or_else(|| "unknown".to_owned(), |found| found.to_string());
-            let store = format!("the etcd keys under {}", format.prefix());
-            return Err(link::Error::permanent(newer_format(
-                &store,
-                "key format",
-                found,
-                FORMAT,
-            )));
+            return Err(link::Error::permanent(keys.format().refusal(&newer.key)));
         }
         mine.in_line = join || outcome.succeeded;
         Ok(look(keys, outcome))

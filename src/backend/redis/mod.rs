@@ -94,6 +94,17 @@ fn json<T: serde::Serialize>(value: &T) -> Result<String> {
 }
 
 impl RedisStore {
+    /// The refusal of keys a newer lockrun wrote, in format `found` (`None`: not a number).
+    fn newer_format(&self, found: Option<u64>) -> Error {
+        let found = found.map_or_else(|| "unknown".to_owned(), |found| found.to_string());
+        Error::Unavailable(newer_format(
+            &self.location,
+            "key format",
+            found,
+            scripts::FORMAT,
+        ))
+    }
+
     fn keys(&self, name: &Name) -> RedisKeys {
         RedisKeys::new(&self.prefix, name)
     }
@@ -298,17 +309,7 @@ impl Store for RedisStore {
             return Ok(Attempt::Waiting(Line::refused(first as u32)));
         }
         if taken == 3 {
-            let found = if first < 0 {
-                "unknown".to_owned()
-            } else {
-                first.to_string()
-            };
-            return Err(Error::Unavailable(newer_format(
-                &self.location,
-                "key format",
-                found,
-                scripts::FORMAT,
-            )));
+            return Err(self.newer_format(u64::try_from(first).ok()));
         }
         // The script chose what we watch (README: "The waiting line"); of it, what runs here.
         let local_ahead = watched
@@ -403,6 +404,20 @@ impl Store for RedisStore {
     fn break_slots(&mut self, name: &Name, slot: Option<u32>) -> Result<Vec<Entry>> {
         let keys = self.keys(name);
         let line = keys.line();
+        // Keys of a newer lockrun are left alone (README: "Upgrading").
+        let format_key = keys.format();
+        let format: Option<String> = self.link.borrow_mut().call(
+            Route::Key(&format_key),
+            "reading the format",
+            FREE_CALL,
+            |c| redis::cmd("GET").arg(&format_key).query(c),
+        )?;
+        if let Some(format) = format {
+            let found = format.parse::<u64>().ok();
+            if found.is_none_or(|found| found > u64::from(scripts::FORMAT)) {
+                return Err(self.newer_format(found));
+            }
+        }
         let wanted: Vec<String> = match slot {
             Some(slot) => vec![keys.slot(slot)],
             None => self.scan(Route::Key(&line), &keys.slot_pattern())?,

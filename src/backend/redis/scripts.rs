@@ -55,6 +55,10 @@ impl RedisKeys {
         format!("{}slot:{slot}", self.base)
     }
 
+    pub fn format(&self) -> String {
+        format!("{}format", self.base)
+    }
+
     pub fn fence(&self) -> String {
         format!("{}fence", self.base)
     }
