@@ -3,7 +3,7 @@
 //! renewal + TTL; the command told to stop `--kill-grace` before that) and the
 //! renewals themselves, so that the supervisor sees nothing but deadlines.
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use crate::backend::{Released, Renewal, Slot};
 use crate::error::Result;
@@ -125,7 +125,7 @@ impl Held {
 
     /// Gives every slot up (see [`Slot::release`]), the last taken first, and
     /// reports each release.
-    pub fn release(self, keep_until: Option<SystemTime>) -> Releases {
+    pub fn release(self, keep_until: Option<Moment>) -> Releases {
         let mut releases = Releases::default();
         for lock in self.locks.into_iter().rev() {
             let number = lock.slot.number();

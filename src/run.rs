@@ -2,7 +2,7 @@
 //! supervision, release, and exit with the command's status.
 
 use std::ffi::OsString;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use crate::acquire::{self, acquire};
 use crate::backend::{Mode, Owner, Request, Store};
@@ -64,7 +64,8 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
         kill_grace,
     )?;
     drop(store);
-    let acquired_at = SystemTime::now();
+    // On the boot clock: no step of the wall clock shortens a --min-hold.
+    let acquired_at = Moment::now();
     let (slots, fences): (Vec<String>, Vec<String>) = held
         .slots()
         .map(|(number, fence)| (number.to_string(), fence.to_string()))

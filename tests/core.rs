@@ -31,6 +31,8 @@ macro_rules! backend_tests {
             core::names_never_reach_each_other,
             core::one_thread_while_waiting_and_running,
             core::another_parallelism_is_refused,
+            clocks::a_wall_clock_step_lets_no_run_into_a_held_slot,
+            clocks::a_wall_clock_step_lets_no_run_into_a_kept_slot,
             sessions::status_on_a_store_not_made_yet_says_nothing_is_held,
             sessions::a_lease_found_lost_at_release_gives_76,
             sessions::a_run_that_would_wait_for_its_own_ancestor_fails_at_once,

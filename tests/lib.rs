@@ -4,6 +4,7 @@ mod support;
 
 mod admission;
 mod cli;
+mod clocks;
 mod core;
 mod docs;
 #[cfg(feature = "etcd")]
@@ -13,6 +14,7 @@ mod etcd_client;
 mod faults;
 mod file;
 mod fleet;
+mod formats;
 mod generated;
 mod line;
 mod modes;

@@ -12,6 +12,7 @@
 //! Adding a backend: a new folder here, one line in the `backends!` list below,
 //! one line in the per-backend test list (`tests/core.rs`).
 
+mod boot_date;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 mod file;
@@ -32,7 +33,7 @@ mod redis;
 mod s3;
 mod sqlite;
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use crate::error::Result;
 use crate::name::Name;
@@ -108,19 +109,25 @@ backends! {
 }
 
 /// The versioned store formats of the backends built in, one line each
-/// (`lockrun --version`; CHANGELOG.md: "Compatibility"). A backend whose store
-/// format gets a version adds its `FORMAT` here.
+/// (`lockrun --version`; CHANGELOG.md: "Compatibility"): each backend's `FORMAT`.
 pub const FORMATS: &[Format] = &[
+    file::FORMAT,
     sqlite::FORMAT,
+    #[cfg(feature = "redis")]
+    redis::FORMAT,
     #[cfg(feature = "postgres")]
     postgres::FORMAT,
+    #[cfg(feature = "etcd")]
+    etcd::FORMAT,
+    #[cfg(feature = "s3")]
+    s3::FORMAT,
 ];
 
 /// A backend's versioned store format: what it writes, and the oldest it reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Format {
     pub backend: &'static str,
-    /// What carries the version (`schema`).
+    /// What carries the version (`schema`, `format`, `key format`).
     pub kind: &'static str,
     /// The version this lockrun writes, and reads; a newer one it refuses.
     pub writes: u32,
@@ -158,6 +165,16 @@ impl StoreArgs {
             .map(str::to_owned)
             .collect();
     }
+}
+
+/// Why a store written by a newer lockrun is refused, before anything in it is
+/// touched (exit 69; docs/operating.md: "Upgrading"): `what` names the store's format
+/// (`file format`, `schema version`), `found` is its, `ours` the newest this lockrun knows.
+pub fn newer_format(store: &str, what: &str, found: impl std::fmt::Display, ours: u32) -> String {
+    format!(
+        "{store} was written by a newer lockrun ({what} {found}; lockrun {} knows {what} {ours} and older): upgrade lockrun",
+        env!("CARGO_PKG_VERSION")
+    )
 }
 
 /// What every backend is told when it opens its store.
@@ -378,8 +395,9 @@ pub trait Slot {
     fn renew(&mut self, within: Duration) -> Result<Renewal>;
 
     /// Gives the slot up. With `keep_until` in the future the slot stays taken
-    /// until then (`--min-hold`), though lockrun exits.
-    fn release(self: Box<Self>, keep_until: Option<SystemTime>) -> Result<Released>;
+    /// until then (`--min-hold`), though lockrun exits. A moment on the boot
+    /// clock, not a wall-clock time: no step of the wall clock shortens it.
+    fn release(self: Box<Self>, keep_until: Option<Moment>) -> Result<Released>;
 }
 
 /// What a release found.

@@ -1,10 +1,13 @@
 //! The record every backend keeps of a holder or a waiter, and the entry that
 //! `status` shows for one.
 
+use std::time::{Duration, SystemTime};
+
 use serde::{Deserialize, Serialize};
 
 use super::Line;
-use crate::identity::Process;
+use super::boot_date::BootDate;
+use crate::identity::{Process, epoch_millis};
 use crate::platform::clock::Moment;
 
 /// Who takes or waits for a slot, as the store keeps it: enough to show in
@@ -77,6 +80,10 @@ pub struct HolderRecord {
     /// until then (milliseconds since the Unix epoch), though its holder is gone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kept_until: Option<u64>,
+    /// The same end on the boot clock, which decides where the store has no
+    /// clock of its own (the file backend); `None` in records of older lockruns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept_on: Option<BootDate>,
 }
 
 /// What a store keeps of a waiter, where it keeps a document.
@@ -90,6 +97,19 @@ pub struct WaiterRecord {
 }
 
 impl HolderRecord {
+    /// When a `--min-hold` lets the slot go, if it still keeps it: by the boot
+    /// clock, or for a record of an older lockrun by the wall clock.
+    pub fn kept_end(&self) -> Option<Moment> {
+        match (&self.kept_on, self.kept_until) {
+            (Some(date), _) => date.end(),
+            (None, Some(until)) => {
+                let now = epoch_millis(SystemTime::now());
+                (until > now).then(|| Moment::now() + Duration::from_millis(until - now))
+            }
+            (None, None) => None,
+        }
+    }
+
     pub fn entry(&self, slot: u32) -> Entry {
         let entry = Entry::holder(&self.name, slot, &self.owner, Some(self.acquired_at))
             .expiring(self.kept_until);

@@ -21,6 +21,11 @@ impl Moment {
         self.0
     }
 
+    /// The moment `since_boot` after the machine booted.
+    pub fn after_boot(since_boot: Duration) -> Self {
+        Self(since_boot)
+    }
+
     /// Time left until `self`, zero when it has passed.
     pub fn remaining(self) -> Duration {
         self.0.saturating_sub(Self::now().0)

@@ -93,10 +93,10 @@ pub fn ancestors() -> Vec<u32> {
 /// This boot and pid namespace, `BOOT-ID/pid:[INODE]`: pids can only be compared
 /// between processes that share both. Empty when either cannot be read.
 pub fn boot_id() -> String {
-    let boot = fs::read_to_string("/proc/sys/kernel/random/boot_id");
+    let boot = kernel_boot_id();
     let pid_namespace = fs::read_link("/proc/self/ns/pid");
-    match (boot, pid_namespace) {
-        (Ok(boot), Ok(namespace)) => format!("{}/{}", boot.trim(), namespace.display()),
+    match (boot.is_empty(), pid_namespace) {
+        (false, Ok(namespace)) => format!("{boot}/{}", namespace.display()),
         _ => String::new(),
     }
 }
@@ -107,6 +107,14 @@ pub fn boot_id() -> String {
 pub fn runs_this_program(pid: u32) -> Option<bool> {
     let comm = |pid: &str| fs::read_to_string(format!("/proc/{pid}/comm")).ok();
     Some(comm(&pid.to_string())? == comm("self")?)
+}
+
+/// This boot of the kernel: whose `CLOCK_BOOTTIME` every process on it shares
+/// (pid namespaces included). Empty when it cannot be read.
+pub fn kernel_boot_id() -> String {
+    fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|boot| boot.trim().to_owned())
+        .unwrap_or_default()
 }
 
 /// An flock(2) lock held right now, from `/proc/locks`.

@@ -5,10 +5,52 @@
 //!   to its lease (LEASE in hex); its create revision orders the line and is
 //!   the holder's fence;
 //! - `/PREFIX/STEM/slot/N`: slot N taken, attached to its holder's lease, so
-//!   that two holders never take one slot.
+//!   that two holders never take one slot;
+//! - `/PREFIX/.format/N` (N in ten digits, without lease): the format of the
+//!   keys under the prefix, put by the first claim there; no stem starts with a dot.
 
 use super::link::Keys;
+use crate::backend::newer_format;
 use crate::name::Name;
+
+/// The format of the keys under a prefix, bumped when they change in a way an
+/// older lockrun would misread.
+pub const FORMAT: u32 = 1;
+
+/// The format keys under a prefix: `/PREFIX/.format/`.
+pub struct FormatKeys {
+    base: String,
+}
+
+impl FormatKeys {
+    /// Ours, which the first claim under the prefix puts.
+    pub fn ours(&self) -> Vec<u8> {
+        format!("{}{FORMAT:010}", self.base).into_bytes()
+    }
+
+    /// Those of every newer format: a claim is made only when there are none.
+    pub fn newer(&self) -> Keys {
+        Keys {
+            key: format!("{}{:010}", self.base, FORMAT + 1).into_bytes(),
+            range_end: Keys::prefix(self.base.as_bytes()).range_end,
+        }
+    }
+
+    /// Why the keys are refused, given the newer format key found under [`FormatKeys::newer`].
+    pub fn refusal(&self, newer: &[u8]) -> String {
+        let found = std::str::from_utf8(newer.strip_prefix(self.base.as_bytes()).unwrap_or(newer))
+            .ok()
+            .and_then(|found| found.parse::<u64>().ok())
+            .map_or_else(|| "unknown".to_owned(), |found| found.to_string());
+        let prefix = &self.base[..self.base.len() - ".format/".len()];
+        newer_format(
+            &format!("the etcd keys under {prefix}"),
+            "key format",
+            found,
+            FORMAT,
+        )
+    }
+}
 
 /// The keys of one name.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -28,6 +70,16 @@ impl NameKeys {
     pub fn new(prefix: &str, name: &Name) -> Self {
         Self {
             base: format!("/{prefix}/{}/", name.stem()),
+        }
+    }
+
+    /// The format keys of the prefix the name's keys are under.
+    pub fn format(&self) -> FormatKeys {
+        let stem_at = self.base[..self.base.len() - 1]
+            .rfind('/')
+            .map_or(0, |at| at + 1);
+        FormatKeys {
+            base: format!("{}.format/", &self.base[..stem_at]),
         }
     }
 

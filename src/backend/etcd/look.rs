@@ -443,6 +443,7 @@ pub(super) mod tests {
                         acquired_at: 0,
                         fence: 0,
                         kept_until: None,
+                        kept_on: None,
                     },
                 }),
                 None => Record::Waiting(WaiterRecord {

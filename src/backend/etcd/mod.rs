@@ -14,6 +14,14 @@ mod slot;
 mod waiter;
 mod watching;
 
+/// The format of the keys under the prefix (`/PREFIX/.format/N`); a newer one is refused.
+pub const FORMAT: super::Format = super::Format {
+    backend: "etcd",
+    kind: "key format",
+    writes: keys::FORMAT,
+    reads_from: 1,
+};
+
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
@@ -21,7 +29,7 @@ use std::time::SystemTime;
 
 use super::record::{HolderRecord, sort, waiting};
 use super::{Abilities, Attempt, Common, Entry, Owner, Request, Store, Waited, Wakeup};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::identity::epoch_millis;
 use crate::name::Name;
 use crate::platform::clock::Moment;
@@ -183,6 +191,11 @@ impl Store for EtcdStore {
     fn break_slots(&mut self, name: &Name, slot: Option<u32>) -> Result<Vec<Entry>> {
         let keys = NameKeys::new(&self.prefix, name);
         let mut client = self.client.borrow_mut();
+        // Keys of a newer lockrun are left alone (docs/operating.md: "Upgrading").
+        let format = keys.format();
+        if let Some(newer) = client.range(&format.newer(), FREE_CALL)?.kvs.first() {
+            return Err(Error::Unavailable(format.refusal(&newer.key)));
+        }
         let look = LineView::new(&keys, client.range(&keys.all(), FREE_CALL)?);
         let mut broken = Vec::new();
         for place in &look.places {
@@ -214,6 +227,7 @@ fn holding(request: &Request, slot: u32) -> Holding {
             acquired_at: now_millis(),
             fence: 0,
             kept_until: None,
+            kept_on: None,
         },
     }
 }

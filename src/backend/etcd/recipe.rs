@@ -9,19 +9,31 @@ use super::link::{Keys, Op, Txn};
 use super::look::{Holding, Record};
 
 /// Takes slot 0 for the owner of `lease` if the line is empty; else, with
-/// `waiting`, puts its place at the end of the line unless it is there.
+/// `waiting`, puts its place at the end of the line unless it is there. Under
+/// a prefix a newer lockrun wrote it changes nothing, and its first listing
+/// (of the failure) holds that lockrun's format key; the first claim under a
+/// prefix puts our format key. No round trip of its own: the format costs a compare.
 pub fn claim(keys: &NameKeys, lease: i64, holding: &Holding, waiting: Option<&Record>) -> Txn {
     let place = keys.place(lease);
     let slot = keys.slot(0);
+    let format = keys.format();
     let claim = Txn::new()
+        .if_absent(format.newer())
         .if_absent(keys.line())
         .if_absent(Keys::one(&slot))
+        .then(Op::Txn(
+            Txn::new()
+                .if_absent(Keys::one(&format.ours()))
+                .then(Op::put(&format.ours(), b"", 0)),
+        ))
         .then(Op::put(&place, &json(holding), lease))
         .then(Op::put(&slot, token(holding), lease))
         .then(Op::Range(keys.all()));
+    let claim = claim.otherwise(Op::Range(format.newer()));
     let claim = match waiting {
         Some(waiting) => claim.otherwise(Op::Txn(
             Txn::new()
+                .if_absent(format.newer())
                 .if_absent(Keys::one(&place))
                 .then(Op::put(&place, &json(waiting), lease)),
         )),

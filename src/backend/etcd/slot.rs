@@ -60,11 +60,11 @@ impl Slot for EtcdSlot {
         Ok(Renewal::confirmed(renewed.is_some()))
     }
 
-    fn release(self: Box<Self>, keep_until: Option<SystemTime>) -> Result<Released> {
+    fn release(self: Box<Self>, keep_until: Option<Moment>) -> Result<Released> {
         let within = Plan::new(self.lease.ttl).holder_call();
         let mut client = self.client.borrow_mut();
         let keep = keep_until
-            .and_then(|until| until.duration_since(SystemTime::now()).ok())
+            .map(Moment::remaining)
             .filter(|keep| !keep.is_zero());
         if let Some(keep) = keep {
             // The place and slot move to a lease that lasts as long as the

@@ -214,6 +214,11 @@ impl Waiter {
             join.then_some(&waiting),
         );
         let outcome = self.client.borrow_mut().txn(&claim, within)?;
+        if !outcome.succeeded
+            && let Some(newer) = outcome.listings.first().and_then(|newer| newer.kvs.first())
+        {
+            return Err(link::Error::permanent(keys.format().refusal(&newer.key)));
+        }
         mine.in_line = join || outcome.succeeded;
         Ok(look(keys, outcome))
     }

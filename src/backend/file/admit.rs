@@ -6,7 +6,6 @@
 
 use std::fs::{self, File};
 use std::path::Path;
-use std::time::SystemTime;
 
 use super::dir::{LockDir, open_existing};
 use super::line::{is_live, waiter_path, waiter_tickets};
@@ -14,7 +13,6 @@ use super::slot::{SlotFile, first_json_value, read_record};
 use crate::backend::record::WaiterRecord;
 use crate::backend::refuses;
 use crate::error::{Error, Result};
-use crate::identity::epoch_millis;
 
 /// Another `-p` than `ours` that a holder of a slot of `stem` (`own` left
 /// out) has, or with `waiters` a waiter in its line.
@@ -97,11 +95,7 @@ fn holders_parallelism(file: &File, path: &Path) -> Result<Option<u32>> {
     let failed = |err| Error::unavailable(format!("cannot lock {}", path.display()), err);
     let record = match file.try_lock() {
         // Free, unless a --min-hold keeps it; our moment's lock goes with the file.
-        Ok(()) => read_record(file).filter(|record| {
-            record
-                .kept_until
-                .is_some_and(|until| until > epoch_millis(SystemTime::now()))
-        }),
+        Ok(()) => read_record(file).filter(|record| record.kept_end().is_some()),
         Err(fs::TryLockError::WouldBlock) => match file.try_lock_shared() {
             // Slot 0's file held shared: by sharers, whose own files say their -p.
             Ok(()) => None,

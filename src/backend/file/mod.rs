@@ -7,10 +7,19 @@
 mod admit;
 mod dir;
 mod fence;
+mod format;
 mod line;
 mod share;
 mod slot;
 mod wait;
+
+/// The directory's layout, in its `format` file; a newer one is refused.
+pub const FORMAT: super::Format = super::Format {
+    backend: "file",
+    kind: "format",
+    writes: format::FORMAT,
+    reads_from: 1,
+};
 
 use std::fs::{self, File};
 use std::io;
@@ -44,8 +53,10 @@ pub struct Options {
 
 impl Options {
     pub fn open(&self, common: &Common) -> Result<Box<dyn Store>> {
+        let dir = dir::choose(self.dir.as_deref(), common.create)?;
+        format::check(&dir, common.create)?;
         Ok(Box::new(FileStore {
-            dir: dir::choose(self.dir.as_deref(), common.create)?,
+            dir,
             place: None,
             ahead: None,
             head: None,
@@ -74,7 +85,7 @@ struct Head {
 #[derive(Default)]
 struct NoSlot {
     /// The earliest a `--min-hold` lets a slot go.
-    kept_until: Option<SystemTime>,
+    kept_until: Option<Moment>,
     /// A free slot was given back: a holder has this other `-p`.
     other_parallelism: Option<u32>,
 }
@@ -87,7 +98,7 @@ impl NoSlot {
         }
     }
 
-    fn kept(until: SystemTime) -> Self {
+    fn kept(until: Moment) -> Self {
         Self {
             kept_until: Some(until),
             ..Self::default()
@@ -300,7 +311,7 @@ impl Store for FileStore {
                 return Ok(Attempt::Waiting(match other {
                     Some(theirs) => Line::refused(theirs),
                     None => Line {
-                        moves_by: no_slot.kept_until.map(moment_of),
+                        moves_by: no_slot.kept_until,
                         ..Line::default()
                     },
                 }));
@@ -342,7 +353,7 @@ impl Store for FileStore {
                     other_parallelism: Some(theirs),
                     ..
                 }) => return Ok(Attempt::Waiting(Line::refused(theirs))),
-                Err(no_slot) => moves_by = no_slot.kept_until.map(moment_of),
+                Err(no_slot) => moves_by = no_slot.kept_until,
             }
         }
         Ok(Attempt::Waiting(Line {
@@ -401,7 +412,7 @@ impl Store for FileStore {
                 kept_until: Some(kept_until),
                 ..
             }) => {
-                thread::sleep(moment_of(kept_until).min(until).remaining());
+                thread::sleep(kept_until.min(until).remaining());
                 Ok(Waited::Moved)
             }
             // The next look says why.
@@ -423,7 +434,6 @@ impl Store for FileStore {
         })?;
         let wanted = name.map(Name::stem);
         let locked = live_flocks();
-        let now = epoch_millis(SystemTime::now());
         let mut holders = Vec::new();
         let mut waiters: Vec<(String, String, Entry)> = Vec::new();
         for entry in entries.flatten() {
@@ -444,7 +454,7 @@ impl Store for FileStore {
                     .ok()
                     .and_then(|meta| locked.iter().find(|l| l.is_on(&meta)).map(|l| l.pid));
                 let record = slot::read_record(&file);
-                if let Some(entry) = holder_entry(stem, slot, record, lock_pid, now) {
+                if let Some(entry) = holder_entry(stem, slot, record, lock_pid) {
                     holders.push(entry);
                 }
             } else if let Some((stem, ticket)) = line::parse_waiter_file_name(file_name) {
@@ -495,7 +505,6 @@ fn holder_entry(
     slot: SlotFile,
     record: Option<HolderRecord>,
     lock_pid: Option<u32>,
-    now: u64,
 ) -> Option<Entry> {
     // A lockrun in another pid namespace has a pid of its own in its record: its program tells.
     let foreign = lock_pid.is_some_and(|pid| proc::runs_this_program(pid) == Some(false));
@@ -503,9 +512,7 @@ fn holder_entry(
         (Some(record), Some(pid)) if record.owner.process.pid == pid || !foreign => {
             Some(record.entry(slot.number()))
         }
-        (Some(record), None) if record.kept_until.is_some_and(|until| until > now) => {
-            Some(record.entry(slot.number()))
-        }
+        (Some(record), None) if record.kept_end().is_some() => Some(record.entry(slot.number())),
         // Locked, but not (yet) by a holder that wrote its record, or by another program.
         (_, Some(pid)) => Some(Entry {
             name: stem.to_owned(),
@@ -527,13 +534,8 @@ fn holder_entry(
     }
 }
 
-fn earliest(current: Option<SystemTime>, other: SystemTime) -> SystemTime {
+fn earliest(current: Option<Moment>, other: Moment) -> Moment {
     current.map_or(other, |current| current.min(other))
-}
-
-/// The moment on the monotonic clock when the wall clock shows `time`.
-fn moment_of(time: SystemTime) -> Moment {
-    Moment::now() + time.duration_since(SystemTime::now()).unwrap_or_default()
 }
 
 fn unusable(path: &Path, err: io::Error) -> Error {

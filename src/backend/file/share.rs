@@ -10,7 +10,6 @@
 
 use std::fs::File;
 use std::path::Path;
-use std::time::SystemTime;
 
 use super::dir::{LockDir, open_existing};
 use super::earliest;
@@ -18,6 +17,7 @@ use super::slot::{self, Probe, SlotFile, probe};
 use super::wait::LockMode;
 use crate::backend::MAX_SHARERS;
 use crate::error::Result;
+use crate::platform::clock::Moment;
 
 /// The lowest share slot of `stem` that is free, its file locked and ours, or
 /// else when the first one that `--min-hold` keeps is let go. Under our own
@@ -27,7 +27,7 @@ pub fn take_lowest_free(
     dir: &LockDir,
     stem: &str,
     watched: bool,
-) -> Result<Result<(u32, File), Option<SystemTime>>> {
+) -> Result<Result<(u32, File), Option<Moment>>> {
     let mut kept_until = None;
     for slot in 0..MAX_SHARERS {
         let path = SlotFile::Share(slot).path(dir.path(), stem);
@@ -53,7 +53,7 @@ pub fn take_lowest_free(
 
 /// Until when sharers of `stem` that `--min-hold` keeps keep exclusive runs
 /// out, if any does: read from the records, since a kept slot's lock is free.
-pub fn kept_until(dir: &Path, stem: &str) -> Result<Option<SystemTime>> {
+pub fn kept_until(dir: &Path, stem: &str) -> Result<Option<Moment>> {
     let mut latest = None;
     for slot in 0..MAX_SHARERS {
         let Some(file) = open_existing(&SlotFile::Share(slot).path(dir, stem))? else {

@@ -13,6 +13,7 @@ use std::time::{Duration, SystemTime};
 use super::dir::LockDir;
 use super::wait::LockMode;
 use super::{NoSlot, admit, fence, share};
+use crate::backend::boot_date::BootDate;
 use crate::backend::record::HolderRecord;
 use crate::backend::{Mode, Released, Renewal, Request, Slot};
 use crate::error::{Error, Result};
@@ -79,7 +80,7 @@ pub enum Probe {
     /// Someone holds the lock.
     Held,
     /// Nobody holds the lock, but a `--min-hold` keeps the slot taken until then.
-    Kept(SystemTime),
+    Kept(Moment),
 }
 
 /// Tries the lock of an open slot file without waiting: exclusive, or shared
@@ -107,11 +108,8 @@ pub fn free_or_kept(file: File) -> Probe {
 }
 
 /// Until when a `--min-hold` keeps the slot of `file` taken, if it still does.
-pub fn kept_until(file: &File) -> Option<SystemTime> {
-    read_record(file)
-        .and_then(|record| record.kept_until)
-        .map(|until| SystemTime::UNIX_EPOCH + Duration::from_millis(until))
-        .filter(|until| *until > SystemTime::now())
+pub fn kept_until(file: &File) -> Option<Moment> {
+    read_record(file).and_then(|record| record.kept_end())
 }
 
 /// The record in a slot file, if it holds one (it is read only so far).
@@ -169,6 +167,7 @@ pub fn take(
         acquired_at: epoch_millis(SystemTime::now()),
         fence: counter.next(last_of_slot)?,
         kept_until: None,
+        kept_on: None,
     };
     let path = slot.path(dir.path(), stem);
     // Written under the counter's lock: whoever is let in next sees our -p.
@@ -233,10 +232,13 @@ impl Slot for FileSlot {
         Ok(Renewal::Renewed)
     }
 
-    fn release(mut self: Box<Self>, keep_until: Option<SystemTime>) -> Result<Released> {
-        if let Some(until) = keep_until.filter(|until| *until > SystemTime::now()) {
-            // Said before the lock goes: whoever gets it next sees that the slot is still taken.
-            self.record.kept_until = Some(epoch_millis(until));
+    fn release(mut self: Box<Self>, keep_until: Option<Moment>) -> Result<Released> {
+        if let Some(until) = keep_until.filter(|until| !until.has_passed()) {
+            // Said before the lock goes: whoever gets it next sees that the slot
+            // is still taken. Dated on the boot clock, which decides (docs/guide.md:
+            // "Clocks"); the wall-clock time is for `status`.
+            self.record.kept_until = Some(epoch_millis(SystemTime::now() + until.remaining()));
+            self.record.kept_on = Some(BootDate::until(until));
         } else {
             // Nobody holds it from now on: the file keeps the fence for the next
             // holder, not the command line, which may carry a password, nor

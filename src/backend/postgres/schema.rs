@@ -15,6 +15,7 @@ use tokio_postgres::types::Type;
 
 use super::connect::Session;
 use crate::backend::net::{Failure, Kind};
+use crate::backend::newer_format;
 use crate::error::Error;
 
 /// Bumped when the tables change, so that a later lockrun can migrate them.
@@ -167,6 +168,19 @@ pub fn create_or_check(
             version: SCHEMA_VERSION,
             complete: false,
         } => Err(refuse("is lockrun's but lacks some of its tables".into())),
+        Found::Lockrun { version, .. } if version > SCHEMA_VERSION => Err(Failure::new(
+            Kind::Permanent,
+            newer_format(
+                &format!(
+                    "PostgreSQL at {}: schema {:?}",
+                    session.target(),
+                    schema.name
+                ),
+                "schema version",
+                version,
+                u32::try_from(SCHEMA_VERSION).expect("small"),
+            ),
+        )),
         Found::Lockrun { version, .. } => Err(refuse(format!(
             "was made by another lockrun (schema version {version}; this lockrun knows {SCHEMA_VERSION})"
         ))),

@@ -4,7 +4,7 @@
 
 use std::cell::RefCell;
 use std::rc::Rc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use tokio_postgres::types::{ToSql, Type};
 
@@ -57,11 +57,9 @@ impl Slot for PostgresSlot {
         Ok(Renewal::confirmed(renewed[0].len() == 1))
     }
 
-    fn release(self: Box<Self>, keep_until: Option<SystemTime>) -> Result<Released> {
+    fn release(self: Box<Self>, keep_until: Option<Moment>) -> Result<Released> {
         // A duration from now, not a time: only the server's clock dates leases.
-        let keep = keep_until
-            .and_then(|until| until.duration_since(SystemTime::now()).ok())
-            .map_or(0, millis);
+        let keep = keep_until.map_or(0, |until| millis(until.remaining()));
         let slot = self.slot.cast_signed();
         let params: [(&(dyn ToSql + Sync), Type); 4] = [
             (&self.name, Type::TEXT),

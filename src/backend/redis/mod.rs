@@ -15,12 +15,20 @@ mod sentinel;
 mod slot;
 mod url;
 
+/// The format of a name's keys (`PREFIX:{STEM}:format`); a newer one is refused.
+pub const FORMAT: super::Format = super::Format {
+    backend: "redis",
+    kind: "key format",
+    writes: scripts::FORMAT,
+    reads_from: 1,
+};
+
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::{Duration, SystemTime};
 
 use super::record::{HolderRecord, WaiterRecord, sort, waiting};
-use super::{Abilities, Attempt, Common, Entry, Line, Owner, Request, Store, Waited};
+use super::{Abilities, Attempt, Common, Entry, Line, Owner, Request, Store, Waited, newer_format};
 use crate::error::{Error, Result};
 use crate::identity::epoch_millis;
 use crate::name::Name;
@@ -103,6 +111,17 @@ fn json<T: serde::Serialize>(value: &T) -> Result<String> {
 }
 
 impl RedisStore {
+    /// The refusal of keys a newer lockrun wrote, in format `found` (`None`: not a number).
+    fn newer_format(&self, found: Option<u64>) -> Error {
+        let found = found.map_or_else(|| "unknown".to_owned(), |found| found.to_string());
+        Error::Unavailable(newer_format(
+            &self.location,
+            "key format",
+            found,
+            scripts::FORMAT,
+        ))
+    }
+
     fn keys(&self, name: &Name) -> RedisKeys {
         RedisKeys::new(&self.prefix, name)
     }
@@ -278,6 +297,7 @@ impl Store for RedisStore {
             acquired_at: now,
             fence: 0,
             kept_until: None,
+            kept_on: None,
         })?;
         let waiter = json(&WaiterRecord {
             name: request.name.to_string(),
@@ -334,6 +354,9 @@ impl Store for RedisStore {
         }
         if taken == 2 {
             return Ok(Attempt::Waiting(Line::refused(first as u32)));
+        }
+        if taken == 3 {
+            return Err(self.newer_format(u64::try_from(first).ok()));
         }
         // The script chose what we watch (docs/guide.md: "The waiting line"); of it, what runs here.
         let local_ahead = watched
@@ -420,6 +443,20 @@ impl Store for RedisStore {
     fn break_slots(&mut self, name: &Name, slot: Option<u32>) -> Result<Vec<Entry>> {
         let keys = self.keys(name);
         let line = keys.line();
+        // Keys of a newer lockrun are left alone (docs/operating.md: "Upgrading").
+        let format_key = keys.format();
+        let format: Option<String> = self.link.borrow_mut().call(
+            Route::Key(&format_key),
+            "reading the format",
+            FREE_CALL,
+            |c| redis::cmd("GET").arg(&format_key).query(c),
+        )?;
+        if let Some(format) = format {
+            let found = format.parse::<u64>().ok();
+            if found.is_none_or(|found| found > u64::from(scripts::FORMAT)) {
+                return Err(self.newer_format(found));
+            }
+        }
         let wanted: Vec<String> = match slot {
             Some(slot) => vec![keys.slot(slot)],
             None => self.scan(Route::Key(&line), &keys.slot_pattern())?,

@@ -5,6 +5,7 @@
 //! holds no `{`, `}`, `:` or glob character), so Redis Cluster keeps them in
 //! one slot and no name's keys or patterns can reach another name's:
 //! - `PREFIX:{STEM}:slot:N`: the holder of slot N, a JSON record with a PX TTL;
+//! - `PREFIX:{STEM}:format`: the format of the name's keys ([`FORMAT`]), without TTL;
 //! - `PREFIX:{STEM}:fence`: the fence counter, without TTL;
 //! - `PREFIX:{STEM}:line`: the waiting line, a sorted set of waiters' tokens by ticket;
 //! - `PREFIX:{STEM}:sharers`: the shared waiters of the line, by the same tickets;
@@ -18,6 +19,11 @@
 //!   release may be made again (its answer lost), which then knows it was done.
 
 use redis::Script;
+
+/// The format of a name's keys, bumped when they change in a way an older
+/// lockrun would misread; kept in `PREFIX:{STEM}:format`, which the acquire
+/// script reads, so it costs no round trip.
+pub const FORMAT: u32 = 1;
 
 use crate::backend::MAX_SHARERS;
 use crate::name::Name;
@@ -47,6 +53,10 @@ impl RedisKeys {
 
     pub fn slot(&self, slot: u32) -> String {
         format!("{}slot:{slot}", self.base)
+    }
+
+    pub fn format(&self) -> String {
+        format!("{}format", self.base)
     }
 
     pub fn fence(&self) -> String {
@@ -236,7 +246,8 @@ end
 if redis.replicate_commands then redis.replicate_commands() end
 "#;
 
-/// KEYS: fence, line, ticket, sharers, widest. ARGV: token, holder JSON, waiter
+/// KEYS: fence, line, ticket, sharers, widest. Keys of a newer format (a newer
+/// lockrun's) are left untouched: {3, their format}. ARGV: token, holder JSON, waiter
 /// JSON, TTL ms, 1 to join the line (0: only look), key base, our boot id, wake
 /// TTL ms, our `-p`, our mode. A newcomer whose `-p` is not that of the name's
 /// holders and waiters gets {2, theirs} and changes nothing (docs/guide.md: "Slots").
@@ -255,6 +266,13 @@ const ACQUIRE: &str = r#"
 local token, base, ttl = ARGV[1], ARGV[6], ARGV[4]
 local ours, shared = tonumber(ARGV[9]), ARGV[10] == 'shared'
 local fence_key, line, ticket, sharers, widest_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local format = redis.call('GET', base .. 'format')
+if not format then
+  redis.call('SET', base .. 'format', FORMAT)
+elseif format ~= tostring(FORMAT) then
+  local theirs = tonumber(format) or -1
+  if theirs < 0 or theirs > FORMAT then return {3, theirs, 0, {}} end
+end
 local widest = widest_slot(widest_key)
 local held = holders(base, math.max(widest, ours))
 -- Asked again after a lost answer (a connection cut, a failover): the slot is ours already.
@@ -451,7 +469,7 @@ impl Scripts {
     pub fn new() -> Self {
         let script = |body: &str| {
             Script::new(&format!(
-                "local MAX_SHARERS = {MAX_SHARERS}\n{PRELUDE}{body}"
+                "local MAX_SHARERS, FORMAT = {MAX_SHARERS}, {FORMAT}\n{PRELUDE}{body}"
             ))
         };
         Self {

@@ -3,7 +3,7 @@
 
 use std::cell::RefCell;
 use std::rc::Rc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use super::Release;
 use super::link::{RedisLink, Route};
@@ -82,10 +82,10 @@ impl Slot for RedisSlot {
         Ok(Renewal::confirmed(renewed == 1))
     }
 
-    fn release(self: Box<Self>, keep_until: Option<SystemTime>) -> Result<Released> {
+    fn release(self: Box<Self>, keep_until: Option<Moment>) -> Result<Released> {
         // A duration from now, not a time: only the server's clock decides expiry.
         let how = keep_until
-            .and_then(|until| until.duration_since(SystemTime::now()).ok())
+            .map(Moment::remaining)
             .filter(|keep| keep.as_millis() > 0)
             .map_or(Release::Free(self.replicas), |keep| {
                 Release::Keep(keep, self.replicas)

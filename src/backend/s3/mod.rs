@@ -18,6 +18,14 @@ mod swap;
 mod target;
 mod watch;
 
+/// The format of a name's state object; a newer one is refused.
+pub const FORMAT: super::Format = super::Format {
+    backend: "s3",
+    kind: "object format",
+    writes: state::FORMAT,
+    reads_from: 1,
+};
+
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::thread;
@@ -165,6 +173,7 @@ fn look_at(
                 acquired_at: now_millis(),
                 fence: state.fence,
                 kept_until: None,
+                kept_on: None,
             },
             beat: 0,
             ttl_ms: millis(request.plan.ttl()),

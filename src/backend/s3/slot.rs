@@ -4,14 +4,13 @@
 
 use std::cell::RefCell;
 use std::rc::Rc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use super::now_millis;
 use super::swap::Objects;
 use crate::backend::net::Deadline;
 use crate::backend::{Released, Renewal, Slot};
 use crate::error::Result;
-use crate::identity::epoch_millis;
 use crate::platform::clock::Moment;
 use crate::timing::Plan;
 
@@ -61,11 +60,11 @@ impl Slot for S3Slot {
         Ok(Renewal::confirmed(ours))
     }
 
-    fn release(self: Box<Self>, keep_until: Option<SystemTime>) -> Result<Released> {
+    fn release(self: Box<Self>, keep_until: Option<Moment>) -> Result<Released> {
         let deadline = Deadline::after(Plan::new(self.ttl).holder_call());
+        // A length, not a time: observers judge the keep by its silence on their own clocks.
         let keep_for = keep_until
-            .map(epoch_millis)
-            .and_then(|until| until.checked_sub(now_millis()))
+            .map(|until| until.remaining().as_millis() as u64)
             .filter(|&left| left > 0);
         let token = &self.token;
         // Whether our entry was there when first looked at; a retry after an

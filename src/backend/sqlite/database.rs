@@ -12,11 +12,12 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, ErrorCode, OpenFlags, Transaction, TransactionBehavior};
 
+use crate::backend::newer_format;
 use crate::backoff::{self, Backoff};
 use crate::error::{Error, Result, Trouble};
 
 /// Bumped when the tables change, so a later lockrun can migrate (stored in `PRAGMA user_version`).
-pub const SCHEMA_VERSION: u32 = 4;
+pub const SCHEMA_VERSION: u32 = 5;
 /// Marks the file as lockrun's in the SQLite header (`PRAGMA application_id`): "LKRN".
 const APPLICATION_ID: u32 = 0x4c4b_524e;
 
@@ -93,13 +94,40 @@ ALTER TABLE waiters ADD COLUMN mode TEXT NOT NULL DEFAULT 'exclusive';
 ALTER TABLE waiters ADD COLUMN ttl INTEGER;
 ";
 
+/// Version 5: each lease's and place's end on the boot clock of the kernel
+/// that wrote it (docs/backends/sqlite.md: "SQLite backend"): that boot's id (`clock`), the end
+/// in milliseconds after it (`ends`), the milliseconds from the writing to the
+/// end (`span`), and a `beat` that every writing changes. A renewal by an
+/// older lockrun changes `expires_at` alone: the triggers then clear `clock`,
+/// and the row is judged by its beats.
+const BOOT_CLOCK: &str = "
+ALTER TABLE holders ADD COLUMN clock TEXT;
+ALTER TABLE holders ADD COLUMN ends INTEGER;
+ALTER TABLE holders ADD COLUMN span INTEGER;
+ALTER TABLE holders ADD COLUMN beat INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE waiters ADD COLUMN clock TEXT;
+ALTER TABLE waiters ADD COLUMN ends INTEGER;
+ALTER TABLE waiters ADD COLUMN span INTEGER;
+ALTER TABLE waiters ADD COLUMN beat INTEGER NOT NULL DEFAULT 0;
+CREATE TRIGGER holders_renewed_by_older AFTER UPDATE OF expires_at ON holders
+WHEN NEW.beat = OLD.beat BEGIN
+    UPDATE holders SET clock = NULL WHERE name = NEW.name AND slot = NEW.slot;
+END;
+CREATE TRIGGER waiters_refreshed_by_older AFTER UPDATE OF expires_at ON waiters
+WHEN NEW.beat = OLD.beat BEGIN
+    UPDATE waiters SET clock = NULL WHERE ticket = NEW.ticket;
+END;
+";
+
 /// What brings a database of version N (from 1) up to version N + 1.
-const UPGRADES: [&str; SCHEMA_VERSION as usize - 1] = [WAITERS, PARALLELISM, MODES];
+const UPGRADES: [&str; SCHEMA_VERSION as usize - 1] = [WAITERS, PARALLELISM, MODES, BOOT_CLOCK];
 
 /// The first version whose rows say their `-p`.
 pub const PARALLELISM_SINCE: u32 = 3;
 /// The first version whose rows say their mode.
 pub const MODES_SINCE: u32 = 4;
+/// The first version whose rows date their ends on a boot clock.
+pub const BOOT_CLOCK_SINCE: u32 = 5;
 
 /// An open lockrun database.
 pub struct Database {
@@ -321,6 +349,12 @@ fn inspect(path: &Path) -> Result<bool> {
     }
     match field(60) {
         1..=SCHEMA_VERSION => Ok(true),
+        version if version > SCHEMA_VERSION => Err(Error::Unavailable(newer_format(
+            &format!("the SQLite database {}", path.display()),
+            "schema version",
+            version,
+            SCHEMA_VERSION,
+        ))),
         version => Err(refuse(format!(
             "has lockrun schema version {version}, which this lockrun (version {SCHEMA_VERSION}) does not know"
         ))),
@@ -507,7 +541,8 @@ pub(super) mod tests {
         assert_eq!(user_version(&db), SCHEMA_VERSION);
         db.conn
             .prepare(
-                "SELECT h.parallelism, w.parallelism, h.mode, w.mode, w.ttl FROM holders h, waiters w",
+                "SELECT h.parallelism, w.parallelism, h.mode, w.mode, w.ttl, h.clock, h.ends, h.span,
+                        h.beat, w.clock, w.ends, w.span, w.beat FROM holders h, waiters w",
             )
             .unwrap();
     }
@@ -526,6 +561,36 @@ pub(super) mod tests {
             )
             .unwrap();
         assert_eq!(modes, ("exclusive".to_owned(), "exclusive".to_owned()));
+    }
+
+    #[test]
+    fn a_renewal_by_an_older_lockrun_leaves_its_row_to_the_heartbeat_rule() {
+        let (_dir, path) = database_of_version(4, "");
+        let db = open(Some(&path), true).unwrap();
+        assert_eq!(user_version(&db), SCHEMA_VERSION);
+        let clock = |db: &Database| -> Option<String> {
+            db.conn
+                .query_row("SELECT clock FROM holders", [], |row| row.get(0))
+                .unwrap()
+        };
+        db.conn
+            .execute_batch(
+                "INSERT INTO holders (name, slot, token, fence, pid, start_time, boot_id, host,
+                                      command, acquired_at, expires_at, clock, ends, span)
+                 VALUES ('x', 0, 't', 1, 1, 1, 'b', 'h', 'c', 0, 10, 'b', 10, 10);
+                 UPDATE holders SET expires_at = 20, clock = 'b', ends = 20, beat = beat + 1",
+            )
+            .unwrap();
+        assert_eq!(
+            clock(&db).as_deref(),
+            Some("b"),
+            "a renewal of this version"
+        );
+        // What an older lockrun's renewal writes: the wall-clock end alone.
+        db.conn
+            .execute_batch("UPDATE holders SET expires_at = 30")
+            .unwrap();
+        assert_eq!(clock(&db), None, "no longer judged by a boot clock");
     }
 
     #[test]

@@ -1,20 +1,22 @@
 //! One look at a name's line, in one transaction: its live holders, the waiters
 //! ahead of us, our ticket and a slot granted to us; and what they let us do.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::Connection;
 
 use super::database::SCHEMA_VERSION;
+use super::judge::Now;
 use super::line::lowest_free;
-use super::moment_at;
 use super::rows::{HolderRow, WaiterRow, live_holders, live_waiters};
 use crate::backend::record::{Ahead, Places, line};
 use crate::backend::{Line, Request, refuses};
+use crate::platform::clock::Moment;
 
-/// A slot granted to us while we waited: its number, fence, and when it was granted.
+/// A slot granted to us while we waited: its number and fence, and when it
+/// was granted if the lockrun that granted it shares our boot clock.
 pub(super) struct Granted {
     pub(super) slot: u32,
     pub(super) fence: u64,
-    pub(super) acquired_at: u64,
+    pub(super) at: Option<Moment>,
 }
 
 /// One look at the line of a name, in one transaction.
@@ -34,32 +36,28 @@ impl LineRows {
         tx: &Connection,
         name: &str,
         token: &str,
-        now: u64,
+        now: &Now,
     ) -> rusqlite::Result<Self> {
-        let ticket: Option<i64> = tx
-            .query_row(
-                "SELECT ticket FROM waiters WHERE token = ?1 AND expires_at > ?2",
-                params![token, now],
-                |row| row.get(0),
-            )
-            .optional()?;
-        let granted = tx
-            .query_row(
-                "SELECT slot, fence, acquired_at FROM holders
-                 WHERE name = ?1 AND token = ?2 AND released = 0 AND expires_at > ?3",
-                params![name, token, now],
-                |row| {
-                    Ok(Granted {
-                        slot: row.get(0)?,
-                        fence: row.get(1)?,
-                        acquired_at: row.get(2)?,
-                    })
-                },
-            )
-            .optional()?;
+        let holders = live_holders(tx, Some(name), now, SCHEMA_VERSION)?;
+        let mut ahead = live_waiters(tx, Some(name), now, SCHEMA_VERSION)?;
+        let ticket = ahead
+            .iter()
+            .find(|row| row.owner.token == token)
+            .map(|row| row.ticket);
+        if let Some(ours) = ticket {
+            ahead.retain(|row| row.ticket < ours);
+        }
+        let granted = holders
+            .iter()
+            .find(|row| row.owner.token == token && !row.released)
+            .map(|row| Granted {
+                slot: row.slot,
+                fence: row.fence,
+                at: row.dated_at,
+            });
         Ok(Self {
-            holders: live_holders(tx, Some(name), now, SCHEMA_VERSION)?,
-            ahead: live_waiters(tx, Some(name), ticket, now, SCHEMA_VERSION)?,
+            holders,
+            ahead,
             ticket,
             granted,
             data_version: tx.query_row("PRAGMA data_version", [], |row| row.get(0))?,
@@ -104,7 +102,7 @@ impl LineRows {
             .map(|row| Ahead {
                 owner: &row.owner,
                 kept: row.released,
-                ends: moment_at(row.expires_at),
+                ends: row.ends,
             })
             .collect();
         let just_ahead: Vec<Ahead> = self
@@ -115,7 +113,7 @@ impl LineRows {
             .map(|(row, _)| Ahead {
                 owner: &row.owner,
                 kept: false,
-                ends: moment_at(row.expires_at),
+                ends: row.ends,
             })
             .collect();
         let me = &request.owner.process;

@@ -3,10 +3,12 @@
 //! changed only in short `BEGIN IMMEDIATE` transactions. Whoever frees a slot
 //! grants it to the waiters at the head of the line that the line lets in
 //! (all the sharers there at once) in the same transaction, and rings them:
-//! they find their slots with a read, not one write after another. Expiry
-//! compares the clients' wall clocks, so the database belongs on one host's local disk.
+//! they find their slots with a read, not one write after another. No wall
+//! clock decides an expiry: each row's end is dated on the boot clock of the
+//! kernel that wrote it (see `judge`).
 
 mod database;
+mod judge;
 mod line;
 mod look;
 mod rows;
@@ -15,21 +17,20 @@ mod slot;
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::thread;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use rusqlite::params;
 
 use super::record::{sort, waiting};
 use super::{Abilities, Attempt, Common, Entry, Line, Owner, Request, Store, Waited};
 use crate::error::Result;
-use crate::identity::epoch_millis;
 use crate::name::Name;
 use crate::platform::clock::Moment;
 use crate::platform::doorbell::Doorbell;
 use database::{BUSY_TIMEOUT, Database, SCHEMA_VERSION};
-
-use line::{drop_entries, join, moved, purge_expired, refresh_waiter, ring, take_slot};
-use look::{Granted, LineRows};
+use judge::{Judge, millis};
+use line::{drop_entries, join, moved, purge_ended, redate, refresh_waiter, ring, take_slot};
+use look::LineRows;
 use rows::{HolderRow, live_holders, live_waiters};
 use slot::SqliteSlot;
 
@@ -58,6 +59,7 @@ impl Options {
     pub fn open(&self, common: &Common) -> Result<Box<dyn Store>> {
         Ok(Box::new(SqliteStore {
             db: Rc::new(database::open(self.db.as_deref(), common.create)?),
+            judge: Rc::new(Judge::new()),
             in_line: false,
             refresh_due: None,
             seen: 0,
@@ -72,6 +74,7 @@ const CHANGE_POLL: Duration = Duration::from_millis(5);
 
 struct SqliteStore {
     db: Rc<Database>,
+    judge: Rc<Judge>,
     /// Whether we joined the line.
     in_line: bool,
     /// When our place must be refreshed, lest it lapse with the TTL.
@@ -90,29 +93,38 @@ impl SqliteStore {
         let ttl = millis(request.plan.ttl());
         let sent = Moment::now();
         let (look, taken, tell) = self.db.write("acquire a slot", BUSY_TIMEOUT, |tx| {
-            let now = now_millis();
-            purge_expired(tx, name, now)?;
-            let look = LineRows::take(tx, name, &owner.token, now)?;
-            if look.granted.is_some() || look.other_parallelism(request.parallelism).is_some() {
+            let now = self.judge.now();
+            purge_ended(tx, name, &now)?;
+            let look = LineRows::take(tx, name, &owner.token, &now)?;
+            if let Some(granted) = &look.granted {
+                let (slot, fence) = (granted.slot, granted.fence);
+                let taken_at = if let Some(at) = granted.at {
+                    at
+                } else {
+                    // Granted by a lockrun of another boot, on its clock:
+                    // dated anew, the lease runs from this request on ours.
+                    redate(tx, name, slot, &owner.token, &now, ttl, false)?;
+                    sent
+                };
+                return Ok((look, Some((slot, fence, taken_at)), Vec::new()));
+            }
+            if look.other_parallelism(request.parallelism).is_some() {
                 return Ok((look, None, Vec::new()));
             }
             let Some(slot) = look.free_slot(request) else {
                 match look.ticket {
-                    Some(_) => refresh_waiter(tx, &owner.token, now + ttl)?,
-                    None if request.queue => join(tx, name, owner, now, ttl)?,
+                    Some(_) => refresh_waiter(tx, &owner.token, &now, ttl)?,
+                    None if request.queue => join(tx, name, owner, &now, ttl)?,
                     None => {}
                 }
                 return Ok((look, None, Vec::new()));
             };
-            let fence = take_slot(tx, name, owner, slot, now, now + ttl)?;
-            Ok((look, Some((slot, fence)), moved(tx, name, now)?))
+            let fence = take_slot(tx, name, owner, slot, &now, ttl)?;
+            Ok((look, Some((slot, fence, sent)), moved(tx, name, &now)?))
         })?;
         ring(&tell);
-        if let Some((slot, fence)) = taken {
-            return Ok(self.slot(request, slot, fence, sent));
-        }
-        if let Some(granted) = look.granted {
-            return Ok(self.granted(request, &granted));
+        if let Some((slot, fence, taken_at)) = taken {
+            return Ok(self.slot(request, slot, fence, taken_at));
         }
         if let Some(theirs) = look.other_parallelism(request.parallelism) {
             self.in_line = look.ticket.is_some();
@@ -131,6 +143,7 @@ impl SqliteStore {
         self.in_line = false;
         Attempt::Taken(Box::new(SqliteSlot {
             db: Rc::clone(&self.db),
+            judge: Rc::clone(&self.judge),
             name: request.name.to_string(),
             slot,
             fence,
@@ -138,13 +151,6 @@ impl SqliteStore {
             ttl: request.plan.ttl(),
             taken_at,
         }))
-    }
-
-    /// The slot granted to us, whose lease runs from its grant (a millisecond
-    /// earlier, for the rounding of the wall clock's milliseconds).
-    fn granted(&mut self, request: &Request, granted: &Granted) -> Attempt {
-        let taken_at = moment_at(granted.acquired_at) - Duration::from_millis(1);
-        self.slot(request, granted.slot, granted.fence, taken_at)
     }
 }
 
@@ -161,17 +167,17 @@ impl Store for SqliteStore {
         if self.in_line && !self.refresh_due.is_some_and(Moment::has_passed) {
             // A look that changes nothing takes no write lock and wakes nobody.
             let look = self.db.read("look at the line", |tx| {
-                LineRows::take(
-                    tx,
-                    request.name.as_str(),
-                    &request.owner.token,
-                    now_millis(),
-                )
+                let now = self.judge.now();
+                LineRows::take(tx, request.name.as_str(), &request.owner.token, &now)
             })?;
-            if let Some(granted) = &look.granted {
-                return Ok(self.granted(request, granted));
+            if let Some(granted) = &look.granted
+                && let Some(at) = granted.at
+            {
+                return Ok(self.slot(request, granted.slot, granted.fence, at));
             }
-            if look.ticket.is_some() && look.free_slot(request).is_none() {
+            // A slot granted to us on another boot's clock is dated anew by the write below.
+            if look.granted.is_none() && look.ticket.is_some() && look.free_slot(request).is_none()
+            {
                 self.seen = look.data_version;
                 return Ok(Attempt::Waiting(look.line(request, true)));
             }
@@ -185,7 +191,7 @@ impl Store for SqliteStore {
             for owner in owners {
                 drop_entries(tx, name, &owner.token)?;
             }
-            moved(tx, name, now_millis())
+            moved(tx, name, &self.judge.now())
         })?;
         ring(&tell);
         Ok(())
@@ -218,7 +224,7 @@ impl Store for SqliteStore {
             // A slot granted to us meanwhile goes back to the line too.
             let tell = self.db.write("leave the line", BUSY_TIMEOUT, |tx| {
                 drop_entries(tx, name, &request.owner.token)?;
-                moved(tx, name, now_millis())
+                moved(tx, name, &self.judge.now())
             })?;
             ring(&tell);
         }
@@ -227,16 +233,16 @@ impl Store for SqliteStore {
 
     fn list(&mut self, name: Option<&Name>) -> Result<Vec<Entry>> {
         let name = name.map(Name::as_str);
-        let now = now_millis();
         let (holders, waiters) = self.db.read("list the holders", |tx| {
             let version: u32 = tx.query_row("PRAGMA user_version", [], |row| row.get(0))?;
+            let now = self.judge.now();
             // A database from before the waiting line has no waiters.
             let waiters = if version >= 2 {
-                live_waiters(tx, name, None, now, version)?
+                live_waiters(tx, name, &now, version)?
             } else {
                 Vec::new()
             };
-            Ok((live_holders(tx, name, now, version)?, waiters))
+            Ok((live_holders(tx, name, &now, version)?, waiters))
         })?;
         let mut entries: Vec<Entry> = holders
             .iter()
@@ -257,7 +263,8 @@ impl Store for SqliteStore {
 
     fn break_slots(&mut self, name: &Name, slot: Option<u32>) -> Result<Vec<Entry>> {
         let (broken, tell) = self.db.write("break the leases", BUSY_TIMEOUT, |tx| {
-            let mut broken = live_holders(tx, Some(name.as_str()), now_millis(), SCHEMA_VERSION)?;
+            let now = self.judge.now();
+            let mut broken = live_holders(tx, Some(name.as_str()), &now, SCHEMA_VERSION)?;
             broken.retain(|row| slot.is_none_or(|slot| slot == row.slot));
             for row in &broken {
                 tx.execute(
@@ -265,30 +272,11 @@ impl Store for SqliteStore {
                     params![name.as_str(), row.slot],
                 )?;
             }
-            let tell = moved(tx, name.as_str(), now_millis())?;
+            let tell = moved(tx, name.as_str(), &now)?;
             Ok((broken.iter().map(HolderRow::entry).collect(), tell))
         })?;
         ring(&tell);
         Ok(broken)
-    }
-}
-
-fn now_millis() -> u64 {
-    epoch_millis(SystemTime::now())
-}
-
-fn millis(duration: Duration) -> u64 {
-    duration.as_millis() as u64
-}
-
-/// The moment on the monotonic clock when the wall clock reaches (or reached)
-/// `millis` since the Unix epoch.
-fn moment_at(millis: u64) -> Moment {
-    let now = now_millis();
-    if millis >= now {
-        Moment::now() + Duration::from_millis(millis - now)
-    } else {
-        Moment::now() - Duration::from_millis(now - millis)
     }
 }
 

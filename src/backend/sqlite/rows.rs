@@ -1,11 +1,14 @@
 //! The rows of holders and waiters, and the queries that read them: in a
 //! database of any schema version, as `status` reads an older one as it is.
+//! A row counts only while its lease or place runs, as [`Now`] judges it.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{Connection, params};
 
-use super::database::{MODES_SINCE, PARALLELISM_SINCE, SCHEMA_VERSION};
+use super::database::{BOOT_CLOCK_SINCE, MODES_SINCE, PARALLELISM_SINCE};
+use super::judge::{Dated, Now};
 use crate::backend::{Entry, Mode, Owner};
 use crate::identity::Process;
+use crate::platform::clock::Moment;
 
 /// A holder's row.
 pub(super) struct HolderRow {
@@ -14,17 +17,26 @@ pub(super) struct HolderRow {
     pub(super) owner: Owner,
     pub(super) fence: u64,
     pub(super) acquired_at: u64,
+    /// When its lease ends by the wall clock, for `status`: never compared.
     pub(super) expires_at: u64,
+    /// When its lease ends, as judged (see `judge`).
+    pub(super) ends: Moment,
+    /// When its lease was last dated, if on our boot clock (see `judge`).
+    pub(super) dated_at: Option<Moment>,
     /// Its lockrun has finished; the slot stays taken until expiry (`--min-hold`).
     pub(super) released: bool,
 }
 
 /// A waiter's row.
 pub(super) struct WaiterRow {
+    pub(super) ticket: i64,
     pub(super) name: String,
     pub(super) owner: Owner,
     pub(super) since: u64,
+    /// When its place lapses by the wall clock, for `status`: never compared.
     pub(super) expires_at: u64,
+    /// When its place lapses, as judged (see `judge`).
+    pub(super) ends: Moment,
     /// The lease of a slot granted to it, in milliseconds; unknown in rows of older lockruns.
     pub(super) ttl: Option<u64>,
 }
@@ -37,94 +49,141 @@ impl HolderRow {
     }
 }
 
-/// The holders of `name` (or of every name) whose leases have not expired, by
-/// name and slot, in a database of schema `version`.
+/// The holders of `name` (or of every name), by name and slot, in a database
+/// of schema `version`: those whose leases run (`live`), or those whose have
+/// ended (not `live`).
+pub(super) fn holders(
+    tx: &Connection,
+    name: Option<&str>,
+    now: &Now,
+    version: u32,
+    live: bool,
+) -> rusqlite::Result<Vec<HolderRow>> {
+    let mut statement = tx.prepare(&format!(
+        "SELECT name, slot, token, fence, pid, start_time, boot_id, host, command,
+                acquired_at, expires_at, released, {}
+         FROM holders WHERE (?1 IS NULL OR name = ?1) ORDER BY name, slot",
+        later_columns(version)
+    ))?;
+    let rows = statement.query_map(params![name], |row| {
+        let name: String = row.get("name")?;
+        let slot: u32 = row.get("slot")?;
+        let token: String = row.get("token")?;
+        let fence: u64 = row.get("fence")?;
+        let acquired_at: u64 = row.get("acquired_at")?;
+        let expires_at: u64 = row.get("expires_at")?;
+        let dated = dated(
+            row,
+            format!("holder {name} {slot} {token} {fence}"),
+            expires_at.saturating_sub(acquired_at),
+        )?;
+        let holder = HolderRow {
+            name,
+            slot,
+            owner: owner(row)?,
+            fence,
+            acquired_at,
+            expires_at,
+            ends: Moment::now(),
+            dated_at: None,
+            released: row.get("released")?,
+        };
+        Ok((holder, dated))
+    })?;
+    let mut judged = Vec::new();
+    for row in rows {
+        let (mut holder, dated) = row?;
+        let end = now.end(&dated);
+        if end.is_some() == live {
+            holder.ends = end.unwrap_or(now.at);
+            holder.dated_at = now.dated_at(&dated);
+            judged.push(holder);
+        }
+    }
+    Ok(judged)
+}
+
+/// The holders of `name` (or of every name) whose leases run, by name and slot.
 pub(super) fn live_holders(
     tx: &Connection,
     name: Option<&str>,
-    now: u64,
+    now: &Now,
     version: u32,
 ) -> rusqlite::Result<Vec<HolderRow>> {
-    tx.prepare(&format!(
-        "SELECT name, slot, token, fence, pid, start_time, boot_id, host, command,
-                acquired_at, expires_at, released, {}
-         FROM holders WHERE (?1 IS NULL OR name = ?1) AND expires_at > ?2 ORDER BY name, slot",
-        later_columns(version)
-    ))?
-    .query_map(params![name, now], |row| {
-        Ok(HolderRow {
-            name: row.get("name")?,
-            slot: row.get("slot")?,
-            owner: owner(row)?,
-            fence: row.get("fence")?,
-            acquired_at: row.get("acquired_at")?,
-            expires_at: row.get("expires_at")?,
-            released: row.get("released")?,
-        })
-    })?
-    .collect()
+    holders(tx, name, now, version, true)
 }
 
-/// The waiters of `name` (or of every name) whose places have not lapsed, in
-/// line order; only those ahead of `before` when given; in a database of schema `version`.
-pub(super) fn live_waiters(
+/// The waiters of `name` (or of every name), in line order, in a database of
+/// schema `version`: those whose places run (`live`), or those whose have lapsed.
+pub(super) fn waiters(
     tx: &Connection,
     name: Option<&str>,
-    before: Option<i64>,
-    now: u64,
+    now: &Now,
     version: u32,
+    live: bool,
 ) -> rusqlite::Result<Vec<WaiterRow>> {
-    tx.prepare(&format!(
-        "SELECT {} FROM waiters
-         WHERE (?1 IS NULL OR name = ?1) AND (?2 IS NULL OR ticket < ?2) AND expires_at > ?3
-         ORDER BY name, ticket",
-        waiter_columns(version)
-    ))?
-    .query_map(params![name, before, now], waiter_row)?
-    .collect()
-}
-
-/// The first waiter of `name` behind ticket `after` (from the head without)
-/// whose place has not lapsed, with its ticket.
-pub(super) fn next_waiter(
-    tx: &Connection,
-    name: &str,
-    after: Option<i64>,
-    now: u64,
-) -> rusqlite::Result<Option<(i64, WaiterRow)>> {
-    tx.query_row(
-        &format!(
-            "SELECT ticket, {} FROM waiters
-             WHERE name = ?1 AND (?2 IS NULL OR ticket > ?2) AND expires_at > ?3
-             ORDER BY ticket LIMIT 1",
-            waiter_columns(SCHEMA_VERSION)
-        ),
-        params![name, after, now],
-        |row| Ok((row.get("ticket")?, waiter_row(row)?)),
-    )
-    .optional()
-}
-
-/// The columns [`waiter_row`] reads, in a database of schema `version`.
-fn waiter_columns(version: u32) -> String {
     let ttl = if version >= MODES_SINCE {
         "ttl"
     } else {
         "NULL AS ttl"
     };
-    format!(
-        "name, token, pid, start_time, boot_id, host, command, since, expires_at, {ttl}, {}",
+    let mut statement = tx.prepare(&format!(
+        "SELECT ticket, name, token, pid, start_time, boot_id, host, command, since, expires_at,
+                {ttl}, {}
+         FROM waiters WHERE (?1 IS NULL OR name = ?1) ORDER BY name, ticket",
         later_columns(version)
-    )
+    ))?;
+    let rows = statement.query_map(params![name], |row| {
+        let ticket: i64 = row.get("ticket")?;
+        let since: u64 = row.get("since")?;
+        let expires_at: u64 = row.get("expires_at")?;
+        let ttl: Option<u64> = row.get("ttl")?;
+        let span = ttl.unwrap_or_else(|| expires_at.saturating_sub(since));
+        let dated = dated(row, format!("waiter {ticket}"), span)?;
+        let waiter = WaiterRow {
+            ticket,
+            name: row.get("name")?,
+            owner: owner(row)?,
+            since,
+            expires_at,
+            ends: Moment::now(),
+            ttl,
+        };
+        Ok((waiter, dated))
+    })?;
+    let mut judged = Vec::new();
+    for row in rows {
+        let (mut waiter, dated) = row?;
+        let end = now.end(&dated);
+        if end.is_some() == live {
+            waiter.ends = end.unwrap_or(now.at);
+            judged.push(waiter);
+        }
+    }
+    Ok(judged)
 }
 
-fn waiter_row(row: &rusqlite::Row) -> rusqlite::Result<WaiterRow> {
-    Ok(WaiterRow {
-        name: row.get("name")?,
-        owner: owner(row)?,
-        since: row.get("since")?,
-        expires_at: row.get("expires_at")?,
-        ttl: row.get("ttl")?,
+/// The waiters of `name` (or of every name) whose places run, in line order.
+pub(super) fn live_waiters(
+    tx: &Connection,
+    name: Option<&str>,
+    now: &Now,
+    version: u32,
+) -> rusqlite::Result<Vec<WaiterRow>> {
+    waiters(tx, name, now, version, true)
+}
+
+/// How the row dates its end; `legacy_span` is its span in a row of an older
+/// lockrun, which says only when it ends by the wall clock.
+fn dated(row: &rusqlite::Row, key: String, legacy_span: u64) -> rusqlite::Result<Dated> {
+    let expires_at: u64 = row.get("expires_at")?;
+    let span: Option<u64> = row.get("span")?;
+    Ok(Dated {
+        key,
+        clock: row.get("clock")?,
+        ends: row.get("ends")?,
+        span: span.unwrap_or(legacy_span),
+        beat: (row.get("beat")?, expires_at),
     })
 }
 
@@ -143,9 +202,9 @@ fn owner(row: &rusqlite::Row) -> rusqlite::Result<Owner> {
     })
 }
 
-/// The `parallelism` and `mode` columns, or what a database older than them
-/// means by their absence (no known `-p`, exclusive): `status` reads an older
-/// database without bringing it up to date (it never writes).
+/// The columns of later versions, or what a database older than them means by
+/// their absence (no known `-p`, exclusive, no boot clock): `status` reads an
+/// older database without bringing it up to date (it never writes).
 fn later_columns(version: u32) -> String {
     let parallelism = if version >= PARALLELISM_SINCE {
         "parallelism"
@@ -157,5 +216,10 @@ fn later_columns(version: u32) -> String {
     } else {
         "'exclusive' AS mode"
     };
-    format!("{parallelism}, {mode}")
+    let clock = if version >= BOOT_CLOCK_SINCE {
+        "clock, ends, span, beat"
+    } else {
+        "NULL AS clock, NULL AS ends, NULL AS span, 0 AS beat"
+    };
+    format!("{parallelism}, {mode}, {clock}")
 }

@@ -2,16 +2,15 @@
 //! released in short transactions.
 
 use std::rc::Rc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use rusqlite::params;
 
 use super::database::{BUSY_TIMEOUT, Database};
-use super::line::{moved, ring};
-use super::{millis, now_millis};
+use super::judge::{Judge, millis};
+use super::line::{moved, redate, ring};
 use crate::backend::{Released, Renewal, Slot};
 use crate::error::Result;
-use crate::identity::epoch_millis;
 use crate::platform::clock::Moment;
 
 /// The longest one renewal waits for the write lock (less when the supervisor needs an answer sooner).
@@ -20,6 +19,7 @@ const RENEWAL_BUSY_TIMEOUT: Duration = Duration::from_millis(250);
 /// A slot of the SQLite backend: a row with a lease.
 pub(super) struct SqliteSlot {
     pub(super) db: Rc<Database>,
+    pub(super) judge: Rc<Judge>,
     pub(super) name: String,
     pub(super) slot: u32,
     pub(super) fence: u64,
@@ -45,41 +45,34 @@ impl Slot for SqliteSlot {
         // Short waits for the lock: the supervisor retries soon, and forwards signals in between.
         let busy = within.min(RENEWAL_BUSY_TIMEOUT);
         let renewed = self.db.write("renew the lease", busy, |tx| {
-            let now = now_millis();
-            // Only a lease that has not lapsed: a renewal never brings one back.
-            tx.execute(
-                "UPDATE holders SET expires_at = ?1
-                 WHERE name = ?2 AND slot = ?3 AND token = ?4 AND released = 0 AND expires_at > ?5",
-                params![
-                    now + millis(self.ttl),
-                    self.name,
-                    self.slot,
-                    self.token,
-                    now
-                ],
+            let now = self.judge.now();
+            redate(
+                tx,
+                &self.name,
+                self.slot,
+                &self.token,
+                &now,
+                millis(self.ttl),
+                false,
             )
         })?;
-        Ok(Renewal::confirmed(renewed == 1))
+        Ok(Renewal::confirmed(renewed))
     }
 
-    fn release(self: Box<Self>, keep_until: Option<SystemTime>) -> Result<Released> {
-        let keep_until = keep_until.map(epoch_millis);
+    fn release(self: Box<Self>, keep_until: Option<Moment>) -> Result<Released> {
         let (ours, tell) = self.db.write("release the slot", BUSY_TIMEOUT, |tx| {
-            let now = now_millis();
-            if let Some(until) = keep_until.filter(|&until| until > now) {
+            let now = self.judge.now();
+            if let Some(until) = keep_until.filter(|&until| until > now.at) {
                 // The row outlives us until then (--min-hold); a lapsed lease is not revived.
-                let kept = tx.execute(
-                    "UPDATE holders SET expires_at = ?1, released = 1
-                     WHERE name = ?2 AND slot = ?3 AND token = ?4 AND expires_at > ?5",
-                    params![until, self.name, self.slot, self.token, now],
-                )?;
-                return Ok((kept == 1, Vec::new()));
+                let keep = millis(until - now.at);
+                let kept = redate(tx, &self.name, self.slot, &self.token, &now, keep, true)?;
+                return Ok((kept, Vec::new()));
             }
             let deleted = tx.execute(
                 "DELETE FROM holders WHERE name = ?1 AND slot = ?2 AND token = ?3",
                 params![self.name, self.slot, self.token],
             )?;
-            Ok((deleted == 1, moved(tx, &self.name, now)?))
+            Ok((deleted == 1, moved(tx, &self.name, &now)?))
         })?;
         ring(&tell);
         Ok(Released::ours(ours))

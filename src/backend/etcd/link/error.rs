@@ -24,6 +24,11 @@ impl Error {
         }
     }
 
+    /// A failure that no retry mends (a store of a newer lockrun).
+    pub fn permanent(message: impl Into<String>) -> Self {
+        Self::new(Kind::Permanent, message)
+    }
+
     pub(super) fn with_code(mut self, code: i32) -> Self {
         self.code = Some(code);
         self
