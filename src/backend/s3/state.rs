@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 use serde::{Deserialize, Serialize};
 
 use crate::backend::record::{HolderRecord, WaiterRecord};
-use crate::backend::{Entry, Mode, Owner};
+use crate::backend::{Entry, Mode, Owner, newer_format};
 use crate::error::Error;
 
 /// The format this lockrun writes; a newer one is refused (69), not misread.
@@ -61,9 +61,11 @@ impl State {
             Error::Unavailable(format!("{shown} is not a lockrun state object ({err})"))
         })?;
         if state.format > FORMAT {
-            return Err(Error::Unavailable(format!(
-                "{shown} was written by a newer lockrun (format {}; this one knows {FORMAT})",
-                state.format
+            return Err(Error::Unavailable(newer_format(
+                shown,
+                "object format",
+                state.format,
+                FORMAT,
             )));
         }
         Ok(state)
