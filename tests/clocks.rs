@@ -33,10 +33,16 @@ fn no_step_gets_in(store: &Store, name: &str) {
             return;
         };
         let output = run(&mut second);
-        assert_eq!(
+        // S3 signs every request with the client's time, and refuses a request
+        // dated far from its own (docs/backends/s3.md: "S3 backend"): that
+        // run is kept out too, before it could look.
+        let refused_as_skewed = store.kind == "s3"
+            && output.status.code() == Some(69)
+            && stderr(&output).contains("403");
+        assert!(
+            output.status.code() == Some(75) || refused_as_skewed,
+            "a run with its wall clock at {step} got in: {:?} {}",
             output.status.code(),
-            Some(75),
-            "a run with its wall clock at {step} got in: {}",
             stderr(&output)
         );
     }

@@ -176,7 +176,7 @@ fn look_at(
                 kept_on: None,
             },
             beat: 0,
-            ttl_ms: millis(request.plan.ttl()),
+            ttl_ms: millis(lease_ttl(request)),
             kept: false,
         };
         state.holders.push(holder.clone());
@@ -196,7 +196,7 @@ fn look_at(
                     since: now_millis(),
                 },
                 beat: 0,
-                ttl_ms: millis(request.plan.ttl()),
+                ttl_ms: millis(lease_ttl(request)),
             });
             write = true;
         }
@@ -234,7 +234,7 @@ impl S3Store {
             token: request.owner.token.clone(),
             number: holder.slot,
             fence: holder.record.fence,
-            ttl: request.plan.ttl(),
+            ttl: lease_ttl(request),
             taken_at,
         }))
     }
@@ -469,6 +469,17 @@ fn where_we_stand(state: &State, heartbeats: &watch::Heartbeats, request: &Reque
         .min();
     line.moves_by = line.moves_by.into_iter().chain(silent).min();
     line
+}
+
+/// The shortest lease an entry gets on S3 (docs/backends/s3.md: "S3 backend"):
+/// a swap is two round trips to an object store, and an observer that saw a
+/// beat unchanged for a shorter TTL could drop a live entry whose writes were
+/// merely slow.
+const MIN_TTL: Duration = Duration::from_secs(2);
+
+/// The TTL an entry of `request` is recorded with: `--ttl`, at least [`MIN_TTL`].
+fn lease_ttl(request: &Request) -> Duration {
+    request.plan.ttl().max(MIN_TTL)
 }
 
 fn now_millis() -> u64 {

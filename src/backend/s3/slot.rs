@@ -37,6 +37,10 @@ impl Slot for S3Slot {
         self.taken_at
     }
 
+    fn granted_ttl(&self) -> Option<Duration> {
+        Some(self.ttl)
+    }
+
     fn renew(&mut self, within: Duration) -> Result<Renewal> {
         let deadline = Deadline::after(Plan::new(self.ttl).holder_call().min(within));
         // The counter we mean to write: after an unknown outcome, a read that
