@@ -10,6 +10,7 @@ pub mod pgbouncer;
 pub mod postgres;
 pub mod pty;
 pub mod sentinel;
+pub mod slow;
 pub mod users;
 
 use std::ffi::OsString;

@@ -124,7 +124,7 @@ impl RedisLink {
                 Err(failure) => return Err(self.failure(what, &failure)),
             };
             let reused = node.is_connected();
-            let err = match node.call(deadline.io_timeout(), |c| asked(c, asking, &mut call)) {
+            let err = match node.call(deadline, |c| asked(c, asking, &mut call)) {
                 Ok(value) => return Ok(value),
                 Err(err) => err,
             };
@@ -154,7 +154,7 @@ impl RedisLink {
             Err(failure) => return Err(self.failure(what, &failure)),
         };
         let reused = node.is_connected();
-        match node.call(timeout, |c| asked(c, asking, &mut call)) {
+        match node.call(deadline, |c| asked(c, asking, &mut call)) {
             Ok(value) => Ok(Some(value)),
             Err(err) if interrupted(&err) => Ok(None),
             Err(err) => match self.next(&err, reused) {

@@ -1,14 +1,15 @@
 //! A connection to one Redis server (a single node, a Sentinel, a primary, a
-//! Cluster node): connected lazily with a timeout, every call under a
-//! timeout, dropped after any failure; and Redis's errors sorted into the
-//! network layer's kinds.
+//! Cluster node): connected lazily, every call (connecting, TLS, writing and
+//! reading) under one deadline, dropped after any failure; and Redis's errors
+//! sorted into the network layer's kinds.
 
+use std::io;
 use std::sync::Once;
-use std::time::Duration;
 
 use redis::{Connection, ConnectionInfo, ErrorKind, RedisError};
 
-use crate::backend::net::{Failure, Kind};
+use crate::backend::net::{Deadline, Failure, Kind};
+use crate::platform::alarm::Alarm;
 
 pub struct Node {
     info: ConnectionInfo,
@@ -28,29 +29,47 @@ impl Node {
         self.connection.is_some()
     }
 
-    /// Runs `call` with `timeout` for connecting, writing and reading. After
-    /// any failure the connection is dropped (a late reply would be taken for
-    /// the next call's), so the next call reconnects.
+    /// Runs `call`, connecting first if need be, all by `deadline`. After any
+    /// failure the connection is dropped (a late reply would be taken for the
+    /// next call's), so the next call reconnects.
+    ///
+    /// The redis crate gives each read the socket's timeout afresh, so a
+    /// server that trickles a byte at a time would never time out: an alarm at
+    /// the deadline interrupts whatever system call the crate is in (EINTR,
+    /// which it passes on), and that is reported as the timeout it is.
     pub fn call<T>(
         &mut self,
-        timeout: Duration,
+        deadline: Deadline,
         call: impl FnOnce(&mut Connection) -> redis::RedisResult<T>,
     ) -> redis::RedisResult<T> {
-        let timeout = timeout.max(Duration::from_millis(1));
-        let connection = match &mut self.connection {
-            Some(connection) => connection,
-            slot @ None => slot.insert(
-                redis::Client::open(self.info.clone())?.get_connection_with_timeout(timeout)?,
-            ),
-        };
-        let result = connection
-            .set_read_timeout(Some(timeout))
-            .and_then(|()| connection.set_write_timeout(Some(timeout)))
-            .and_then(|()| call(connection));
+        let _alarm = Alarm::after(deadline.io_timeout()).map_err(io::Error::from)?;
+        let result = self.call_within(deadline, call);
         if result.is_err() {
             self.connection = None;
         }
-        result
+        match result {
+            Err(err) if interrupted(&err) && deadline.has_passed() => {
+                Err(io::Error::from(io::ErrorKind::TimedOut).into())
+            }
+            other => other,
+        }
+    }
+
+    fn call_within<T>(
+        &mut self,
+        deadline: Deadline,
+        call: impl FnOnce(&mut Connection) -> redis::RedisResult<T>,
+    ) -> redis::RedisResult<T> {
+        let connection = match &mut self.connection {
+            Some(connection) => connection,
+            slot @ None => slot.insert(
+                redis::Client::open(self.info.clone())?
+                    .get_connection_with_timeout(deadline.io_timeout())?,
+            ),
+        };
+        connection.set_read_timeout(Some(deadline.io_timeout()))?;
+        connection.set_write_timeout(Some(deadline.io_timeout()))?;
+        call(connection)
     }
 }
 

@@ -43,7 +43,7 @@ impl Sentinels {
             let at = (self.first + asked) % count;
             let within = deadline.share((count - asked) as u32);
             let (address, sentinel) = &mut self.asked[at];
-            let named: Option<(String, u16)> = match sentinel.call(within.io_timeout(), |c| {
+            let named: Option<(String, u16)> = match sentinel.call(within, |c| {
                 redis::cmd("SENTINEL")
                     .arg("get-master-addr-by-name")
                     .arg(&self.primary)
@@ -65,9 +65,7 @@ impl Sentinels {
                 continue;
             };
             let mut node = Node::new(self.nodes.at(&host, port));
-            match node.call(within.io_timeout(), |c| {
-                redis::cmd("ROLE").query::<Value>(c)
-            }) {
+            match node.call(within, |c| redis::cmd("ROLE").query::<Value>(c)) {
                 Ok(role) if is_primary(&role) => {
                     self.first = at;
                     return Ok(node);

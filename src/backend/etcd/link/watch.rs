@@ -9,7 +9,7 @@
 //! Either way the caller gets an error and watches again on another member.
 
 use super::error::{AttemptError, Error, Result, code, not_etcd};
-use super::http::Connection;
+use super::http::{Connection, MAX_BODY};
 use super::wire::{WatchEvent, WatchResponse, decode_streamed};
 use crate::backend::net::{Deadline, Kind};
 
@@ -118,6 +118,9 @@ impl Watch {
                     continue;
                 }
                 return decode_streamed(&line);
+            }
+            if self.pending.len() > MAX_BODY {
+                return Err(AttemptError::Io(not_etcd("a watch message too long")));
             }
             if !self.connection.read_body(&mut self.pending, until)? {
                 return Err(AttemptError::Io(std::io::ErrorKind::UnexpectedEof.into()));
