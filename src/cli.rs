@@ -12,6 +12,7 @@ use crate::name::Name;
 use crate::report::Format;
 
 mod nested;
+pub mod passwords;
 mod quick;
 mod usage;
 
@@ -124,6 +125,14 @@ pub struct RunArgs {
         conflicts_with = "command"
     )]
     pub shell_command: Option<OsString>,
+
+    /// What status and the events say about this run, beside its program's name, pid, host and user
+    #[arg(long, env = "LOCKRUN_NOTE", value_name = "TEXT")]
+    pub note: Option<String>,
+
+    /// Record the whole command line in the store for status, not only the program's name
+    #[arg(long)]
+    pub record_command: bool,
 
     #[command(flatten)]
     pub output: OutputArgs,

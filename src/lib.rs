@@ -46,10 +46,14 @@ fn run(args: Vec<OsString>) -> u8 {
         Ok(cli) => cli,
         Err(code) => return code,
     };
+    // Read: no password given on the command line stays in `ps` (README: "Passwords").
+    platform::startup::blank_arguments(cli::passwords::spans);
     let reporter = match &cli.action {
         Some(Action::Status(args)) => reporter(&args.output, args.name.as_ref()),
         Some(Action::Release(args)) => reporter(&args.output, Some(&args.name)),
-        None => reporter(&cli.run.output, cli.run.names.first()).in_mode(cli.run.mode()),
+        None => reporter(&cli.run.output, cli.run.names.first())
+            .in_mode(cli.run.mode())
+            .with_note(cli.run.note.clone()),
     };
     let result = match cli.action {
         Some(Action::Status(args)) => operator::status(&args),

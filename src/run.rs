@@ -9,7 +9,7 @@ use crate::backend::{Mode, Owner, Request, Store};
 use crate::backoff;
 use crate::cli::RunArgs;
 use crate::error::{Error, Result};
-use crate::identity::{Process, new_token};
+use crate::identity::{Process, new_token, user_name};
 use crate::lease::Held;
 use crate::name::Name;
 use crate::platform::clock::Moment;
@@ -44,10 +44,19 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
     } else {
         Process::current_without_liveness()
     };
+    // What identifies the holder; its arguments (a password?) only when asked
+    // for, as the store may be read from every host (README: "Who holds a lock").
+    let command = if args.record_command {
+        program.display()
+    } else {
+        program.name()
+    };
     let owner = Owner {
         token: String::new(),
         process,
-        command: program.display(),
+        command,
+        user: user_name(),
+        note: args.note,
         parallelism: Some(args.parallelism),
         mode,
     };

@@ -35,7 +35,6 @@ fn each_ends_by_its_deadline(targets: &[(&str, Vec<String>)]) {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        let took = started.elapsed();
         let output = finish(child);
         let status = output.status;
         let said = String::from_utf8_lossy(&output.stderr);

@@ -328,6 +328,16 @@ fn a_frozen_holder_loses_its_slot_and_exits_76_when_continued() {
 }
 
 #[test]
+fn a_password_in_the_url_is_blanked_in_ps() {
+    let Some((_, server)) = redis(&["--requirepass", "right-secret-8731"]) else {
+        return;
+    };
+    let url = format!("redis://:right-secret-8731@127.0.0.1:{}", server.port());
+    let store = Store::on_redis_at(&url, Box::new(server));
+    crate::core::no_password_stays_in_ps(&store, "right-secret-8731");
+}
+
+#[test]
 fn a_wrong_or_missing_password_exits_69_without_showing_the_secret() {
     let Some((_, server)) = redis(&["--requirepass", "right-secret-8731"]) else {
         return;

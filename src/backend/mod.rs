@@ -391,6 +391,8 @@ mod tests {
                 token: "t".into(),
                 process: Process::current_without_liveness(),
                 command: "true".into(),
+                user: String::new(),
+                note: None,
                 parallelism: Some(parallelism),
                 mode,
             },

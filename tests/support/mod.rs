@@ -74,15 +74,20 @@ impl Store {
 
     /// The Redis backend on `server`, which the store keeps alive.
     pub fn on_redis(server: &Arc<RedisServer>) -> Self {
+        Self::on_redis_at(&server.url(), Box::new(Arc::clone(server)))
+    }
+
+    /// The Redis backend at `url`, keeping `servers` alive.
+    pub fn on_redis_at(url: &str, servers: Box<dyn std::any::Any>) -> Self {
         Self {
             kind: "redis",
             args: vec![
                 "--backend".into(),
                 "redis".into(),
                 "--redis-url".into(),
-                server.url().into(),
+                url.into(),
             ],
-            _keep: Box::new(Arc::clone(server)),
+            _keep: servers,
         }
     }
 

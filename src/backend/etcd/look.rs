@@ -392,6 +392,8 @@ pub(super) mod tests {
                 host: "elsewhere".to_owned(),
             },
             command: "true".to_owned(),
+            user: String::new(),
+            note: None,
             parallelism: Some(1),
             mode,
         }
