@@ -1,5 +1,5 @@
 //! Text from outside lockrun made safe for one line of a terminal (README:
-//! "Output"). A leaf: it imports nothing of the crate, so that the error type
+//! "Who holds a lock"). A leaf: it imports nothing of the crate, so that the error type
 //! and the report can both use it.
 
 /// `text` with its control characters escaped (`\n`, `\u{1b}`): text taken

@@ -1,5 +1,5 @@
 //! The lease's timing plan: every fraction of `--ttl` that lockrun acts on,
-//! and how long one call to a lock server may take (README: "Leases").
+//! and how long one call to a lock server may take (README: "When the server has trouble").
 //!
 //! A holder renews every TTL/3 and gives its command SIGTERM a kill grace
 //! before the lease's end; a waiter keeps its place alive every TTL/3. A call

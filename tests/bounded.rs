@@ -53,6 +53,7 @@ fn flags(backend: &str, option: &str, url: String) -> Vec<String> {
 fn a_redis_server_that_stays_silent_or_trickles_holds_no_run_past_the_deadline() {
     let silent = SlowServer::start(Manner::Silent);
     let trickle = SlowServer::trickle(b"+", b'x');
+    let tls = SlowServer::trickle_tls();
     let url = |scheme: &str, server: &SlowServer| format!("{scheme}://{}", server.address());
     let sentinel = |server: &SlowServer| format!("redis+sentinel://{}/main", server.address());
     let cluster = |server: &SlowServer| format!("redis+cluster://{}", server.address());
@@ -60,6 +61,7 @@ fn a_redis_server_that_stays_silent_or_trickles_holds_no_run_past_the_deadline()
     each_ends_by_its_deadline(&[
         ("silent", redis(url("redis", &silent))),
         ("trickle", redis(url("redis", &trickle))),
+        ("TLS handshake", redis(url("rediss", &tls))),
         ("Sentinel", redis(sentinel(&trickle))),
         ("Cluster", redis(cluster(&trickle))),
     ]);

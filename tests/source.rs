@@ -88,3 +88,84 @@ fn the_binary_loads_no_library_but_libc() {
         );
     }
 }
+
+/// Every section a comment cites, `README: "Section"` or `docs/FILE.md:
+/// "Section"`, is a heading of that file: a renamed or moved section leaves
+/// no citation pointing nowhere.
+#[test]
+fn every_cited_section_is_a_heading() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut missing = Vec::new();
+    let mut cited = 0;
+    for dir in ["src", "tests", "benches"] {
+        for file in rust_files(&root.join(dir)) {
+            let comments = comments_joined(&fs::read_to_string(&file).unwrap());
+            for (document, section) in citations(&comments) {
+                cited += 1;
+                let path = if document == "README" {
+                    root.join("README.md")
+                } else {
+                    root.join(document)
+                };
+                let found = fs::read_to_string(&path)
+                    .is_ok_and(|text| headings(&text).any(|heading| heading == section));
+                if !found {
+                    let file = file.strip_prefix(root).unwrap_or(&file).display();
+                    missing.push(format!("{file}: {document}: \"{section}\""));
+                }
+            }
+        }
+    }
+    assert!(cited > 50, "citations are found ({cited})");
+    assert!(
+        missing.is_empty(),
+        "cited sections that are no heading:\n{}",
+        missing.join("\n")
+    );
+}
+
+/// The text of the comments, each run of comment lines joined into one line,
+/// so that a citation broken across lines reads whole.
+fn comments_joined(source: &str) -> String {
+    let mut joined = String::new();
+    for line in source.lines() {
+        match line.trim_start().strip_prefix("//") {
+            Some(comment) => {
+                joined.push(' ');
+                joined.push_str(comment.trim_start_matches(['/', '!']).trim());
+            }
+            None => joined.push('\n'),
+        }
+    }
+    joined
+}
+
+/// `(document, section)` for each `DOCUMENT: "Section"` in `text`, where
+/// the document is `README` or a file under docs/.
+fn citations(text: &str) -> Vec<(&str, &str)> {
+    let mut found = Vec::new();
+    for (at, _) in text.match_indices(": \"") {
+        let document = text[..at]
+            .rsplit(|c: char| c.is_whitespace() || c == '(')
+            .next()
+            .unwrap_or_default();
+        let cites = document == "README"
+            || (document.starts_with("docs/")
+                && Path::new(document)
+                    .extension()
+                    .is_some_and(|ext| ext == "md"));
+        let rest = &text[at + 3..];
+        if let (true, Some(end)) = (cites, rest.find('"')) {
+            found.push((document, &rest[..end]));
+        }
+    }
+    found
+}
+
+/// The headings of a Markdown text, without their `#`s.
+fn headings(markdown: &str) -> impl Iterator<Item = &str> {
+    markdown
+        .lines()
+        .filter(|line| line.starts_with('#'))
+        .map(|line| line.trim_start_matches('#').trim())
+}

@@ -42,7 +42,7 @@ macro_rules! backends {
         #[derive(Debug, clap::Args)]
         pub struct StoreArgs {
             /// Where the lock lives (in any case: sqlite, SQLite)
-            #[arg(short = 'b', long, env = "LOCKRUN_BACKEND", default_value = "file", ignore_case = true,
+            #[arg(short = 'b', long, env = "LOCKRUN_BACKEND", default_value = DEFAULT_BACKEND, ignore_case = true,
                   value_parser = clap::builder::TypedValueParser::map(
                       clap::builder::PossibleValuesParser::new(NAMES),
                       |name| name.to_ascii_lowercase()))]
@@ -78,6 +78,9 @@ macro_rules! backends {
         }
     };
 }
+
+/// The backend of a run that names none.
+pub const DEFAULT_BACKEND: &str = "file";
 
 backends! {
     file => file,

@@ -4,16 +4,19 @@
 //! sorted into the network layer's kinds.
 
 use std::io;
+use std::os::fd::RawFd;
 use std::sync::Once;
 
-use redis::{Connection, ConnectionInfo, ErrorKind, RedisError};
+use redis::{Connection, ConnectionAddr, ConnectionInfo, ErrorKind, RedisError};
 
 use crate::backend::net::{Deadline, Failure, Kind};
-use crate::platform::alarm::Alarm;
+use crate::platform::alarm::{Alarm, next_descriptor, peer_port};
 
 pub struct Node {
     info: ConnectionInfo,
     connection: Option<Connection>,
+    /// The connection's TCP socket, when it could be told (for the alarm to shut down).
+    socket: Option<RawFd>,
 }
 
 impl Node {
@@ -22,6 +25,7 @@ impl Node {
         Self {
             info,
             connection: None,
+            socket: None,
         }
     }
 
@@ -36,19 +40,24 @@ impl Node {
     /// The redis crate gives each read the socket's timeout afresh, so a
     /// server that trickles a byte at a time would never time out: an alarm at
     /// the deadline interrupts whatever system call the crate is in (EINTR,
-    /// which it passes on), and that is reported as the timeout it is.
+    /// which it passes on) and shuts the socket down (rustls retries after
+    /// EINTR), and the failure is reported as the timeout it is.
     pub fn call<T>(
         &mut self,
         deadline: Deadline,
         call: impl FnOnce(&mut Connection) -> redis::RedisResult<T>,
     ) -> redis::RedisResult<T> {
-        let _alarm = Alarm::after(deadline.io_timeout()).map_err(io::Error::from)?;
-        let result = self.call_within(deadline, call);
+        let alarm = Alarm::after(deadline.io_timeout()).map_err(io::Error::from)?;
+        let result = self.call_within(deadline, &alarm, call);
+        // Before the connection (and its socket) may go.
+        drop(alarm);
         if result.is_err() {
             self.connection = None;
+            self.socket = None;
         }
         match result {
-            Err(err) if interrupted(&err) && deadline.has_passed() => {
+            // Interrupted, or cut off by the shutdown.
+            Err(err) if deadline.has_passed() && err.is_io_error() => {
                 Err(io::Error::from(io::ErrorKind::TimedOut).into())
             }
             other => other,
@@ -58,15 +67,25 @@ impl Node {
     fn call_within<T>(
         &mut self,
         deadline: Deadline,
+        alarm: &Alarm,
         call: impl FnOnce(&mut Connection) -> redis::RedisResult<T>,
     ) -> redis::RedisResult<T> {
-        let connection = match &mut self.connection {
-            Some(connection) => connection,
-            slot @ None => slot.insert(
-                redis::Client::open(self.info.clone())?
-                    .get_connection_with_timeout(deadline.io_timeout())?,
-            ),
-        };
+        if self.connection.is_none() {
+            // The socket gets the lowest free descriptor: anything there
+            // while connecting (and the TLS handshake) is this call's own.
+            let socket = next_descriptor();
+            alarm.shut_down_when_ringing(socket);
+            let connection = redis::Client::open(self.info.clone())?
+                .get_connection_with_timeout(deadline.io_timeout())?;
+            let port = match self.info.addr() {
+                ConnectionAddr::Tcp(_, port) | ConnectionAddr::TcpTls { port, .. } => Some(*port),
+                _ => None,
+            };
+            self.socket = socket.filter(|&socket| port.is_some() && peer_port(socket) == port);
+            self.connection = Some(connection);
+        }
+        alarm.shut_down_when_ringing(self.socket);
+        let connection = self.connection.as_mut().expect("connected above");
         connection.set_read_timeout(Some(deadline.io_timeout()))?;
         connection.set_write_timeout(Some(deadline.io_timeout()))?;
         call(connection)
