@@ -299,6 +299,11 @@ impl RedisServer {
             .collect()
     }
 
+    /// The server process's pid, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.lock().unwrap().as_ref().map(Child::id)
+    }
+
     /// Kills the server at once (SIGKILL: no chance to save anything).
     pub fn kill(&self) {
         if let Some(mut child) = self.child.lock().unwrap().take() {
