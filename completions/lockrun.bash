@@ -60,7 +60,7 @@ _lockrun() {
 
     case "${cmd}" in
         lockrun)
-            opts="-s -x -b -p -n -w -E -c -v -q -h -V --name --shared --exclusive --backend --prefix --dir --db --redis-url --redis-replicas --postgres-url --etcd-endpoints --s3-url --s3-endpoint --parallelism --no-wait --timeout --initial-delay --max-delay --backoff-multiplier --ttl --min-hold --max-runtime --kill-grace --conflict-exit-code --command --verbose --quiet --log-format --help --version status release check help"
+            opts="-s -x -b -p -n -w -E -c -v -q -h -V --name --shared --exclusive --backend --prefix --dir --db --redis-url --redis-replicas --postgres-url --etcd-endpoints --s3-url --s3-endpoint --parallelism --no-wait --timeout --initial-delay --max-delay --backoff-multiplier --ttl --min-hold --max-runtime --kill-grace --conflict-exit-code --command --note --record-command --verbose --quiet --log-format --help --version status release check help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -171,6 +171,10 @@ _lockrun() {
                     return 0
                     ;;
                 -c)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --note)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

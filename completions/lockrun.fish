@@ -1,6 +1,6 @@
 # Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
 function __fish_lockrun_global_optspecs
-    string join \n name= s/shared x/exclusive b/backend= prefix= dir= db= redis-url= redis-replicas= postgres-url= etcd-endpoints= s3-url= s3-endpoint= p/parallelism= n/no-wait w/timeout= initial-delay= max-delay= backoff-multiplier= ttl= min-hold= max-runtime= kill-grace= E/conflict-exit-code= c/command= v/verbose q/quiet log-format= h/help V/version
+    string join \n name= s/shared x/exclusive b/backend= prefix= dir= db= redis-url= redis-replicas= postgres-url= etcd-endpoints= s3-url= s3-endpoint= p/parallelism= n/no-wait w/timeout= initial-delay= max-delay= backoff-multiplier= ttl= min-hold= max-runtime= kill-grace= E/conflict-exit-code= c/command= note= record-command v/verbose q/quiet log-format= h/help V/version
 end
 
 function __fish_lockrun_needs_command
@@ -53,11 +53,13 @@ complete -c lockrun -n "__fish_lockrun_needs_command" -l max-runtime -d 'Stop th
 complete -c lockrun -n "__fish_lockrun_needs_command" -l kill-grace -d 'Time between SIGTERM and SIGKILL when lockrun stops the command [default: 10s, at most TTL/3 on every backend but file]' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -s E -l conflict-exit-code -d 'Exit status when no slot was acquired, 0 to 255' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -s c -l command -d 'Run this string with /bin/sh -c instead of COMMAND ARGS' -r
+complete -c lockrun -n "__fish_lockrun_needs_command" -l note -d 'What status and the events say about this run, beside its program\'s name, pid, host and user' -r
 complete -c lockrun -n "__fish_lockrun_needs_command" -l log-format -d 'Diagnostics as text lines or one JSON event per line' -r -f -a "text\t''
 json\t''"
 complete -c lockrun -n "__fish_lockrun_needs_command" -s s -l shared -d 'Hold the name in shared mode: shared holders hold it together, an exclusive holder alone; only with -p 1'
 complete -c lockrun -n "__fish_lockrun_needs_command" -s x -l exclusive -d 'The default mode, a holder alone: accepted so that lines ported from flock(1) (-x, -e) run unchanged; not with -s'
 complete -c lockrun -n "__fish_lockrun_needs_command" -s n -l no-wait -d 'Give up at once if no slot is free (same as --timeout 0); trouble with the store is ridden out for 10 s'
+complete -c lockrun -n "__fish_lockrun_needs_command" -l record-command -d 'Record the whole command line in the store for status, not only the program\'s name'
 complete -c lockrun -n "__fish_lockrun_needs_command" -s v -l verbose -d 'More diagnostics on stderr: waiting, acquired, renewals, release'
 complete -c lockrun -n "__fish_lockrun_needs_command" -s q -l quiet -d 'No diagnostics at all'
 complete -c lockrun -n "__fish_lockrun_needs_command" -s h -l help -d 'Print help'

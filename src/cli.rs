@@ -14,6 +14,7 @@ use crate::name::Name;
 use crate::report::Format;
 
 mod nested;
+pub mod passwords;
 mod quick;
 mod usage;
 
@@ -95,6 +96,8 @@ const DEFAULT_TTL: &str = "30s";
 const DEFAULT_MIN_HOLD: &str = "0";
 const DEFAULT_CONFLICT_EXIT_CODE: u8 = 75;
 
+// Each bool is a flag of the command line, as clap derives it.
+#[allow(clippy::struct_excessive_bools)]
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// The lock's name: 1 to 200 bytes, no control characters; several --name hold them all
@@ -170,6 +173,14 @@ pub struct RunArgs {
         conflicts_with = "command"
     )]
     pub shell_command: Option<OsString>,
+
+    /// What status and the events say about this run, beside its program's name, pid, host and user
+    #[arg(long, env = "LOCKRUN_NOTE", value_name = "TEXT")]
+    pub note: Option<String>,
+
+    /// Record the whole command line in the store for status, not only the program's name
+    #[arg(long)]
+    pub record_command: bool,
 
     #[command(flatten)]
     pub output: OutputArgs,

@@ -74,6 +74,15 @@ fn start_time(pid: u32) -> Option<u64> {
     }
 }
 
+/// The name of the user this process runs as, or its uid where it has none.
+pub fn user_name() -> String {
+    let uid = nix::unistd::getuid();
+    nix::unistd::User::from_uid(uid)
+        .ok()
+        .flatten()
+        .map_or_else(|| uid.to_string(), |user| user.name)
+}
+
 fn host_name() -> String {
     nix::unistd::gethostname()
         .ok()

@@ -98,9 +98,25 @@ impl Held {
         self.leases().map(LeaseClock::deadline).min()
     }
 
-    /// Renews each lease whose renewal is due and says whether the command may go on.
+    /// Renews the lease whose renewal is most overdue, if one is, and says
+    /// whether the command may go on. One renewal per check: each is a call
+    /// to a server that may take its whole bound, and the caller goes back to
+    /// its signals between checks ([`Held::due`] has passed while another is due).
     pub fn check(&mut self) -> LeaseVerdict {
-        self.each(HeldLock::check)
+        let most_due = self
+            .locks
+            .iter()
+            .enumerate()
+            .filter_map(|(at, lock)| Some((lock.lease.as_ref()?.renewal_due(), at)))
+            .filter(|(due, _)| due.has_passed())
+            .min()
+            .map(|(_, at)| at);
+        let mut at = 0;
+        self.each(|lock| {
+            let renews = most_due == Some(at);
+            at += 1;
+            lock.check(renews)
+        })
     }
 
     /// Before the command starts: see [`HeldLock::confirm`].
@@ -109,7 +125,7 @@ impl Held {
     }
 
     /// `verdict` of every lock: the first stop, with the shortest grace any asked for.
-    fn each(&mut self, verdict: fn(&mut HeldLock) -> LeaseVerdict) -> LeaseVerdict {
+    fn each(&mut self, mut verdict: impl FnMut(&mut HeldLock) -> LeaseVerdict) -> LeaseVerdict {
         let mut first = LeaseVerdict::Keep;
         for lock in &mut self.locks {
             match (&mut first, verdict(lock)) {
@@ -157,8 +173,8 @@ pub struct Releases {
 }
 
 impl HeldLock {
-    /// Renews the lease when a renewal is due and says whether the command may go on.
-    fn check(&mut self) -> LeaseVerdict {
+    /// Renews the lease when a renewal is due and `renews`, and says whether the command may go on.
+    fn check(&mut self, renews: bool) -> LeaseVerdict {
         let Some(lease) = &mut self.lease else {
             return LeaseVerdict::Keep;
         };
@@ -174,7 +190,7 @@ impl HeldLock {
                 Duration::ZERO,
             );
         }
-        if lease.renewal_due().has_passed() {
+        if renews && lease.renewal_due().has_passed() {
             // An answer after the stop is due would come too late to spare the command.
             match renew(
                 self.slot.as_mut(),

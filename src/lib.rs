@@ -46,11 +46,15 @@ fn run(args: Vec<OsString>) -> u8 {
         Ok(cli) => cli,
         Err(code) => return code,
     };
+    // Read: no password given on the command line stays in `ps` (docs/operating.md: "Passwords").
+    platform::startup::blank_arguments(cli::passwords::spans);
     let reporter = match &cli.action {
         Some(Action::Status(args)) => reporter(&args.output, args.name.as_ref()),
         Some(Action::Release(args)) => reporter(&args.output, Some(&args.name)),
         Some(Action::Check(args)) => reporter(&args.output, None),
-        None => reporter(&cli.run.output, cli.run.names.first()).in_mode(cli.run.mode()),
+        None => reporter(&cli.run.output, cli.run.names.first())
+            .in_mode(cli.run.mode())
+            .with_note(cli.run.note.clone()),
     };
     let result = match cli.action {
         Some(Action::Status(args)) => operator::status(&args),

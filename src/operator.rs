@@ -165,6 +165,8 @@ fn json_list(out: &mut impl Write, backend: &str, entries: &[Entry]) -> std::io:
             "command": entry.command,
             "expires_at": entry.expires_at.map(rfc3339),
             "fence": entry.fence,
+            "user": entry.user,
+            "note": entry.note,
         });
         let since = if entry.is_holder() {
             "acquired_at"
@@ -197,8 +199,8 @@ fn table(
     }
     writeln!(out, "locks{place}")?;
     let header = [
-        "NAME", "STATE", "MODE", "SLOT", "LINE", "PID", "HOST", "SINCE", "FOR", "EXPIRES", "FENCE",
-        "COMMAND",
+        "NAME", "STATE", "MODE", "SLOT", "LINE", "PID", "HOST", "USER", "SINCE", "FOR", "EXPIRES",
+        "FENCE", "COMMAND", "NOTE",
     ]
     .map(str::to_owned);
     let mut widths = header.each_ref().map(|cell| display_width(cell));
@@ -207,7 +209,7 @@ fn table(
             *width = (*width).max(display_width(&cell));
         }
     }
-    let mut write_row = |cells: &[String; 12]| {
+    let mut write_row = |cells: &[String; 14]| {
         let mut line = String::new();
         for (column, cell) in cells.iter().enumerate() {
             if column + 1 == cells.len() {
@@ -227,7 +229,7 @@ fn table(
 }
 
 /// One entry's cells, escaped for a terminal.
-fn row(entry: &Entry, now_millis: u64) -> [String; 12] {
+fn row(entry: &Entry, now_millis: u64) -> [String; 14] {
     let unknown = || "-".to_owned();
     let ago = |millis: u64| Duration::from_millis(now_millis.saturating_sub(millis));
     let expires = entry
@@ -253,6 +255,11 @@ fn row(entry: &Entry, now_millis: u64) -> [String; 12] {
         },
         entry.pid.to_string(),
         entry.host.clone(),
+        if entry.user.is_empty() {
+            unknown()
+        } else {
+            entry.user.clone()
+        },
         entry.since.map_or_else(unknown, rfc3339_seconds),
         entry
             .since
@@ -260,6 +267,7 @@ fn row(entry: &Entry, now_millis: u64) -> [String; 12] {
         expires,
         entry.fence.map_or_else(unknown, |fence| fence.to_string()),
         entry.command.clone(),
+        entry.note.clone().unwrap_or_default(),
     ]
     .map(|cell| escape_controls(&cell))
 }

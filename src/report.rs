@@ -71,6 +71,8 @@ pub struct Reporter {
     name: String,
     /// The mode a run holds its names in, once known: JSON events then say it.
     mode: Option<Mode>,
+    /// The run's `--note`, which JSON events carry.
+    note: Option<String>,
 }
 
 impl Reporter {
@@ -80,6 +82,7 @@ impl Reporter {
             format,
             name: name.into(),
             mode: None,
+            note: None,
         }
     }
 
@@ -90,6 +93,12 @@ impl Reporter {
             mode: Some(mode),
             ..self
         }
+    }
+
+    /// This reporter, for a run that says `note` about itself (`--note`).
+    #[must_use]
+    pub fn with_note(self, note: Option<String>) -> Self {
+        Self { note, ..self }
     }
 
     /// This reporter, speaking of the lock `name`: a run of several names
@@ -237,6 +246,9 @@ impl Reporter {
             object.insert("mode".into(), mode.as_str().into());
         }
         object.insert("pid".into(), std::process::id().into());
+        if let Some(note) = &self.note {
+            object.insert("note".into(), note.clone().into());
+        }
         fields
     }
 }
@@ -336,6 +348,8 @@ fn holder_json(holder: &Entry) -> Value {
         "pid": holder.pid,
         "host": holder.host,
         "command": holder.command,
+        "user": holder.user,
+        "note": holder.note,
         "acquired_at": holder.since.map(rfc3339),
         "fence": holder.fence,
         "mode": holder.mode.as_str(),
@@ -358,6 +372,8 @@ mod tests {
             expires_at: None,
             fence: Some(7),
             mode: Mode::Exclusive,
+            user: String::new(),
+            note: None,
         }
     }
 

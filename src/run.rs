@@ -10,7 +10,7 @@ use crate::backoff;
 use crate::cli::RunArgs;
 use crate::duration;
 use crate::error::{Error, Result};
-use crate::identity::{Process, new_token};
+use crate::identity::{Process, new_token, user_name};
 use crate::lease::Held;
 use crate::name::Name;
 use crate::platform::clock::Moment;
@@ -33,20 +33,14 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
     let leases = store.abilities().leases;
     let plan = Plan::new(args.ttl);
     let kill_grace = kill_grace(plan, args.kill_grace, args.ttl, leases)?;
-    // Only a lease's holder can be reclaimed early by its process's death;
-    // the kernel frees a dead holder's lock by itself.
-    let process = if leases {
-        Process::current()
-    } else {
-        Process::current_without_liveness()
-    };
-    let owner = Owner {
-        token: String::new(),
-        process,
-        command: program.display(),
-        parallelism: Some(args.parallelism),
+    let owner = owner(
+        &program,
+        args.record_command,
+        args.note.clone(),
+        args.parallelism,
         mode,
-    };
+        leases,
+    );
     let template = Request {
         name: names[0].clone(),
         parallelism: args.parallelism,
@@ -207,6 +201,39 @@ fn canonical_order(mut names: Vec<Name>) -> Vec<Name> {
     names.sort_by(|a, b| a.as_str().as_bytes().cmp(b.as_str().as_bytes()));
     names.dedup();
     names
+}
+
+/// What identifies this run's holder in the store: its arguments (a password?)
+/// only when asked for, as the store may be read from every host
+/// (docs/operating.md: "Who holds a lock").
+fn owner(
+    program: &Program,
+    record_command: bool,
+    note: Option<String>,
+    parallelism: u32,
+    mode: Mode,
+    leases: bool,
+) -> Owner {
+    // Only a lease's holder can be reclaimed early by its process's death;
+    // the kernel frees a dead holder's lock by itself.
+    let process = if leases {
+        Process::current()
+    } else {
+        Process::current_without_liveness()
+    };
+    Owner {
+        token: String::new(),
+        process,
+        command: if record_command {
+            program.display()
+        } else {
+            program.name()
+        },
+        user: user_name(),
+        note,
+        parallelism: Some(parallelism),
+        mode,
+    }
 }
 
 fn program(shell_command: Option<OsString>, command: Vec<OsString>) -> Result<Program> {

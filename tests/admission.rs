@@ -329,6 +329,8 @@ fn request(name: &str, mode: Mode, parallelism: u32, queue: bool) -> Request {
                 host: "elsewhere".to_owned(),
             },
             command: "planted".to_owned(),
+            user: String::new(),
+            note: None,
             parallelism: Some(parallelism),
             mode,
         },

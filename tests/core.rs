@@ -28,6 +28,7 @@ macro_rules! backend_tests {
             core::max_runtime_stops_the_tree,
             core::min_hold_keeps_the_slot,
             core::status_shows_the_holder,
+            core::status_shows_the_program_not_its_arguments,
             core::names_never_reach_each_other,
             core::one_thread_while_waiting_and_running,
             core::another_parallelism_is_refused,
@@ -653,6 +654,96 @@ pub fn status_shows_the_holder(store: &Store) {
         "[]",
         "a released lock has no holder"
     );
+}
+
+/// The store records the program's name, the user and `--note`, not the
+/// command's arguments (a password?), unless `--record-command` asks for them.
+pub fn status_shows_the_program_not_its_arguments(store: &Store) {
+    let (quiet, recorded) = (Scratch::new(), Scratch::new());
+    let holding = |scratch: &Scratch, name: &str, extra: &[&str]| {
+        let script = format!(
+            "touch '{ready}'; while [ ! -e '{release}' ]; do sleep 0.02; done",
+            ready = scratch.path("ready").display(),
+            release = scratch.path("release").display()
+        );
+        let child = store
+            .lockrun()
+            .args(["--name", name])
+            .args(extra)
+            .args(["sh", "-c", &script, "x", "--password=hunter2"])
+            .start();
+        wait_for_file(&scratch.path("ready"));
+        child
+    };
+    let mut holders = [
+        holding(&quiet, "quiet", &["--note", "nightly backup"]),
+        holding(&recorded, "recorded", &["--record-command"]),
+    ];
+    let listed = |name: &str| {
+        let output = run(store.status().args([name, "--json"]));
+        assert_status(&output, 0);
+        let entries: serde_json::Value =
+            serde_json::from_slice(&output.stdout).expect("status --json is JSON");
+        entries[0].clone()
+    };
+    let quiet_entry = listed("quiet");
+    assert!(
+        !quiet_entry.to_string().contains("hunter2"),
+        "{quiet_entry}"
+    );
+    assert_eq!(quiet_entry["command"], "sh", "{quiet_entry}");
+    assert_eq!(quiet_entry["note"], "nightly backup", "{quiet_entry}");
+    assert!(
+        quiet_entry["user"]
+            .as_str()
+            .is_some_and(|user| !user.is_empty()),
+        "{quiet_entry}"
+    );
+    let table = stdout(&run(store.status().arg("quiet")));
+    assert!(table.contains("nightly backup"), "{table}");
+    assert!(!table.contains("hunter2"), "{table}");
+    let recorded_entry = listed("recorded");
+    assert!(
+        recorded_entry["command"]
+            .as_str()
+            .is_some_and(|command| command.starts_with("sh -c ")
+                && command.ends_with(" x --password=hunter2")),
+        "{recorded_entry}"
+    );
+    assert_eq!(recorded_entry["note"], serde_json::Value::Null);
+    for (scratch, holder) in [&quiet, &recorded].into_iter().zip(&mut holders) {
+        fs::write(scratch.path("release"), "").unwrap();
+        wait(holder);
+    }
+}
+
+/// Once lockrun has started, no user sees `password` (given in the store's
+/// URL) in its arguments: neither `ps` nor /proc/PID/cmdline shows it.
+pub fn no_password_stays_in_ps(store: &Store, password: &str) {
+    assert!(
+        store
+            .args()
+            .iter()
+            .any(|arg| arg.to_string_lossy().contains(password)),
+        "the store's URL has the password"
+    );
+    let scratch = Scratch::new();
+    let holder = hold(store, &scratch, "hidden", &[]);
+    let cmdline = fs::read(format!("/proc/{}/cmdline", holder.id())).unwrap();
+    let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+    assert!(!cmdline.contains(password), "{cmdline}");
+    assert!(
+        cmdline.contains("@127.0.0.1:"),
+        "the URL is there: {cmdline}"
+    );
+    let ps = std::process::Command::new("ps")
+        .args(["-ww", "-o", "args=", "-p", &holder.id().to_string()])
+        .output()
+        .expect("run ps");
+    let ps = String::from_utf8_lossy(&ps.stdout);
+    assert!(ps.contains("hidden") && !ps.contains(password), "{ps}");
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_status(&finish(holder), 0);
 }
 
 /// `x}:slot:0` and `x*` look like the keys and patterns of `x` to a store that

@@ -3,6 +3,7 @@
 mod support;
 
 mod admission;
+mod bounded;
 mod cli;
 mod clocks;
 mod core;

@@ -59,7 +59,7 @@ fn status_prints_an_aligned_table_of_real_holders() {
     // Columns line up: every cell starts where its header does.
     let command_at = lines[0].find("COMMAND").unwrap();
     for line in &lines[1..] {
-        assert!(line[command_at..].starts_with("echo $$"), "{text}");
+        assert!(line[command_at..].starts_with("/bin/sh"), "{text}");
         assert_eq!(&line[command_at - 2..command_at], "  ", "{text}");
     }
 
@@ -123,10 +123,12 @@ fn status_json_has_exactly_the_spec_keys() {
             "host",
             "mode",
             "name",
+            "note",
             "pid",
             "position",
             "slot",
-            "state"
+            "state",
+            "user"
         ]
     );
     assert_eq!(object["backend"], "file");
@@ -143,7 +145,7 @@ fn status_json_has_exactly_the_spec_keys() {
         Value::Null,
         "file locks have no lease"
     );
-    assert!(object["command"].as_str().unwrap().starts_with("echo $$"));
+    assert_eq!(object["command"], "/bin/sh", "the program, not its script");
     let_go(&scratch, holder);
 }
 
@@ -266,7 +268,7 @@ fn a_wait_on_a_terminal_shows_one_self_updating_line() {
         .and_then(|rest| rest.split(' ').next())
         .expect("the holder's pid");
     assert!(
-        holder_pid.parse::<u32>().is_ok() && drawn[0].contains("(echo $$"),
+        holder_pid.parse::<u32>().is_ok() && drawn[0].contains("(/bin/sh)"),
         "who holds it: {drawn:?}"
     );
     assert!(
@@ -307,7 +309,7 @@ fn without_a_terminal_a_wait_is_silent_unless_verbose() {
     assert!(
         lines[1].starts_with(&format!(
             "waiting for quiet: 1st in line, held by pid {holder_pid} on "
-        )) && lines[1].contains("(echo $$"),
+        )) && lines[1].contains("(/bin/sh)"),
         "{err}"
     );
     // The waiter sleeps in the kernel until the holder goes: there is no next try to announce.
@@ -475,7 +477,7 @@ fn a_holder_started_without_stderr_writes_its_diagnostics_into_no_lock_file() {
     let entries: Value = serde_json::from_str(&stdout(&output)).unwrap();
     assert_eq!(entries[0]["name"], "backup", "{entries}");
     assert!(
-        entries[0]["command"].as_str().unwrap().contains("echo $$"),
+        entries[0]["command"] == "/bin/sh" && entries[0]["user"].is_string(),
         "the holder's record is intact: {entries}"
     );
     let_go(&scratch, holder);
@@ -560,7 +562,7 @@ fn a_holder_that_wrote_no_record_shows_unknown_times_not_1970() {
     let table = stdout(&output);
     let row = table.lines().nth(2).expect("a row for the holder");
     let cells: Vec<&str> = row.split_whitespace().collect();
-    // NAME STATE MODE SLOT LINE PID SINCE FOR EXPIRES FENCE COMMAND; the host is empty, and
+    // NAME STATE MODE SLOT LINE PID USER SINCE FOR EXPIRES FENCE COMMAND; the host is empty, and
     // the command says that the holder (this test) is not lockrun.
     assert_eq!(
         cells,
@@ -571,6 +573,7 @@ fn a_holder_that_wrote_no_record_shows_unknown_times_not_1970() {
             "0",
             "-",
             &me.to_string(),
+            "-",
             "-",
             "-",
             "-",

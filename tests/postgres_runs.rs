@@ -675,3 +675,11 @@ fn status_and_release_read_a_version_2_schema_as_it_is() {
         .get(0);
     assert_eq!(modes, 0, "status or release changed the schema");
 }
+
+#[test]
+fn a_password_in_the_url_is_blanked_in_ps() {
+    let Some(store) = Store::postgres() else {
+        return;
+    };
+    crate::core::no_password_stays_in_ps(&store, PASSWORD);
+}

@@ -328,6 +328,59 @@ fn a_frozen_holder_loses_its_slot_and_exits_76_when_continued() {
     );
 }
 
+/// Four names' renewals all come due while the server is stopped (it
+/// accepts, never answers): each may take its whole call (TTL/5 = 3 s), but
+/// lockrun renews one at a time and forwards a signal in between, so the
+/// command gets it within about one call, not four.
+#[test]
+fn renewals_of_several_names_on_a_silent_server_never_hold_a_signal_up() {
+    let Some((store, server)) = redis(&[]) else {
+        return;
+    };
+    let scratch = Scratch::new();
+    let mut holder = hold_recording(
+        &store,
+        &scratch,
+        "a",
+        &["--name", "b", "--name", "c", "--name", "d", "--ttl", "15"],
+    );
+    let acquired = Instant::now();
+    let server_pid = server.pid().expect("the server runs");
+    signal(server_pid, Signal::SIGSTOP);
+    // The renewals come due TTL/3 = 5 s after the names were taken: the
+    // signal comes while the first of them waits for its answer.
+    thread::sleep(Duration::from_millis(5500).saturating_sub(acquired.elapsed()));
+    let sent = std::time::SystemTime::now();
+    signal(holder.id(), Signal::SIGTERM);
+    wait_for_file(&scratch.path("stopped"));
+    signal(server_pid, Signal::SIGCONT);
+    let stopped: u128 = fs::read_to_string(scratch.path("stopped"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let sent = sent
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let delay = Duration::from_nanos((stopped.saturating_sub(sent)) as u64);
+    assert!(
+        delay < Duration::from_secs(4),
+        "the signal came {delay:?} late"
+    );
+    wait(&mut holder);
+}
+
+#[test]
+fn a_password_in_the_url_is_blanked_in_ps() {
+    let Some((_, server)) = redis(&["--requirepass", "right-secret-8731"]) else {
+        return;
+    };
+    let url = format!("redis://:right-secret-8731@127.0.0.1:{}", server.port());
+    let store = Store::on_redis_at(&url, Box::new(server));
+    crate::core::no_password_stays_in_ps(&store, "right-secret-8731");
+}
+
 #[test]
 fn a_wrong_or_missing_password_exits_69_without_showing_the_secret() {
     let Some((_, server)) = redis(&["--requirepass", "right-secret-8731"]) else {

@@ -50,7 +50,7 @@ macro_rules! backends {
         #[derive(Debug, clap::Args)]
         pub struct StoreArgs {
             /// Where the lock lives (in any case: sqlite, SQLite)
-            #[arg(short = 'b', long, env = "LOCKRUN_BACKEND", default_value = "file", ignore_case = true,
+            #[arg(short = 'b', long, env = "LOCKRUN_BACKEND", default_value = DEFAULT_BACKEND, ignore_case = true,
                   value_parser = clap::builder::TypedValueParser::map(
                       clap::builder::PossibleValuesParser::new(NAMES),
                       |name| name.to_ascii_lowercase()))]
@@ -94,6 +94,9 @@ macro_rules! backends {
         }
     };
 }
+
+/// The backend of a run that names none.
+pub const DEFAULT_BACKEND: &str = "file";
 
 backends! {
     file => file,
@@ -504,6 +507,8 @@ mod tests {
                 token: "t".into(),
                 process: Process::current_without_liveness(),
                 command: "true".into(),
+                user: String::new(),
+                note: None,
                 parallelism: Some(parallelism),
                 mode,
             },

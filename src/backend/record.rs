@@ -12,14 +12,23 @@ use crate::platform::clock::Moment;
 
 /// Who takes or waits for a slot, as the store keeps it: enough to show in
 /// `status` and, on the same host, to tell whether its process still lives.
+/// Nothing of the command's arguments unless asked (docs/operating.md: "Who holds a lock"): a store may be read from every host.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "Stored")]
 pub struct Owner {
     /// Unique to one acquisition (`LOCKRUN_TOKEN`): what a change checks before touching an entry.
     pub token: String,
     #[serde(flatten)]
     pub process: Process,
-    /// The command line, quoted as a shell would need it.
+    /// The program's name, or with `--record-command` the command line,
+    /// quoted as a shell would need it. Older lockruns recorded the command line.
     pub command: String,
+    /// The user lockrun runs as; empty in records of older lockruns.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub user: String,
+    /// `--note`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
     /// Its `-p`: a name's slot count is part of the lock (docs/guide.md: "Slots").
     /// `None` in records of older lockruns, which are never refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -28,6 +37,81 @@ pub struct Owner {
     /// Records of older lockruns have no mode: they held alone.
     #[serde(default, skip_serializing_if = "Mode::is_exclusive")]
     pub mode: Mode,
+}
+
+/// An [`Owner`] as a store gives it back, before [`Owner::unpacked`].
+#[derive(Deserialize)]
+struct Stored {
+    token: String,
+    #[serde(flatten)]
+    process: Process,
+    command: String,
+    #[serde(default)]
+    user: String,
+    #[serde(default)]
+    note: Option<String>,
+    #[serde(default)]
+    parallelism: Option<u32>,
+    #[serde(default)]
+    mode: Mode,
+}
+
+impl From<Stored> for Owner {
+    fn from(stored: Stored) -> Self {
+        Self {
+            token: stored.token,
+            process: stored.process,
+            command: stored.command,
+            user: stored.user,
+            note: stored.note,
+            parallelism: stored.parallelism,
+            mode: stored.mode,
+        }
+        .unpacked()
+    }
+}
+
+/// What the SQL stores keep in their one `command` column: the program's
+/// name (or command line), the user and the note together. A column of their
+/// own would change the schema, which older lockruns sharing the database
+/// would refuse; they show this text as the command instead.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Described {
+    command: String,
+    user: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    note: Option<String>,
+}
+
+impl Owner {
+    /// The text of a SQL store's `command` column for this owner.
+    pub fn packed(&self) -> String {
+        serde_json::to_string(&Described {
+            command: self.command.clone(),
+            user: self.user.clone(),
+            note: self.note.clone(),
+        })
+        .expect("strings serialize")
+    }
+
+    /// This owner with a `command` column read from a SQL store taken apart
+    /// ([`Owner::packed`]); a plain command (an older lockrun's) stays as it is.
+    #[must_use]
+    pub fn unpacked(self) -> Self {
+        if !self.user.is_empty() || self.note.is_some() || !self.command.starts_with('{') {
+            return self;
+        }
+        match serde_json::from_str::<Described>(&self.command) {
+            Ok(described) => Self {
+                command: described.command,
+                user: described.user,
+                note: described.note,
+                ..self
+            },
+            Err(_) => self,
+        }
+    }
 }
 
 /// How a run holds a name (docs/guide.md: "Shared locks"): shared holders hold it
@@ -143,6 +227,10 @@ pub struct Entry {
     /// The fence of a holder's acquisition; `None` for a waiter or when unknown.
     pub fence: Option<u64>,
     pub mode: Mode,
+    /// The user it runs as; empty when unknown (an older lockrun's record).
+    pub user: String,
+    /// Its `--note`.
+    pub note: Option<String>,
 }
 
 impl Entry {
@@ -158,6 +246,8 @@ impl Entry {
             expires_at: None,
             fence: None,
             mode: owner.mode,
+            user: owner.user.clone(),
+            note: owner.note.clone(),
         }
     }
 
@@ -324,7 +414,49 @@ pub fn local_ahead<'a>(
 mod tests {
     use super::*;
 
-    fn owner(token: &str, host: &str) -> Owner {
+    fn owner(json: &str) -> Owner {
+        serde_json::from_str(json).expect("an owner")
+    }
+
+    #[test]
+    fn records_of_older_lockruns_still_read() {
+        // Before the user and the note: a command line, or a program's name.
+        let old = owner(r#"{"token":"t","pid":1,"host":"h","command":"backup.sh --all"}"#);
+        assert_eq!(old.command, "backup.sh --all");
+        assert_eq!((old.user.as_str(), old.note.as_deref()), ("", None));
+        // An older lockrun's SQL column: plain text, even text like JSON.
+        for column in ["backup.sh", "{not json", r#"{"command":"x"}"#] {
+            let read = Owner {
+                command: column.to_owned(),
+                ..old.clone()
+            }
+            .unpacked();
+            assert_eq!(read.command, column);
+        }
+    }
+
+    #[test]
+    fn the_user_and_note_go_through_a_document_and_a_sql_column() {
+        let ours = Owner {
+            user: "backup".into(),
+            note: Some("nightly".into()),
+            ..owner(r#"{"token":"t","pid":1,"host":"h","command":"sh"}"#)
+        };
+        let document = serde_json::to_string(&ours).unwrap();
+        assert_eq!(owner(&document), ours);
+        let column = Owner {
+            command: ours.packed(),
+            user: String::new(),
+            note: None,
+            ..ours.clone()
+        };
+        assert_eq!(column.clone().unpacked(), ours);
+        // As PostgreSQL's look hands the column back, inside a document.
+        let document = serde_json::to_string(&column).unwrap();
+        assert_eq!(owner(&document), ours);
+    }
+
+    fn owner_on(token: &str, host: &str) -> Owner {
         Owner {
             token: token.to_owned(),
             process: Process {
@@ -334,6 +466,8 @@ mod tests {
                 host: host.to_owned(),
             },
             command: "true".to_owned(),
+            user: String::new(),
+            note: None,
             parallelism: Some(1),
             mode: Mode::Exclusive,
         }
@@ -345,9 +479,9 @@ mod tests {
 
     #[test]
     fn a_waiter_further_back_watches_the_nearest_entry_of_its_host() {
-        let me = owner("me", "here").process;
-        let (holder, head) = (owner("holder", "here"), owner("head", "elsewhere"));
-        let near = owner("near", "here");
+        let me = owner_on("me", "here").process;
+        let (holder, head) = (owner_on("holder", "here"), owner_on("head", "elsewhere"));
+        let near = owner_on("near", "here");
         let holders = || [&holder].into_iter();
         // First: the holders; second: the head, if it runs here.
         assert_eq!(
@@ -362,7 +496,7 @@ mod tests {
         assert_eq!(tokens(&back), ["near"]);
         let behind_elsewhere = local_ahead(&me, 2, holders(), [&head], None);
         assert_eq!(tokens(&behind_elsewhere), ["holder"]);
-        let elsewhere = owner("far", "elsewhere");
+        let elsewhere = owner_on("far", "elsewhere");
         assert!(local_ahead(&me, 3, [&elsewhere].into_iter(), [], Some(&head)).is_empty());
     }
 }

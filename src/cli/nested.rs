@@ -11,6 +11,8 @@
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Command};
 
+use crate::backend::DEFAULT_BACKEND;
+
 /// The variables that describe the lock a command runs under, also read as options outside one.
 const OUTER_LOCK: [&str; 3] = ["LOCKRUN_NAME", "LOCKRUN_BACKEND", "LOCKRUN_PARALLELISM"];
 
@@ -55,7 +57,7 @@ fn ignore_outer_lock(command: Command) -> Command {
 /// name its own backend: whether `LOCKRUN_BACKEND` was the user's choice or
 /// only the outer lockrun's flag, and where that store is, it cannot know.
 pub fn require_own_backend(matches: &ArgMatches) -> Result<(), String> {
-    let Some(outer) = outer_backend().filter(|outer| outer != "file") else {
+    let Some(outer) = outer_backend().filter(|outer| outer != DEFAULT_BACKEND) else {
         return Ok(());
     };
     let store = matches.subcommand().map_or(matches, |(_, sub)| sub);

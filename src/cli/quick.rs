@@ -52,6 +52,15 @@ const fn flag(long: &'static str, short: char) -> Spec {
     }
 }
 
+const fn long_flag(long: &'static str) -> Spec {
+    Spec {
+        long,
+        short: None,
+        env: None,
+        takes_value: false,
+    }
+}
+
 const NAME: usize = 0;
 const PARALLELISM: usize = 1;
 const NO_WAIT: usize = 2;
@@ -70,9 +79,11 @@ const QUIET: usize = 14;
 const LOG_FORMAT: usize = 15;
 const SHARED: usize = 16;
 const EXCLUSIVE: usize = 17;
+const NOTE: usize = 18;
+const RECORD_COMMAND: usize = 19;
 
 /// A run's own options, indexed by the constants above; a test holds them to `RunArgs`.
-const OPTIONS: [Spec; 18] = [
+const OPTIONS: [Spec; 20] = [
     option("name", None, Some("LOCKRUN_NAME")),
     option("parallelism", Some('p'), Some("LOCKRUN_PARALLELISM")),
     flag("no-wait", 'n'),
@@ -92,6 +103,8 @@ const OPTIONS: [Spec; 18] = [
     flag("shared", 's'),
     // Its other short name, `-e`, is left to clap.
     flag("exclusive", 'x'),
+    option("note", None, Some("LOCKRUN_NOTE")),
+    long_flag("record-command"),
 ];
 
 /// What a word before the command names.
@@ -205,6 +218,8 @@ pub fn parse(args: &[OsString]) -> Result<RunArgs, LeftToClap> {
             None => DEFAULT_CONFLICT_EXIT_CODE,
         },
         shell_command,
+        note: text_of(NOTE)?,
+        record_command: given[RECORD_COMMAND].is_some(),
         output: OutputArgs {
             verbose,
             quiet,
@@ -414,6 +429,10 @@ mod tests {
         &["--verbose"],
         &["--log-format", "json"],
         &["--log-format=JSON"],
+        &["--note", "nightly backup"],
+        &["--note="],
+        &["--record-command"],
+        &["--record-command=yes"],
         &["-b", "sqlite"],
         &["--backend=redis"],
         &["-b", "nosuch"],

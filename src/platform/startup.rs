@@ -6,7 +6,9 @@
 #![allow(unsafe_code)]
 
 use std::ffi::{CStr, OsString, c_char, c_int};
+use std::ops::Range;
 use std::os::unix::ffi::OsStringExt;
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
 use nix::errno::Errno;
 use nix::libc;
@@ -21,17 +23,49 @@ pub fn prepare() {
     let _ = unsafe { signal(Signal::SIGPIPE, SigHandler::SigIgn) };
 }
 
+/// Defines the executable's `main`, the C runtime's rather than std's: std's
+/// start-up reads /proc/self/maps and maps a signal stack to report stack
+/// overflows, 0.09 ms of a 1.7 ms locked `true` (BENCHMARKS.md "Start-up").
+/// It hands the arguments to `lockrun::main`, which does the part of std's
+/// start-up that lockrun needs. A macro, so that the binary (`src/main.rs`)
+/// defines the symbol and its unsafe code is written here.
+#[macro_export]
+macro_rules! entry_point {
+    () => {
+        /// The one `main` symbol of the executable, which the C runtime calls.
+        // `no_mangle` is unsafe only in that two items could claim one symbol; this is the only one.
+        #[allow(unsafe_code)]
+        #[unsafe(no_mangle)]
+        extern "C" fn main(
+            count: ::std::ffi::c_int,
+            words: *const *const ::std::ffi::c_char,
+        ) -> ::std::ffi::c_int {
+            // SAFETY: the C runtime passes the arguments exec gave the process (argc
+            // and argv): `count` NUL-terminated strings, which live as long as it does.
+            let arguments = unsafe { $crate::platform::startup::arguments(count, words) };
+            $crate::main(arguments)
+        }
+    };
+}
+
+/// The process's own argv, as the C runtime passed it, for [`blank_arguments`].
+static ARGV: AtomicPtr<*mut c_char> = AtomicPtr::new(std::ptr::null_mut());
+static ARGC: AtomicUsize = AtomicUsize::new(0);
+
 /// The arguments the C runtime passes to `main`. std collects them itself only
 /// when its own start-up runs (or, on glibc alone, from `.init_array`).
 ///
 /// # Safety
 ///
 /// `words` is null or points to `count` pointers to NUL-terminated strings
-/// that live at least as long as this call (C's `argc` and `argv`).
+/// that live as long as the process and that nothing else uses (C's `argc`
+/// and `argv`, which C lets a program change).
 pub unsafe fn arguments(count: c_int, words: *const *const c_char) -> Vec<OsString> {
     if words.is_null() {
         return Vec::new();
     }
+    ARGV.store(words.cast_mut().cast(), Ordering::Relaxed);
+    ARGC.store(usize::try_from(count).unwrap_or(0), Ordering::Relaxed);
     (0..usize::try_from(count).unwrap_or(0))
         .map(|index| {
             // SAFETY: as the caller promises, `words[index]` is a NUL-terminated string.
@@ -39,6 +73,34 @@ pub unsafe fn arguments(count: c_int, words: *const *const c_char) -> Vec<OsStri
             OsString::from_vec(arg.to_bytes().to_vec())
         })
         .collect()
+}
+
+/// Overwrites with `*` the bytes of lockrun's own arguments that `secret`
+/// finds in each (a password in a URL), where `ps` and /proc/PID/cmdline read
+/// them: the kernel shows the argv strings in the process's memory as they
+/// are now. Lengths stay, so nothing else moves. The copies taken at start-up
+/// are untouched. Nothing happens unless [`arguments`] ran.
+pub fn blank_arguments(secret: impl Fn(&[u8]) -> Vec<Range<usize>>) {
+    let words = ARGV.load(Ordering::Relaxed);
+    if words.is_null() {
+        return;
+    }
+    for index in 1..ARGC.load(Ordering::Relaxed) {
+        // SAFETY: `arguments` stored argv and argc as the C runtime passed
+        // them: `words[index]` is a NUL-terminated string that lives as long
+        // as the process, and nothing else refers to it (the arguments were
+        // copied); C lets a program write to its argv strings. Every range is
+        // clamped to the string's length, before its NUL.
+        unsafe {
+            let word = *words.add(index);
+            let length = CStr::from_ptr(word).count_bytes();
+            let bytes = std::slice::from_raw_parts_mut(word.cast::<u8>(), length);
+            for span in secret(bytes) {
+                let span = span.start.min(length)..span.end.min(length);
+                bytes[span].fill(b'*');
+            }
+        }
+    }
 }
 
 /// A descriptor 0, 1 or 2 that lockrun was started without is opened on

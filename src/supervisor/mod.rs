@@ -64,6 +64,12 @@ impl Program {
             Self::Shell(_) => "/bin/sh".into(),
         }
     }
+
+    /// The program's name as `status` shows it without `--record-command`:
+    /// no argument, nor a `-c` script.
+    pub fn name(&self) -> String {
+        shell_quote(&self.program_name())
+    }
 }
 
 fn shell_quote(word: &str) -> String {

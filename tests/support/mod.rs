@@ -13,6 +13,7 @@ pub mod pty;
 #[cfg(feature = "s3")]
 pub mod s3;
 pub mod sentinel;
+pub mod slow;
 pub mod users;
 
 use std::ffi::OsString;
@@ -76,15 +77,20 @@ impl Store {
 
     /// The Redis backend on `server`, which the store keeps alive.
     pub fn on_redis(server: &Arc<RedisServer>) -> Self {
+        Self::on_redis_at(&server.url(), Box::new(Arc::clone(server)))
+    }
+
+    /// The Redis backend at `url`, keeping `servers` alive.
+    pub fn on_redis_at(url: &str, servers: Box<dyn std::any::Any>) -> Self {
         Self {
             kind: "redis",
             args: vec![
                 "--backend".into(),
                 "redis".into(),
                 "--redis-url".into(),
-                server.url().into(),
+                url.into(),
             ],
-            _keep: Box::new(Arc::clone(server)),
+            _keep: servers,
         }
     }
 
@@ -311,6 +317,11 @@ impl RedisServer {
             })
             .filter(|(command, _)| !matches!(command.as_str(), "info" | "ping"))
             .collect()
+    }
+
+    /// The server process's pid, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.lock().unwrap().as_ref().map(Child::id)
     }
 
     /// Kills the server at once (SIGKILL: no chance to save anything).

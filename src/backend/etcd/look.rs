@@ -412,6 +412,8 @@ pub(super) mod tests {
                 host: "elsewhere".to_owned(),
             },
             command: "true".to_owned(),
+            user: String::new(),
+            note: None,
             parallelism: Some(1),
             mode,
         }

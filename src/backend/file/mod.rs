@@ -529,6 +529,8 @@ fn holder_entry(
             expires_at: None,
             fence: None,
             mode: slot.mode(),
+            user: String::new(),
+            note: None,
         }),
         _ => None,
     }

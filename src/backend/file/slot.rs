@@ -244,6 +244,7 @@ impl Slot for FileSlot {
             // holder, not the command line, which may carry a password, nor
             // a -p that would keep others out.
             self.record.owner.command.clear();
+            self.record.owner.note = None;
             self.record.owner.parallelism = None;
         }
         let written = write_record(&self.file, &self.record, &self.path);

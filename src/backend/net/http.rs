@@ -20,8 +20,9 @@ use crate::backend::net::Deadline;
 
 /// Longest response head or chunk-size line we accept from a server.
 const MAX_LINE: usize = 16 * 1024;
-/// Longest body of a single answer (a listing of many keys still fits).
-const MAX_BODY: usize = 64 * 1024 * 1024;
+/// Longest body of a single answer (a listing of many keys still fits), and
+/// of a single message of a watch.
+pub const MAX_BODY: usize = 64 * 1024 * 1024;
 /// A silent peer is declared dead after about 5 s + 3 × 1 s without an answer to
 /// TCP keepalive probes: this is what ends a watch on a member that vanished
 /// from the network without closing the connection.
@@ -145,6 +146,31 @@ impl Write for Stream {
     }
 }
 
+/// A socket whose every read and write gets only what is left of `deadline`:
+/// rustls reads a handshake in as many reads as the peer sends pieces.
+struct Bounded<'s> {
+    socket: &'s TcpStream,
+    deadline: Deadline,
+}
+
+impl Read for Bounded<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        set_timeouts(self.socket, self.deadline)?;
+        self.socket.read(buf)
+    }
+}
+
+impl Write for Bounded<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        set_timeouts(self.socket, self.deadline)?;
+        self.socket.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.socket.flush()
+    }
+}
+
 /// Where the reader is in the current response's body.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Body {
@@ -197,9 +223,12 @@ impl Connection {
                 let session = ClientConnection::new(Arc::clone(config), name.clone())
                     .map_err(io::Error::other)?;
                 let mut stream = StreamOwned::new(session, socket);
-                set_timeouts(&stream.sock, deadline)?;
+                let mut bounded = Bounded {
+                    socket: &stream.sock,
+                    deadline,
+                };
                 while stream.conn.is_handshaking() {
-                    stream.conn.complete_io(&mut stream.sock)?;
+                    stream.conn.complete_io(&mut bounded)?;
                 }
                 Stream::Tls(Box::new(stream))
             }
@@ -257,15 +286,31 @@ impl Connection {
         }
         request.extend_from_slice(b"\r\n");
         request.extend_from_slice(body);
-        set_timeouts(self.stream.socket(), deadline)?;
-        self.stream.write_all(&request)?;
-        self.stream.flush()?;
+        self.write_all_by(&request, deadline)?;
         self.read_head(deadline)
     }
 
     /// The `ETag` header of the last response, quotes included, if it had one.
     pub fn etag(&self) -> Option<&str> {
         self.etag.as_deref()
+    }
+
+    /// Writes all of `bytes` by `deadline`: each write gets only what is left of it.
+    fn write_all_by(&mut self, mut bytes: &[u8], deadline: Deadline) -> io::Result<()> {
+        while !bytes.is_empty() {
+            set_timeouts(self.stream.socket(), deadline)?;
+            match self.stream.write(bytes) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => bytes = &bytes[n..],
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
+                    return Err(io::ErrorKind::TimedOut.into());
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        set_timeouts(self.stream.socket(), deadline)?;
+        self.stream.flush()
     }
 
     /// The whole body of the current response.

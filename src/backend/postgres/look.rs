@@ -75,6 +75,8 @@ struct Params<'a> {
     pid: i32,
     start_time: i64,
     mode: &'static str,
+    /// The `command` column: see [`crate::backend::Owner::packed`].
+    command: String,
     request: &'a Request,
 }
 
@@ -88,6 +90,7 @@ impl<'a> Params<'a> {
             pid: process.pid.cast_signed(),
             start_time: process.start_time.cast_signed(),
             mode: request.mode().as_str(),
+            command: request.owner.packed(),
             request,
         }
     }
@@ -103,7 +106,7 @@ impl<'a> Params<'a> {
             (&self.start_time, Type::INT8),
             (&owner.process.boot_id, Type::TEXT),
             (&owner.process.host, Type::TEXT),
-            (&owner.command, Type::TEXT),
+            (&self.command, Type::TEXT),
             (&self.request.queue, Type::BOOL),
             (&self.mode, Type::TEXT),
         ]

@@ -324,18 +324,23 @@ impl Store for PostgresStore {
 /// `status` entries from rows of `list` (or `break_slots`): the holders
 /// whose processes live or whose slots are kept, then the live waiters.
 fn entries(rows: &[Row]) -> Vec<Entry> {
-    let owner = |row: &Row| Owner {
-        token: row.get("token"),
-        process: Process {
-            pid: row.get::<_, i32>("pid").cast_unsigned(),
-            start_time: row.get::<_, i64>("start_time").cast_unsigned(),
-            boot_id: row.get("boot_id"),
-            host: row.get("host"),
-        },
-        command: row.get("command"),
-        mode: Mode::parse(row.get("mode")),
-        // Not shown by `status`.
-        parallelism: None,
+    let owner = |row: &Row| {
+        Owner {
+            token: row.get("token"),
+            process: Process {
+                pid: row.get::<_, i32>("pid").cast_unsigned(),
+                start_time: row.get::<_, i64>("start_time").cast_unsigned(),
+                boot_id: row.get("boot_id"),
+                host: row.get("host"),
+            },
+            command: row.get("command"),
+            user: String::new(),
+            note: None,
+            mode: Mode::parse(row.get("mode")),
+            // Not shown by `status`.
+            parallelism: None,
+        }
+        .unpacked()
     };
     let millis = |row: &Row, column: &str| row.get::<_, i64>(column) as u64;
     let mut holders = Vec::new();

@@ -108,7 +108,7 @@ impl Cluster {
         let mut trouble = Vec::new();
         for (asked, (address, seed)) in self.seeds.iter_mut().enumerate() {
             let within = deadline.share((count - asked) as u32);
-            match seed.call(within.io_timeout(), |c| {
+            match seed.call(within, |c| {
                 redis::cmd("CLUSTER").arg("SLOTS").query::<Value>(c)
             }) {
                 Ok(slots) => {

@@ -165,7 +165,7 @@ impl RedisLink {
                 Err(failure) => return Err(self.failure(what, &failure)),
             };
             let reused = node.is_connected() && !std::mem::take(&mut fresh);
-            let err = match node.call(deadline.io_timeout(), |c| asked(c, asking, &mut call)) {
+            let err = match node.call(deadline, |c| asked(c, asking, &mut call)) {
                 Ok(value) => return Ok(value),
                 Err(err) => err,
             };
@@ -193,7 +193,7 @@ impl RedisLink {
         }
         // The handshake comes with the first exchange: a PING, under a short timeout.
         let ping = |c: &mut Connection| redis::cmd("PING").query::<redis::Value>(c);
-        let Err(err) = node.call(TLS_ASK_AFTER.min(deadline.io_timeout()), ping) else {
+        let Err(err) = node.call(deadline.within(TLS_ASK_AFTER), ping) else {
             return Ok(true);
         };
         let plain = node.tcp_address().is_some_and(|(host, port, _)| {
@@ -262,7 +262,7 @@ impl RedisLink {
             Err(failure) => return Err(self.failure(what, &failure)),
         };
         let reused = node.is_connected();
-        match node.call(timeout, |c| asked(c, asking, &mut call)) {
+        match node.call(deadline, |c| asked(c, asking, &mut call)) {
             Ok(value) => Ok(Some(value)),
             Err(err) if interrupted(&err) => Ok(None),
             Err(err) => match self.next(&err, reused) {

@@ -1,18 +1,22 @@
 //! A connection to one Redis server (a single node, a Sentinel, a primary, a
-//! Cluster node): connected lazily with a timeout, every call under a
-//! timeout, dropped after any failure; and Redis's errors sorted into the
-//! network layer's kinds.
+//! Cluster node): connected lazily, every call (connecting, TLS, writing and
+//! reading) under one deadline, dropped after any failure; and Redis's errors
+//! sorted into the network layer's kinds.
 
+use std::io;
+use std::os::fd::RawFd;
 use std::sync::Once;
-use std::time::Duration;
 
-use redis::{Connection, ConnectionInfo, ErrorKind, RedisError};
+use redis::{Connection, ConnectionAddr, ConnectionInfo, ErrorKind, RedisError};
 
-use crate::backend::net::{Failure, Kind};
+use crate::backend::net::{Deadline, Failure, Kind};
+use crate::platform::alarm::{Alarm, next_descriptor, peer_port};
 
 pub struct Node {
     info: ConnectionInfo,
     connection: Option<Connection>,
+    /// The connection's TCP socket, when it could be told (for the alarm to shut down).
+    socket: Option<RawFd>,
 }
 
 impl Node {
@@ -21,6 +25,7 @@ impl Node {
         Self {
             info,
             connection: None,
+            socket: None,
         }
     }
 
@@ -37,29 +42,62 @@ impl Node {
         }
     }
 
-    /// Runs `call` with `timeout` for connecting, writing and reading. After
-    /// any failure the connection is dropped (a late reply would be taken for
-    /// the next call's), so the next call reconnects.
+    /// Runs `call`, connecting first if need be, all by `deadline`. After any
+    /// failure the connection is dropped (a late reply would be taken for the
+    /// next call's), so the next call reconnects.
+    ///
+    /// The redis crate gives each read the socket's timeout afresh, so a
+    /// server that trickles a byte at a time would never time out: an alarm at
+    /// the deadline interrupts whatever system call the crate is in (EINTR,
+    /// which it passes on) and shuts the socket down (rustls retries after
+    /// EINTR), and the failure is reported as the timeout it is.
     pub fn call<T>(
         &mut self,
-        timeout: Duration,
+        deadline: Deadline,
         call: impl FnOnce(&mut Connection) -> redis::RedisResult<T>,
     ) -> redis::RedisResult<T> {
-        let timeout = timeout.max(Duration::from_millis(1));
-        let connection = match &mut self.connection {
-            Some(connection) => connection,
-            slot @ None => slot.insert(
-                redis::Client::open(self.info.clone())?.get_connection_with_timeout(timeout)?,
-            ),
-        };
-        let result = connection
-            .set_read_timeout(Some(timeout))
-            .and_then(|()| connection.set_write_timeout(Some(timeout)))
-            .and_then(|()| call(connection));
+        let alarm = Alarm::after(deadline.io_timeout()).map_err(io::Error::from)?;
+        let result = self.call_within(deadline, &alarm, call);
+        // Before the connection (and its socket) may go.
+        drop(alarm);
         if result.is_err() {
             self.connection = None;
+            self.socket = None;
         }
-        result
+        match result {
+            // Interrupted, or cut off by the shutdown.
+            Err(err) if deadline.has_passed() && err.is_io_error() => {
+                Err(io::Error::from(io::ErrorKind::TimedOut).into())
+            }
+            other => other,
+        }
+    }
+
+    fn call_within<T>(
+        &mut self,
+        deadline: Deadline,
+        alarm: &Alarm,
+        call: impl FnOnce(&mut Connection) -> redis::RedisResult<T>,
+    ) -> redis::RedisResult<T> {
+        if self.connection.is_none() {
+            // The socket gets the lowest free descriptor: anything there
+            // while connecting (and the TLS handshake) is this call's own.
+            let socket = next_descriptor();
+            alarm.shut_down_when_ringing(socket);
+            let connection = redis::Client::open(self.info.clone())?
+                .get_connection_with_timeout(deadline.io_timeout())?;
+            let port = match self.info.addr() {
+                ConnectionAddr::Tcp(_, port) | ConnectionAddr::TcpTls { port, .. } => Some(*port),
+                _ => None,
+            };
+            self.socket = socket.filter(|&socket| port.is_some() && peer_port(socket) == port);
+            self.connection = Some(connection);
+        }
+        alarm.shut_down_when_ringing(self.socket);
+        let connection = self.connection.as_mut().expect("connected above");
+        connection.set_read_timeout(Some(deadline.io_timeout()))?;
+        connection.set_write_timeout(Some(deadline.io_timeout()))?;
+        call(connection)
     }
 }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 use redis::{Connection, FromRedisValue, ScriptInvocation, ServerErrorKind};
 
 use crate::backend::net::{Failure, Kind};
+use crate::platform::clock::Moment;
 
 /// The longest `WAIT`: a replica that is there acknowledges in milliseconds.
 const MOST: Duration = Duration::from_secs(1);
@@ -41,17 +42,22 @@ impl Replicas {
         if self.wanted == 0 {
             return invocation.invoke(connection).map(|answer| (answer, 0));
         }
-        // WAIT 0 would wait forever.
-        let wait = (timeout / 2).min(MOST).max(Duration::from_millis(1));
-        let mut pipe = redis::pipe();
-        pipe.invoke_script(invocation)
-            .cmd("WAIT")
-            .arg(self.wanted)
-            .arg(wait.as_millis() as u64);
-        match pipe.query(connection) {
+        let started = Moment::now();
+        let pipe = |within: Duration| {
+            // WAIT 0 would wait forever.
+            let wait = (within / 2).min(MOST).max(Duration::from_millis(1));
+            let mut pipe = redis::pipe();
+            pipe.invoke_script(invocation)
+                .cmd("WAIT")
+                .arg(self.wanted)
+                .arg(wait.as_millis() as u64);
+            pipe
+        };
+        match pipe(timeout).query(connection) {
             Err(err) if err.kind() == ServerErrorKind::NoScript.into() => {
+                // The first WAIT took its time already: the call has one deadline.
                 invocation.load(connection)?;
-                pipe.query(connection)
+                pipe(timeout.saturating_sub(Moment::now() - started)).query(connection)
             }
             result => result,
         }

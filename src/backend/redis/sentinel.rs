@@ -52,7 +52,7 @@ impl Sentinels {
             let at = (self.first + asked) % count;
             let within = deadline.share((count - asked) as u32);
             let (address, sentinel) = &mut self.asked[at];
-            let named: Option<(String, u16)> = match sentinel.call(within.io_timeout(), |c| {
+            let named: Option<(String, u16)> = match sentinel.call(within, |c| {
                 redis::cmd("SENTINEL")
                     .arg("get-master-addr-by-name")
                     .arg(&self.primary)
@@ -74,9 +74,7 @@ impl Sentinels {
                 continue;
             };
             let mut node = Node::new(self.nodes.at(&host, port));
-            let role = node.call(within.io_timeout(), |c| {
-                redis::cmd("ROLE").query::<Value>(c)
-            });
+            let role = node.call(within, |c| redis::cmd("ROLE").query::<Value>(c));
             match role.as_ref().map(primary_replicas) {
                 Ok(Some(replicas)) => {
                     self.first = at;

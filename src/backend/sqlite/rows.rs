@@ -197,9 +197,12 @@ fn owner(row: &rusqlite::Row) -> rusqlite::Result<Owner> {
             host: row.get("host")?,
         },
         command: row.get("command")?,
+        user: String::new(),
+        note: None,
         mode: Mode::parse(&row.get::<_, String>("mode")?),
         parallelism: row.get("parallelism")?,
-    })
+    }
+    .unpacked())
 }
 
 /// The columns of later versions, or what a database older than them means by

@@ -10,7 +10,7 @@
 
 use super::error::{AttemptError, Error, Result, code, not_etcd};
 use super::wire::{WatchEvent, WatchResponse, decode_streamed};
-use crate::backend::net::http::Connection;
+use crate::backend::net::http::{Connection, MAX_BODY};
 use crate::backend::net::{Deadline, Kind};
 
 pub struct Watch {
@@ -19,6 +19,8 @@ pub struct Watch {
     endpoint: String,
     /// Body bytes received and not yet split into messages.
     pending: Vec<u8>,
+    /// How many of the pending bytes are known to hold no line's end.
+    searched: usize,
     /// The store's revision when the member confirmed the watch.
     created_at: i64,
 }
@@ -42,6 +44,7 @@ impl Watch {
             connection,
             endpoint,
             pending: Vec::new(),
+            searched: 0,
             created_at: 0,
         };
         let created = watch.message(deadline)?;
@@ -112,12 +115,22 @@ impl Watch {
     /// Reads the next message by `until`.
     fn message(&mut self, until: Deadline) -> Result<WatchResponse, AttemptError> {
         loop {
-            if let Some(end) = self.pending.iter().position(|&byte| byte == b'\n') {
+            // Only what came since the last look: a long message is read in many pieces.
+            let newline = self.pending[self.searched..]
+                .iter()
+                .position(|&byte| byte == b'\n')
+                .map(|offset| self.searched + offset);
+            // After a line is taken, what follows it has not been searched yet.
+            self.searched = newline.map_or(self.pending.len(), |_| 0);
+            if let Some(end) = newline {
                 let line: Vec<u8> = self.pending.drain(..=end).collect();
                 if line.trim_ascii().is_empty() {
                     continue;
                 }
                 return decode_streamed(&line);
+            }
+            if self.pending.len() > MAX_BODY {
+                return Err(AttemptError::Io(not_etcd("a watch message too long")));
             }
             if !self.connection.read_body(&mut self.pending, until)? {
                 return Err(AttemptError::Io(std::io::ErrorKind::UnexpectedEof.into()));
@@ -127,5 +140,68 @@ impl Watch {
 
     fn context(&self) -> String {
         format!("etcd at {}: watch failed", self.endpoint)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::net::TcpListener;
+    use std::thread;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::backend::etcd::link::Endpoints;
+
+    /// A member that confirms the watch, then sends a message that never ends.
+    fn endless_message() -> Connection {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        thread::spawn(move || {
+            let (socket, _) = listener.accept().unwrap();
+            let mut reader = BufReader::new(socket.try_clone().unwrap());
+            let mut length = 0;
+            loop {
+                let mut line = String::new();
+                reader.read_line(&mut line).unwrap();
+                if let Some(value) = line.strip_prefix("Content-Length: ") {
+                    length = value.trim().parse().unwrap();
+                }
+                if line == "\r\n" {
+                    break;
+                }
+            }
+            reader.read_exact(&mut vec![0; length]).unwrap();
+            let mut socket = socket;
+            let created = b"{\"result\":{\"header\":{\"revision\":\"1\"},\"created\":true}}\n";
+            let _ = write!(
+                socket,
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n",
+                created.len()
+            );
+            let _ = socket.write_all(created);
+            let _ = socket.write_all(b"\r\n");
+            let piece = vec![b' '; 1 << 20];
+            // Until the client hangs up.
+            while write!(socket, "{:x}\r\n", piece.len())
+                .and_then(|()| socket.write_all(&piece))
+                .and_then(|()| socket.write_all(b"\r\n"))
+                .is_ok()
+            {}
+        });
+        let endpoints = Endpoints::parse(&format!("http://127.0.0.1:{port}")).unwrap();
+        let deadline = Deadline::after(Duration::from_secs(5));
+        Connection::open(&endpoints.members[0].address, None, deadline).unwrap()
+    }
+
+    #[test]
+    fn a_message_longer_than_the_bound_ends_the_watch() {
+        let deadline = Deadline::after(Duration::from_secs(5));
+        let mut watch = Watch::start(endless_message(), "m".into(), &[], b"{}", deadline)
+            .unwrap_or_else(|_| panic!("the watch is confirmed"));
+        let err = watch
+            .next(Deadline::after(Duration::from_secs(30)))
+            .expect_err("no message that long");
+        assert!(err.to_string().contains("too long"), "{err}");
     }
 }
