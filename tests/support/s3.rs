@@ -155,14 +155,7 @@ impl SeaweedServer {
 
     /// The backend flags for keys under `prefix`.
     pub fn args(&self, prefix: &str) -> Vec<String> {
-        vec![
-            "--backend".into(),
-            "s3".into(),
-            "--s3-url".into(),
-            format!("s3://{BUCKET}/{prefix}"),
-            "--s3-endpoint".into(),
-            self.endpoint.clone(),
-        ]
+        backend_args(&self.endpoint, prefix)
     }
 }
 
@@ -251,14 +244,7 @@ impl Proxy {
 
     /// The backend flags for keys under `prefix`, through the proxy.
     pub fn args(&self, prefix: &str) -> Vec<String> {
-        vec![
-            "--backend".into(),
-            "s3".into(),
-            "--s3-url".into(),
-            format!("s3://{BUCKET}/{prefix}"),
-            "--s3-endpoint".into(),
-            self.endpoint.clone(),
-        ]
+        backend_args(&self.endpoint, prefix)
     }
 }
 
@@ -414,4 +400,16 @@ fn relay(client: std::net::TcpStream, upstream: &str, behaviour: Behaviour) -> s
         }
     }
     Ok(())
+}
+
+/// The backend flags for keys under `prefix` of the test bucket at `endpoint`.
+fn backend_args(endpoint: &str, prefix: &str) -> Vec<String> {
+    vec![
+        "--backend".into(),
+        "s3".into(),
+        "--s3-url".into(),
+        format!("s3://{BUCKET}/{prefix}"),
+        "--s3-endpoint".into(),
+        endpoint.to_owned(),
+    ]
 }

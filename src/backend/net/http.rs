@@ -499,7 +499,7 @@ fn left(deadline: Deadline) -> io::Result<Duration> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     //! The framing against a real socket: a server thread writes each answer
     //! in the pieces given, each sent on its own, so that the client's reads
     //! end wherever a piece ends (mid-line, mid-chunk, mid-body).
@@ -513,6 +513,26 @@ mod tests {
 
     const PATIENCE: Duration = Duration::from_secs(5);
 
+    /// Accepts one connection on `listener` and reads its request, head and
+    /// body: the test server's side, ready for its answer.
+    pub(crate) fn accept_request(listener: &TcpListener) -> TcpStream {
+        let (socket, _) = listener.accept().unwrap();
+        let mut reader = io::BufReader::new(socket.try_clone().unwrap());
+        let mut length = 0;
+        loop {
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            if let Some(value) = line.strip_prefix("Content-Length: ") {
+                length = value.trim().parse().unwrap();
+            }
+            if line == "\r\n" {
+                break;
+            }
+        }
+        reader.read_exact(&mut vec![0; length]).unwrap();
+        socket
+    }
+
     /// A connection to a one-shot server that reads one request, then sends
     /// `pieces` one at a time and closes, or with `hold` keeps the connection
     /// open and silent until the client lets it go.
@@ -521,29 +541,15 @@ mod tests {
         let port = listener.local_addr().unwrap().port();
         let pieces: Vec<Vec<u8>> = pieces.iter().map(|piece| piece.to_vec()).collect();
         thread::spawn(move || {
-            let (socket, _) = listener.accept().unwrap();
+            let mut socket = accept_request(&listener);
             socket.set_nodelay(true).unwrap();
-            let mut reader = io::BufReader::new(socket.try_clone().unwrap());
-            let mut length = 0;
-            loop {
-                let mut line = String::new();
-                reader.read_line(&mut line).unwrap();
-                if let Some(value) = line.strip_prefix("Content-Length: ") {
-                    length = value.trim().parse().unwrap();
-                }
-                if line == "\r\n" {
-                    break;
-                }
-            }
-            reader.read_exact(&mut vec![0; length]).unwrap();
-            let mut socket = socket;
             for piece in pieces {
                 socket.write_all(&piece).unwrap();
                 // Each piece leaves in its own segment, for a read of its own.
                 thread::sleep(Duration::from_millis(5));
             }
             if hold {
-                let _ = reader.read_to_end(&mut Vec::new());
+                let _ = socket.read_to_end(&mut Vec::new());
             }
         });
         let address = Address {

@@ -145,34 +145,21 @@ impl Watch {
 
 #[cfg(test)]
 mod tests {
-    use std::io::{BufRead, BufReader, Read, Write};
+    use std::io::Write;
     use std::net::TcpListener;
     use std::thread;
     use std::time::Duration;
 
     use super::*;
     use crate::backend::etcd::link::Endpoints;
+    use crate::backend::net::http::tests::accept_request;
 
     /// A member that confirms the watch, then sends a message that never ends.
     fn endless_message() -> Connection {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         thread::spawn(move || {
-            let (socket, _) = listener.accept().unwrap();
-            let mut reader = BufReader::new(socket.try_clone().unwrap());
-            let mut length = 0;
-            loop {
-                let mut line = String::new();
-                reader.read_line(&mut line).unwrap();
-                if let Some(value) = line.strip_prefix("Content-Length: ") {
-                    length = value.trim().parse().unwrap();
-                }
-                if line == "\r\n" {
-                    break;
-                }
-            }
-            reader.read_exact(&mut vec![0; length]).unwrap();
-            let mut socket = socket;
+            let mut socket = accept_request(&listener);
             let created = b"{\"result\":{\"header\":{\"revision\":\"1\"},\"created\":true}}\n";
             let _ = write!(
                 socket,
