@@ -95,6 +95,7 @@ impl Options {
             beat_due: None,
             take_sent: None,
             poll: POLL_FIRST,
+            poll_due: None,
         }))
     }
 }
@@ -112,6 +113,8 @@ struct S3Store {
     take_sent: Option<Moment>,
     /// The pause before the next poll of a wait.
     poll: Duration,
+    /// When the next poll of a wait is due, once a wait has begun counting.
+    poll_due: Option<Moment>,
 }
 
 /// What one look decided.
@@ -299,11 +302,17 @@ impl Store for S3Store {
     fn wait(&mut self, request: &Request, until: Moment) -> Result<Waited> {
         let key = self.key(&request.name);
         loop {
-            let pause = self.poll.min(until.remaining());
-            thread::sleep(pause);
-            if until.has_passed() {
+            // Due from the last poll, not from this call: a caller that ends
+            // each wait early (every 100 ms, to see whether a process of this
+            // host ahead of us died) must not put the poll off forever.
+            let due = *self
+                .poll_due
+                .get_or_insert_with(|| Moment::now() + self.poll);
+            thread::sleep(due.min(until).remaining());
+            if !due.has_passed() {
                 return Ok(Waited::Quiet);
             }
+            self.poll_due = None;
             let changed = self
                 .objects
                 .borrow_mut()
