@@ -65,8 +65,14 @@ pub struct Options {
 }
 
 impl Options {
-    pub fn open(&self, _common: &Common) -> Result<Box<dyn Store>> {
-        let env = |name: &str| std::env::var(name).ok();
+    pub fn open(&self, common: &Common) -> Result<Box<dyn Store>> {
+        self.open_with(common, &|name| std::env::var(name).ok())
+    }
+
+    /// [`Options::open`], reading the AWS variables from `env` instead of
+    /// the process's environment: public for the integration tests, whose
+    /// threads cannot safely change the environment they share.
+    pub fn open_with(&self, _common: &Common, env: credentials::Env) -> Result<Box<dyn Store>> {
         let Some(url) = &self.s3_url else {
             return Err(crate::error::Error::Usage(
                 "-b s3 needs --s3-url s3://BUCKET[/PREFIX] (or LOCKRUN_S3_URL)".to_owned(),
@@ -77,9 +83,9 @@ impl Options {
             .clone()
             .or_else(|| env("AWS_ENDPOINT_URL_S3").filter(|value| !value.is_empty()))
             .or_else(|| env("AWS_ENDPOINT_URL").filter(|value| !value.is_empty()));
-        let region = credentials::region(&env);
+        let region = credentials::region(env);
         let target = Target::parse(url, endpoint.as_deref(), &region)?;
-        let credentials = credentials::find(&env, &region, Deadline::after(FREE_CALL))?;
+        let credentials = credentials::find(env, &region, Deadline::after(FREE_CALL))?;
         let location = format!(
             "S3 bucket {} (credentials from {})",
             target.shown, credentials.source
