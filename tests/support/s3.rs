@@ -26,6 +26,9 @@ const START_PATIENCE: Duration = Duration::from_secs(120);
 
 pub struct SeaweedServer {
     pub endpoint: String,
+    /// Where weed serves its Prometheus metrics: the benchmark counts requests there.
+    #[allow(dead_code)]
+    metrics: u16,
     /// Its data, log, weed's pid, and the file that tells the watcher to stop.
     dir: PathBuf,
     /// The shell that keeps weed running while this process lives.
@@ -69,7 +72,7 @@ impl SeaweedServer {
         let weed = weed()?;
         // Kept: the watcher removes it.
         let dir = TempDir::new().expect("temp dir").keep();
-        let ports: Vec<u16> = (0..4).map(|_| free_pair()).collect();
+        let ports: Vec<u16> = (0..5).map(|_| free_pair()).collect();
         let endpoint = format!("http://127.0.0.1:{}", ports[0]);
         let script = r#"
             dir=$LOCKRUN_WEED_DIR weed=
@@ -101,6 +104,7 @@ impl SeaweedServer {
             .arg(format!("-master.port={}", ports[1]))
             .arg(format!("-volume.port={}", ports[2]))
             .arg(format!("-filer.port={}", ports[3]))
+            .arg(format!("-metricsPort={}", ports[4]))
             .arg(format!("-bucket={BUCKET}"))
             .env("AWS_ACCESS_KEY_ID", KEY)
             .env("AWS_SECRET_ACCESS_KEY", SECRET)
@@ -113,6 +117,7 @@ impl SeaweedServer {
             .expect("start weed");
         let server = Self {
             endpoint,
+            metrics: ports[4],
             dir: dir.clone(),
             _watcher: watcher,
         };
@@ -151,6 +156,40 @@ impl SeaweedServer {
             );
             std::thread::sleep(Duration::from_millis(300));
         }
+    }
+
+    /// The S3 requests the server has answered so far, by kind (GET, PUT,
+    /// LIST...): its `SeaweedFS_s3_request_total` counters, summed over codes.
+    /// For the benchmark (benches/compare/servers.rs), which shares this harness.
+    #[allow(dead_code)]
+    pub fn requests(&self) -> std::collections::BTreeMap<String, u64> {
+        use std::io::{Read, Write};
+
+        let mut metrics = std::net::TcpStream::connect(("127.0.0.1", self.metrics))
+            .expect("connect to weed's metrics");
+        metrics
+            .write_all(b"GET /metrics HTTP/1.0\r\n\r\n")
+            .expect("ask for weed's metrics");
+        let mut text = String::new();
+        metrics
+            .read_to_string(&mut text)
+            .expect("read weed's metrics");
+        let mut requests = std::collections::BTreeMap::new();
+        for line in text.lines() {
+            let Some(labels) = line.strip_prefix("SeaweedFS_s3_request_total{") else {
+                continue;
+            };
+            let Some((labels, count)) = labels.split_once("} ") else {
+                continue;
+            };
+            let kind = labels
+                .split(',')
+                .find_map(|label| label.strip_prefix("type=\""))
+                .map_or("other", |kind| kind.trim_end_matches('"'));
+            let count: f64 = count.trim().parse().unwrap_or(0.0);
+            *requests.entry(kind.to_owned()).or_insert(0) += count as u64;
+        }
+        requests
     }
 
     /// The backend flags for keys under `prefix`.
