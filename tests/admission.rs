@@ -1,6 +1,6 @@
 //! One admission rule, one table (docs/guide.md: "Shared locks", "Slots", "The
 //! waiting line"). The rule is `Request::admitted`; each backend applies it in
-//! its own code: the file backend, SQLite and etcd's look in Rust, PostgreSQL's
+//! its own code: the file backend, SQLite, etcd and S3's look in Rust, PostgreSQL's
 //! take and wake in SQL, Redis's acquire, front and release in Lua. Every row
 //! is checked against the rule itself and then run against the real store of
 //! every backend (Redis Cluster too), the 1,024-sharer boundary included.
@@ -311,6 +311,21 @@ fn open(store: &Store) -> Box<dyn backend::Store> {
     args.extend(store.args().iter().cloned());
     args.extend(["--name".into(), "x".into(), "true".into()]);
     let cli = lockrun::cli::parse(args).unwrap_or_else(|code| panic!("flags refused: {code}"));
+    #[cfg(feature = "s3")]
+    if store.kind == "s3" {
+        // This process has not the identity a lockrun gets in its environment.
+        let common = backend::Common {
+            prefix: &cli.run.store.prefix,
+            create: true,
+            from_variables: &[],
+        };
+        return cli
+            .run
+            .store
+            .s3
+            .open_with(&common, &s3::identity)
+            .expect("open the store");
+    }
     cli.run.store.open(true).expect("open the store")
 }
 
@@ -479,6 +494,8 @@ fn copy_holder(store: &Store, name: &str, slots: &[u32]) -> Vec<fs::File> {
         }
         #[cfg(feature = "etcd")]
         "etcd" => copy_etcd_holder(&flag(store, "--etcd-endpoints"), name, slots),
+        #[cfg(feature = "s3")]
+        "s3" => copy_s3_holder(store, name, slots),
         kind => panic!("no copies on {kind}"),
     }
     Vec::new()
@@ -585,6 +602,42 @@ fn copy_etcd_holder(endpoints: &str, name: &str, slots: &[u32]) {
         }
         etcd.txn(&txn, within).expect("put the copies");
     }
+}
+
+/// On S3, a holder is an entry of its name's state object
+/// (`PREFIX/STEM.lock.json`); the copies go in by one compare-and-swap, a
+/// write as lockrun makes one: the sequence number one up and a fresh nonce.
+#[cfg(feature = "s3")]
+fn copy_s3_holder(store: &Store, name: &str, slots: &[u32]) {
+    let endpoint = flag(store, "--s3-endpoint");
+    let url = flag(store, "--s3-url");
+    let prefix = url
+        .strip_prefix(&format!("s3://{}/", s3::BUCKET))
+        .expect("a prefix");
+    let stem = Name::parse(name).unwrap().stem();
+    let key = format!("{prefix}/{stem}.lock.json");
+    let object = s3::get_object(&endpoint, &key);
+    let mut state: serde_json::Value = serde_json::from_slice(&object.body).expect("its state");
+    let holders = state["holders"].as_array_mut().expect("its holders");
+    let holder = holders
+        .iter()
+        .find(|holder| holder["slot"] == 0)
+        .expect("slot 0's holder")
+        .clone();
+    let token = holder["token"].as_str().expect("its token");
+    for &slot in slots {
+        let mut copy = holder.clone();
+        copy["slot"] = slot.into();
+        copy["token"] = format!("{token}-{slot}").into();
+        holders.push(copy);
+    }
+    state["seq"] = (state["seq"].as_u64().expect("its sequence number") + 1).into();
+    state["nonce"] = format!("{:032x}", rand::random::<u128>()).into();
+    let body = serde_json::to_vec(&state).unwrap();
+    assert!(
+        s3::put_object_if_match(&endpoint, &key, &object.etag, body),
+        "{name}: the state object changed while the copies were made"
+    );
 }
 
 /// What `lockrun -n` in `mode` with `-p parallelism` gets for `name`.
@@ -861,6 +914,13 @@ on_backend!(
 on_backend!(
     etcd_backend,
     Store::etcd(),
+    admission_follows_the_rule,
+    a_dead_waiter_made_the_head_by_a_grant_holds_nobody_up
+);
+#[cfg(feature = "s3")]
+on_backend!(
+    s3_backend,
+    Store::s3(),
     admission_follows_the_rule,
     a_dead_waiter_made_the_head_by_a_grant_holds_nobody_up
 );

@@ -117,9 +117,14 @@ impl Locker {
                     .arg(&argv[0]);
                 command
             }
-            Self::Lockrun { build, flags, .. } => {
+            Self::Lockrun {
+                build,
+                backend,
+                flags,
+            } => {
                 let mut command = Command::new(&build.path);
                 command.args(flags);
+                identity(&mut command, backend);
                 if lock.slots > 1 {
                     command.args(["-p", &lock.slots.to_string()]);
                 }
@@ -188,8 +193,13 @@ impl Locker {
                         .collect(),
                 )
             }
-            Self::Lockrun { build, flags, .. } => {
+            Self::Lockrun {
+                build,
+                backend,
+                flags,
+            } => {
                 let mut command = Command::new(&build.path);
+                identity(&mut command, backend);
                 command
                     .arg("status")
                     .args(flags)
@@ -229,6 +239,19 @@ fn clean_environment(command: &mut Command) {
         Some(path) => command.env("LD_LIBRARY_PATH", path),
         None => command.env_remove("LD_LIBRARY_PATH"),
     };
+}
+
+/// A lockrun of the S3 backend signs with the identity of the tests' SeaweedFS
+/// server (tests/support/s3.rs), which the benchmark starts.
+fn identity(command: &mut Command, backend: &str) {
+    #[cfg(feature = "s3")]
+    if backend == "s3" {
+        command
+            .env("AWS_ACCESS_KEY_ID", crate::support::s3::KEY)
+            .env("AWS_SECRET_ACCESS_KEY", crate::support::s3::SECRET);
+    }
+    #[cfg(not(feature = "s3"))]
+    let _ = (command, backend);
 }
 
 /// `LD_LIBRARY_PATH` without the target directory's and the Rust toolchain's entries.

@@ -35,6 +35,8 @@ mod lockers;
 mod machine;
 mod queue;
 mod report;
+#[cfg(feature = "s3")]
+mod s3;
 mod servers;
 mod shared;
 mod single;
@@ -50,6 +52,8 @@ use support::RedisServer;
 use support::etcd::EtcdServer;
 #[cfg(feature = "postgres")]
 use support::postgres::PostgresServer;
+#[cfg(feature = "s3")]
+use support::s3::SeaweedServer;
 
 /// Runs of `COMMAND true` per contender for (a) and (d).
 const SINGLE_RUNS: usize = 1000;
@@ -89,9 +93,11 @@ const READERS_SPREAD: f64 = 1.30;
 const RSS_RUNS: usize = 5;
 /// (a) and (d): runs before the measured ones, left out of the medians.
 const WARMUP: usize = 20;
+/// (l): uncontended runs of `true` per contender, S3 against the file backend.
+const S3_RUNS: usize = 100;
 
-/// The families `LOCKRUN_BENCH_ONLY` runs alone: (f) and (j)/(k).
-const ONLY: [&str; 2] = ["deployed", "shared"];
+/// The families `LOCKRUN_BENCH_ONLY` runs alone: (f), (j)/(k) and (l).
+const ONLY: [&str; 3] = ["deployed", "shared", "s3"];
 
 fn main() {
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
@@ -114,6 +120,7 @@ struct Bench {
     redis: Result<Networked, String>,
     postgres: Result<Networked, String>,
     etcd: Result<Networked, String>,
+    s3: Result<Networked, String>,
     /// (c)'s flock(1) handoff gap: the baseline of (ii).
     flock_handoff: Option<Duration>,
     outcomes: Vec<Outcome>,
@@ -170,6 +177,69 @@ fn benchmark() {
         "--db",
         dir("sqlite").join("locks.sqlite3").into(),
     ));
+    let Networks {
+        redis,
+        postgres,
+        etcd,
+        s3,
+    } = start_servers(lockrun);
+    let mut bench = Bench {
+        scratch,
+        file,
+        file_static,
+        flock,
+        sqlite,
+        redis,
+        postgres,
+        etcd,
+        s3,
+        flock_handoff: None,
+        outcomes: Vec::new(),
+        notes: Vec::new(),
+        rounds: 0,
+    };
+    if let Some(only) = only {
+        match only.as_str() {
+            "deployed" => bench.deployed(&default),
+            "shared" => bench.shared(),
+            #[cfg(feature = "s3")]
+            "s3" => bench.s3(),
+            #[cfg(not(feature = "s3"))]
+            "s3" => println!("(l): this build has no s3 backend"),
+            other => unreachable!("LOCKRUN_BENCH_ONLY={other} was refused above"),
+        }
+        bench.outcomes.iter().for_each(Outcome::print);
+        return;
+    }
+    let machine = machine(&default, statically.as_ref().ok());
+    println!("{machine}");
+    let started = Instant::now();
+    bench.single();
+    bench.contention();
+    bench.handoff();
+    bench.handoff_with_slots();
+    bench.fairness();
+    bench.growth();
+    bench.shared();
+    bench.networked_against_file();
+    #[cfg(feature = "s3")]
+    bench.s3();
+    bench.deployed(&default);
+    bench.peak_rss();
+    let took = started.elapsed();
+    println!("\nbenchmark took {:.0} s", took.as_secs_f64());
+    write_report(&machine, &bench, took);
+}
+
+/// The networked backends' lockruns, each on a server of the benchmark's own, or why not.
+struct Networks {
+    redis: Result<Networked, String>,
+    postgres: Result<Networked, String>,
+    etcd: Result<Networked, String>,
+    s3: Result<Networked, String>,
+}
+
+fn start_servers(lockrun: impl Fn(&'static str, &str, OsString) -> Locker + Copy) -> Networks {
     let missing = |what: &str| format!("{what} is not installed or did not start");
     let redis = RedisServer::start(&[])
         .ok_or_else(|| missing("redis-server"))
@@ -197,43 +267,16 @@ fn benchmark() {
     .and_then(|server| Server::Etcd(server).locker(lockrun));
     #[cfg(not(feature = "etcd"))]
     let etcd = Err("this build has no etcd backend".to_owned());
-    let mut bench = Bench {
-        scratch,
-        file,
-        file_static,
-        flock,
-        sqlite,
+    #[cfg(feature = "s3")]
+    let s3 = SeaweedServer::start()
+        .ok_or_else(|| missing("SeaweedFS (weed)"))
+        .and_then(|server| Server::S3(server).locker(lockrun));
+    #[cfg(not(feature = "s3"))]
+    let s3 = Err("this build has no s3 backend".to_owned());
+    Networks {
         redis,
         postgres,
         etcd,
-        flock_handoff: None,
-        outcomes: Vec::new(),
-        notes: Vec::new(),
-        rounds: 0,
-    };
-    if let Some(only) = only {
-        match only.as_str() {
-            "deployed" => bench.deployed(&default),
-            "shared" => bench.shared(),
-            other => unreachable!("LOCKRUN_BENCH_ONLY={other} was refused above"),
-        }
-        bench.outcomes.iter().for_each(Outcome::print);
-        return;
+        s3,
     }
-    let machine = machine(&default, statically.as_ref().ok());
-    println!("{machine}");
-    let started = Instant::now();
-    bench.single();
-    bench.contention();
-    bench.handoff();
-    bench.handoff_with_slots();
-    bench.fairness();
-    bench.growth();
-    bench.shared();
-    bench.networked_against_file();
-    bench.deployed(&default);
-    bench.peak_rss();
-    let took = started.elapsed();
-    println!("\nbenchmark took {:.0} s", took.as_secs_f64());
-    write_report(&machine, &bench, took);
 }

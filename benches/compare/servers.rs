@@ -1,4 +1,4 @@
-//! The Redis, PostgreSQL and etcd servers the networked backends are measured on, started
+//! The Redis, PostgreSQL, etcd and S3 (SeaweedFS) servers the networked backends are measured on, started
 //! through the tests' harness, and the work each one reports.
 
 use std::collections::BTreeMap;
@@ -11,6 +11,8 @@ use crate::support::RedisServer;
 use crate::support::etcd::EtcdServer;
 #[cfg(feature = "postgres")]
 use crate::support::postgres::PostgresServer;
+#[cfg(feature = "s3")]
+use crate::support::s3::{BUCKET, SeaweedServer};
 
 /// A server of the benchmark's own, started by the tests' harness (tests/support):
 /// free loopback ports, data in temporary directories, cleaned up on drop.
@@ -20,6 +22,8 @@ pub(crate) enum Server {
     Postgres(PostgresServer),
     #[cfg(feature = "etcd")]
     Etcd(EtcdServer),
+    #[cfg(feature = "s3")]
+    S3(SeaweedServer),
 }
 
 impl Server {
@@ -34,6 +38,14 @@ impl Server {
             Self::Postgres(server) => lockrun("postgres", "--postgres-url", server.url().into()),
             #[cfg(feature = "etcd")]
             Self::Etcd(server) => lockrun("etcd", "--etcd-endpoints", server.url().into()),
+            #[cfg(feature = "s3")]
+            Self::S3(server) => {
+                let mut locker = lockrun("s3", "--s3-url", format!("s3://{BUCKET}/bench").into());
+                if let Locker::Lockrun { flags, .. } = &mut locker {
+                    flags.extend(["--s3-endpoint".into(), server.endpoint.clone().into()]);
+                }
+                locker
+            }
         };
         Ok(Networked {
             locker: available(locker)?,
@@ -43,7 +55,8 @@ impl Server {
 
     /// The work the server has done so far, by kind: Redis's commands, etcd's
     /// calls (gRPC, from its metrics), PostgreSQL's transactions (counted when a
-    /// session ends: lockrun's have ended when this is read); see tests/support.
+    /// session ends: lockrun's have ended when this is read), S3 requests (from
+    /// SeaweedFS's metrics); see tests/support.
     pub(crate) fn work(&self) -> BTreeMap<String, u64> {
         match self {
             Self::Redis(server) => server.command_calls(),
@@ -53,6 +66,8 @@ impl Server {
             }
             #[cfg(feature = "etcd")]
             Self::Etcd(server) => server.calls(),
+            #[cfg(feature = "s3")]
+            Self::S3(server) => server.requests(),
         }
     }
 }
@@ -64,6 +79,7 @@ pub(crate) fn work_unit(backend: &str) -> &'static str {
         // Counted when a session reports them: at its end, or at most once a second.
         "postgres" => "PostgreSQL transactions",
         "etcd" => "etcd calls",
+        "s3" => "S3 requests",
         _ => "",
     }
 }
@@ -92,6 +108,7 @@ impl Bench {
             "redis" => &self.redis,
             "postgres" => &self.postgres,
             "etcd" => &self.etcd,
+            "s3" => &self.s3,
             _ => return None,
         };
         Some(networked.as_ref().ok()?.server.work().values().sum())

@@ -26,6 +26,9 @@ const START_PATIENCE: Duration = Duration::from_secs(120);
 
 pub struct SeaweedServer {
     pub endpoint: String,
+    /// Where weed serves its Prometheus metrics: the benchmark counts requests there.
+    #[allow(dead_code)]
+    metrics: u16,
     /// Its data, log, weed's pid, and the file that tells the watcher to stop.
     dir: PathBuf,
     /// The shell that keeps weed running while this process lives.
@@ -69,7 +72,7 @@ impl SeaweedServer {
         let weed = weed()?;
         // Kept: the watcher removes it.
         let dir = TempDir::new().expect("temp dir").keep();
-        let ports: Vec<u16> = (0..4).map(|_| free_pair()).collect();
+        let ports: Vec<u16> = (0..5).map(|_| free_pair()).collect();
         let endpoint = format!("http://127.0.0.1:{}", ports[0]);
         let script = r#"
             dir=$LOCKRUN_WEED_DIR weed=
@@ -101,6 +104,7 @@ impl SeaweedServer {
             .arg(format!("-master.port={}", ports[1]))
             .arg(format!("-volume.port={}", ports[2]))
             .arg(format!("-filer.port={}", ports[3]))
+            .arg(format!("-metricsPort={}", ports[4]))
             .arg(format!("-bucket={BUCKET}"))
             .env("AWS_ACCESS_KEY_ID", KEY)
             .env("AWS_SECRET_ACCESS_KEY", SECRET)
@@ -113,6 +117,7 @@ impl SeaweedServer {
             .expect("start weed");
         let server = Self {
             endpoint,
+            metrics: ports[4],
             dir: dir.clone(),
             _watcher: watcher,
         };
@@ -151,6 +156,40 @@ impl SeaweedServer {
             );
             std::thread::sleep(Duration::from_millis(300));
         }
+    }
+
+    /// The S3 requests the server has answered so far, by kind (GET, PUT,
+    /// LIST...): its `SeaweedFS_s3_request_total` counters, summed over codes.
+    /// For the benchmark (benches/compare/servers.rs), which shares this harness.
+    #[allow(dead_code)]
+    pub fn requests(&self) -> std::collections::BTreeMap<String, u64> {
+        use std::io::{Read, Write};
+
+        let mut metrics = std::net::TcpStream::connect(("127.0.0.1", self.metrics))
+            .expect("connect to weed's metrics");
+        metrics
+            .write_all(b"GET /metrics HTTP/1.0\r\n\r\n")
+            .expect("ask for weed's metrics");
+        let mut text = String::new();
+        metrics
+            .read_to_string(&mut text)
+            .expect("read weed's metrics");
+        let mut requests = std::collections::BTreeMap::new();
+        for line in text.lines() {
+            let Some(labels) = line.strip_prefix("SeaweedFS_s3_request_total{") else {
+                continue;
+            };
+            let Some((labels, count)) = labels.split_once("} ") else {
+                continue;
+            };
+            let kind = labels
+                .split(',')
+                .find_map(|label| label.strip_prefix("type=\""))
+                .map_or("other", |kind| kind.trim_end_matches('"'));
+            let count: f64 = count.trim().parse().unwrap_or(0.0);
+            *requests.entry(kind.to_owned()).or_insert(0) += count as u64;
+        }
+        requests
     }
 
     /// The backend flags for keys under `prefix`.
@@ -294,24 +333,125 @@ fn read_request(reader: &mut impl std::io::BufRead) -> std::io::Result<Option<Re
     }))
 }
 
+/// The variables `lockrun()` gives every lockrun, for a store this process
+/// opens itself (`env` of the S3 backend's `Options::open_with`).
+pub fn identity(name: &str) -> Option<String> {
+    match name {
+        "AWS_ACCESS_KEY_ID" => Some(KEY.to_owned()),
+        "AWS_SECRET_ACCESS_KEY" => Some(SECRET.to_owned()),
+        _ => None,
+    }
+}
+
+/// The tests' bucket on the server at `endpoint`, and the tests' identity.
+fn bucket(endpoint: &str) -> (rusty_s3::Bucket, rusty_s3::Credentials) {
+    let bucket = rusty_s3::Bucket::new(
+        url::Url::parse(endpoint).unwrap(),
+        rusty_s3::UrlStyle::Path,
+        BUCKET,
+        "us-east-1",
+    )
+    .unwrap();
+    (bucket, rusty_s3::Credentials::new(KEY, SECRET))
+}
+
+/// An object of the tests' bucket, as a signed GET read it.
+pub struct Object {
+    pub etag: String,
+    pub body: Vec<u8>,
+}
+
+/// GETs `key` of the tests' bucket from the server at `endpoint`.
+pub fn get_object(endpoint: &str, key: &str) -> Object {
+    use rusty_s3::S3Action;
+
+    let (bucket, credentials) = bucket(endpoint);
+    let url = bucket
+        .get_object(Some(&credentials), key)
+        .sign(Duration::from_secs(60));
+    let (status, etag, body) = Request::signed("GET", &url, &[], Vec::new()).exchange(endpoint);
+    assert_eq!(status, 200, "GET {key}: {}", String::from_utf8_lossy(&body));
+    Object {
+        etag: etag.expect("an ETag"),
+        body,
+    }
+}
+
+/// PUTs `body` at `key` of the tests' bucket only if the object there is
+/// still `etag` (`If-Match`); whether it was written.
+pub fn put_object_if_match(endpoint: &str, key: &str, etag: &str, body: Vec<u8>) -> bool {
+    use rusty_s3::S3Action;
+
+    let (bucket, credentials) = bucket(endpoint);
+    let mut action = bucket.put_object(Some(&credentials), key);
+    action.headers_mut().insert("if-match", etag.to_owned());
+    let url = action.sign(Duration::from_secs(60));
+    let condition = [("If-Match".to_owned(), etag.to_owned())];
+    let (status, _, answer) = Request::signed("PUT", &url, &condition, body).exchange(endpoint);
+    assert!(
+        matches!(status, 200 | 412),
+        "PUT {key}: {status}: {}",
+        String::from_utf8_lossy(&answer)
+    );
+    status == 200
+}
+
 impl Request {
+    /// A request of a presigned `url`, with `headers` (the ones its signature covers).
+    fn signed(method: &str, url: &url::Url, headers: &[(String, String)], body: Vec<u8>) -> Self {
+        let mut headers = headers.to_vec();
+        let host = url.host_str().unwrap_or_default();
+        let port = url
+            .port()
+            .map(|port| format!(":{port}"))
+            .unwrap_or_default();
+        headers.push(("Host".into(), format!("{host}{port}")));
+        headers.push(("Content-Length".into(), body.len().to_string()));
+        Self {
+            method: method.to_owned(),
+            target: format!("{}?{}", url.path(), url.query().unwrap_or_default()),
+            headers,
+            body,
+        }
+    }
+
+    /// Sends it to `upstream`: the answer's status, ETag and body.
+    fn exchange(&self, upstream: &str) -> (u16, Option<String>, Vec<u8>) {
+        let answer = self.forward(upstream).expect("an answer");
+        let end = answer
+            .windows(4)
+            .position(|window| window == b"\r\n\r\n")
+            .expect("a whole head");
+        let head = String::from_utf8_lossy(&answer[..end]);
+        let status = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|status| status.parse().ok())
+            .expect("a status");
+        assert!(
+            !head
+                .to_ascii_lowercase()
+                .contains("transfer-encoding: chunked"),
+            "a body of known length"
+        );
+        let etag = head.lines().find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.eq_ignore_ascii_case("etag")
+                .then(|| value.trim().to_owned())
+        });
+        (status, etag, answer[end + 4..].to_vec())
+    }
+
     /// The same PUT without its condition, signed anew for `upstream`.
     fn without_condition(&mut self, upstream: &str) {
-        use rusty_s3::{Bucket, Credentials, S3Action, UrlStyle};
+        use rusty_s3::S3Action;
 
         let path = self.target.split('?').next().unwrap_or_default();
         let key = path
             .strip_prefix(&format!("/{BUCKET}/"))
             .unwrap_or_default();
         let key = percent_encoding::percent_decode_str(key).decode_utf8_lossy();
-        let bucket = Bucket::new(
-            url::Url::parse(upstream).unwrap(),
-            UrlStyle::Path,
-            BUCKET,
-            "us-east-1",
-        )
-        .unwrap();
-        let credentials = Credentials::new(KEY, SECRET);
+        let (bucket, credentials) = bucket(upstream);
         let url = bucket
             .put_object(Some(&credentials), &key)
             .sign(Duration::from_secs(60));

@@ -73,8 +73,14 @@ pub struct Options {
 }
 
 impl Options {
-    pub fn open(&self, _common: &Common) -> Result<Box<dyn Store>> {
-        let env = |name: &str| std::env::var(name).ok();
+    pub fn open(&self, common: &Common) -> Result<Box<dyn Store>> {
+        self.open_with(common, &|name| std::env::var(name).ok())
+    }
+
+    /// [`Options::open`], reading the AWS variables from `env` instead of
+    /// the process's environment: public for the integration tests, whose
+    /// threads cannot safely change the environment they share.
+    pub fn open_with(&self, _common: &Common, env: credentials::Env) -> Result<Box<dyn Store>> {
         let Some(url) = &self.s3_url else {
             return Err(crate::error::Error::Usage(
                 "-b s3 needs --s3-url s3://BUCKET[/PREFIX] (or LOCKRUN_S3_URL)".to_owned(),
@@ -85,9 +91,9 @@ impl Options {
             .clone()
             .or_else(|| env("AWS_ENDPOINT_URL_S3").filter(|value| !value.is_empty()))
             .or_else(|| env("AWS_ENDPOINT_URL").filter(|value| !value.is_empty()));
-        let region = credentials::region(&env);
+        let region = credentials::region(env);
         let target = Target::parse(url, endpoint.as_deref(), &region)?;
-        let credentials = credentials::find(&env, &region, Deadline::after(FREE_CALL))?;
+        let credentials = credentials::find(env, &region, Deadline::after(FREE_CALL))?;
         let location = format!(
             "S3 bucket {} (credentials from {})",
             target.shown, credentials.source
@@ -103,6 +109,7 @@ impl Options {
             beat_due: None,
             take_sent: None,
             poll: POLL_FIRST,
+            poll_due: None,
         }))
     }
 }
@@ -120,6 +127,8 @@ struct S3Store {
     take_sent: Option<Moment>,
     /// The pause before the next poll of a wait.
     poll: Duration,
+    /// When the next poll of a wait is due, once a wait has begun counting.
+    poll_due: Option<Moment>,
 }
 
 /// What one look decided.
@@ -308,11 +317,17 @@ impl Store for S3Store {
     fn wait(&mut self, request: &Request, until: Moment) -> Result<Waited> {
         let key = self.key(&request.name);
         loop {
-            let pause = self.poll.min(until.remaining());
-            thread::sleep(pause);
-            if until.has_passed() {
+            // Due from the last poll, not from this call: a caller that ends
+            // each wait early (every 100 ms, to see whether a process of this
+            // host ahead of us died) must not put the poll off forever.
+            let due = *self
+                .poll_due
+                .get_or_insert_with(|| Moment::now() + self.poll);
+            thread::sleep(due.min(until).remaining());
+            if !due.has_passed() {
                 return Ok(Waited::Quiet);
             }
+            self.poll_due = None;
             let changed = self
                 .objects
                 .borrow_mut()
