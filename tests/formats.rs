@@ -182,3 +182,40 @@ fn etcd_keys_of_a_newer_format_are_refused_untouched() {
     refused(&store, "key format 2");
     assert_eq!(every_key(&mut client), before, "nothing was touched");
 }
+
+#[cfg(feature = "s3")]
+#[test]
+fn an_s3_state_object_of_a_newer_format_is_refused_untouched() {
+    let Some(store) = Store::s3() else {
+        return;
+    };
+    assert_status(&run(store.lockrun().args(["--name", "x", "true"])), 0);
+    let flag = |flag: &str| {
+        let args = store.args();
+        let at = args.iter().position(|arg| arg == flag).expect("the flag");
+        args[at + 1].to_string_lossy().into_owned()
+    };
+    let endpoint = flag("--s3-endpoint");
+    let prefix = flag("--s3-url")
+        .strip_prefix(&format!("s3://{}/", s3::BUCKET))
+        .expect("a prefix")
+        .to_owned();
+    let key = format!("{prefix}/x.lock.json");
+    let object = s3::get_object(&endpoint, &key);
+    let mut state: serde_json::Value = serde_json::from_slice(&object.body).expect("its state");
+    state["format"] = 2.into();
+    state["seq"] = (state["seq"].as_u64().expect("its sequence number") + 1).into();
+    let newer = serde_json::to_vec(&state).unwrap();
+    assert!(s3::put_object_if_match(
+        &endpoint,
+        &key,
+        &object.etag,
+        newer.clone()
+    ));
+    refused(&store, "object format 2");
+    assert_eq!(
+        s3::get_object(&endpoint, &key).body,
+        newer,
+        "nothing was touched"
+    );
+}
