@@ -4,7 +4,8 @@
 //! ([`swap`]). Holders and waiters bump a heartbeat counter every TTL/3; an
 //! entry is dropped by whoever saw its counter unchanged for its TTL on its
 //! own clock ([`watch`]). Waiters poll with conditional GETs on an interval
-//! that starts at [`POLL_FIRST`] and grows to [`POLL_MOST`]. Before it grants
+//! that starts at [`POLL_FIRST`] times their place in line and grows to
+//! [`POLL_MOST`]. Before it grants
 //! anything, a run checks once that the store honours conditional writes
 //! ([`probe`]).
 
@@ -51,6 +52,15 @@ use target::Target;
 const POLL_FIRST: Duration = Duration::from_millis(50);
 /// ...up to this (docs/backends/s3.md: "S3 backend": the requests a waiting minute costs).
 const POLL_MOST: Duration = Duration::from_secs(1);
+
+/// The first pause after a change for a waiter at `position` in line: the
+/// head polls most often, a waiter further back, whom the line reaches only
+/// after those ahead have gone, the less the further, so that what a line
+/// costs per acquisition barely grows with its length (docs/backends/s3.md:
+/// "S3 backend").
+fn first_poll(position: u32) -> Duration {
+    (POLL_FIRST * position.max(1)).min(POLL_MOST)
+}
 
 /// Its command-line options (a group of their own is not needed: clap flattens them).
 #[derive(Debug, clap::Args)]
@@ -110,6 +120,7 @@ impl Options {
             take_sent: None,
             poll: POLL_FIRST,
             poll_due: None,
+            position: 0,
         }))
     }
 }
@@ -129,6 +140,8 @@ struct S3Store {
     poll: Duration,
     /// When the next poll of a wait is due, once a wait has begun counting.
     poll_due: Option<Moment>,
+    /// Our place in line at the last look (0: not in line).
+    position: u32,
 }
 
 /// What one look decided.
@@ -293,6 +306,7 @@ impl Store for S3Store {
             Look::Waiting(line) => {
                 // The look saw the slot not ours: no earlier write of ours took it.
                 self.take_sent = None;
+                self.position = line.position;
                 if beat_due && line.position > 0 {
                     self.beat_due = Some(Moment::now() + request.plan.refresh_place_after(false));
                 }
@@ -333,7 +347,7 @@ impl Store for S3Store {
                 .borrow_mut()
                 .refresh(&key, Deadline::after(FREE_CALL))?;
             if changed {
-                self.poll = POLL_FIRST;
+                self.poll = first_poll(self.position);
                 return Ok(Waited::Moved);
             }
             self.poll = (self.poll * 2).min(POLL_MOST);
