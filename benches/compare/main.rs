@@ -40,7 +40,7 @@ mod shared;
 mod single;
 mod stats;
 
-use builds::{default_build, static_build};
+use builds::{Build, default_build, static_build};
 use lockers::{Locker, available};
 use machine::machine;
 use report::{Outcome, write_report};
@@ -90,8 +90,8 @@ const RSS_RUNS: usize = 5;
 /// (a) and (d): runs before the measured ones, left out of the medians.
 const WARMUP: usize = 20;
 
-/// The families `LOCKRUN_BENCH_ONLY` runs alone: (f) and (j)/(k).
-const ONLY: [&str; 2] = ["deployed", "shared"];
+/// The families `LOCKRUN_BENCH_ONLY` runs alone: (f), (j)/(k) and (iii).
+const ONLY: [&str; 3] = ["deployed", "shared", "growth"];
 
 fn main() {
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
@@ -131,6 +131,19 @@ fn only() -> Option<String> {
         std::process::exit(64);
     }
     Some(only)
+}
+
+impl Bench {
+    /// The family `only` names, alone, its results printed.
+    fn alone(&mut self, only: &str, default: &Build) {
+        match only {
+            "deployed" => self.deployed(default),
+            "shared" => self.shared(),
+            "growth" => self.growth(),
+            other => unreachable!("LOCKRUN_BENCH_ONLY={other} was refused above"),
+        }
+        self.outcomes.iter().for_each(Outcome::print);
+    }
 }
 
 fn benchmark() {
@@ -212,12 +225,7 @@ fn benchmark() {
         rounds: 0,
     };
     if let Some(only) = only {
-        match only.as_str() {
-            "deployed" => bench.deployed(&default),
-            "shared" => bench.shared(),
-            other => unreachable!("LOCKRUN_BENCH_ONLY={other} was refused above"),
-        }
-        bench.outcomes.iter().for_each(Outcome::print);
+        bench.alone(&only, &default);
         return;
     }
     let machine = machine(&default, statically.as_ref().ok());
