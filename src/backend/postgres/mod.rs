@@ -4,7 +4,7 @@
 //! A release grants the slot to the waiters at the head of the line (one, or
 //! the sharers that stand there together) and wakes them with NOTIFY, each
 //! on its own channel. Only the first waiters of a line keep a connection (and LISTEN);
-//! the ones behind them connect for each look, paced by how far back they stand.
+//! the ones behind them connect for each look and poll with the backoff.
 //!
 //! Groundwork, public for its integration tests: which server
 //! (`target`), sessions whose every call has a deadline (`connect`), failures
@@ -85,7 +85,6 @@ impl Options {
             granted: false,
             look_again: false,
             refresh_due: None,
-            afar: None,
             location,
         }))
     }
@@ -98,37 +97,11 @@ impl Options {
 const SPARE_LISTENERS: u32 = 16;
 const MAX_LISTENERS: u32 = 64;
 /// How long a waiter beyond those places waits between looks per place it is
-/// beyond them, until it has seen the line move: a line of short jobs drains
-/// the places ahead of it no faster than about one per 10 ms, so it comes in
-/// well before they have gone, and a line of a thousand that stands still
-/// costs a few dozen more looks a second than the looks every TTL/3 that
-/// keep the places. Once it has seen the line move, it waits as long as the
-/// line took for as many places, if that is sooner: it comes in about when
-/// it reaches those places, with their waiters still ahead of it.
+/// beyond them: a line of short jobs drains the places ahead of it no faster
+/// than about one per 10 ms, so it comes in well before they have gone, and a
+/// line of a thousand that stands still costs a few dozen more looks a second
+/// than the looks every TTL/3 that keep the places.
 const PACE_FROM_AFAR: Duration = Duration::from_millis(100);
-
-/// A waiter beyond the listening places: its last look, and when to look again.
-struct Afar {
-    look: LookReport,
-    /// Where it stood then.
-    place: u32,
-    seen: Moment,
-    next_look: Moment,
-}
-
-impl Afar {
-    /// When a waiter `distance` places beyond the listening places, at `place`
-    /// now, looks again, given where it stood at its last look from afar.
-    fn next_look(last: Option<&Self>, place: u32, distance: u32) -> Moment {
-        let now = Moment::now();
-        let paced = PACE_FROM_AFAR * distance;
-        let moved = last.filter(|last| last.place > place).map(|last| {
-            let per_place = (now - last.seen) / (last.place - place);
-            per_place.saturating_mul(distance)
-        });
-        now + moved.map_or(paced, |moved| moved.min(paced))
-    }
-}
 
 struct PostgresStore {
     link: Rc<RefCell<PostgresLink>>,
@@ -144,10 +117,6 @@ struct PostgresStore {
     look_again: bool,
     /// When our place in line must be kept for another TTL, lest it lapse.
     refresh_due: Option<Moment>,
-    /// Our last look, while we stand beyond the listening places: until its
-    /// next look is due, each attempt answers from it (no session, no round
-    /// trip), whatever the backoff step says, as no notice can reach us.
-    afar: Option<Afar>,
     /// The server, its password redacted, and the schema.
     location: String,
 }
@@ -169,42 +138,15 @@ impl PostgresStore {
         let listener_places = (request.parallelism + SPARE_LISTENERS).min(MAX_LISTENERS);
         let distance = (look.place.saturating_sub(listener_places))
             .max(look.position.saturating_sub(MAX_LISTENERS));
-        let afar = self.afar.take();
         if distance > 0 {
             link.disconnect();
             // Not told when the line moves: look again in time to come in and listen
-            // before the places ahead have gone, and (at the latest) to keep our place.
-            let next_look = Afar::next_look(afar.as_ref(), look.place, distance)
-                .min(self.refresh_due.unwrap_or_else(Moment::now));
-            look.moves_by = Some(next_look);
+            // before the places ahead have gone, however fast the line moves then.
+            look.moves_by = Some(Moment::now() + PACE_FROM_AFAR * distance);
         }
         // Without the name's lock, a wake-up may have gone out just before we listened.
         self.look_again = look.began_listening && !join && link.listening();
         Ok(look)
-    }
-
-    /// We wait, as `look` found: kept, when we stand beyond the listening places.
-    fn waiting(&mut self, look: LookReport, me: &Process) -> Attempt {
-        let line = look.line(me);
-        if let Some(next_look) = look.moves_by.filter(|_| look.position > 0) {
-            self.afar = Some(Afar {
-                place: look.place,
-                seen: Moment::now(),
-                next_look,
-                look,
-            });
-        }
-        Attempt::Waiting(line)
-    }
-
-    /// Our last look, when we stand beyond the listening places and need no new one yet.
-    fn last_look_afar(&self, request: &Request) -> Option<Attempt> {
-        let afar = self.afar.as_ref()?;
-        let due = [Some(afar.next_look), request.deadline, self.refresh_due];
-        if due.into_iter().flatten().any(Moment::has_passed) {
-            return None;
-        }
-        Some(Attempt::Waiting(afar.look.line(&request.owner.process)))
     }
 
     /// The statements for tables of `version`: the operators' views read an
@@ -218,8 +160,7 @@ impl PostgresStore {
     }
 
     /// The slot `taken` (slot, fence) by a request sent at `sent`.
-    fn slot(&mut self, request: &Request, (slot, fence): (u32, u64), sent: Moment) -> Attempt {
-        self.afar = None;
+    fn slot(&self, request: &Request, (slot, fence): (u32, u64), sent: Moment) -> Attempt {
         Attempt::Taken(Box::new(PostgresSlot {
             link: Rc::clone(&self.link),
             sql: Rc::clone(&self.sql),
@@ -271,31 +212,26 @@ impl Store for PostgresStore {
             // A lease runs from no earlier than its request: connecting comes first.
             self.link.borrow_mut().tables()?;
             let sent = Moment::now();
-            let claimed = look::claim(&mut self.link.borrow_mut(), &self.sql, request)?;
-            if let Some(taken) = claimed {
+            if let Some(taken) = look::claim(&mut self.link.borrow_mut(), &self.sql, request)? {
                 self.in_line = false;
                 return Ok(self.slot(request, taken, sent));
             }
         }
         if self.in_line {
-            if let Some(waiting) = self.last_look_afar(request) {
-                return Ok(waiting);
-            }
             // Keeping our place takes no lock; only a slot that is likely ours needs it.
             let look = self.look(request, false)?;
             if look.position > 0 && !look.admitted {
-                return Ok(self.waiting(look, me));
+                return Ok(Attempt::Waiting(look.line(me)));
             }
             if look.position > 0 {
                 self.link.borrow_mut().tables()?;
                 let sent = Moment::now();
-                let took = look::take(&mut self.link.borrow_mut(), &self.sql, request)?;
-                if let Some(taken) = took {
+                if let Some(taken) = look::take(&mut self.link.borrow_mut(), &self.sql, request)? {
                     return Ok(self.slot(request, taken, sent));
                 }
                 let look = self.look(request, false)?;
                 if look.position > 0 {
-                    return Ok(self.waiting(look, me));
+                    return Ok(Attempt::Waiting(look.line(me)));
                 }
             }
         }
@@ -306,7 +242,7 @@ impl Store for PostgresStore {
         self.in_line = look.position > 0;
         Ok(match look.taken {
             Some(taken) => self.slot(request, taken, sent),
-            None => self.waiting(look, me),
+            None => Attempt::Waiting(look.line(me)),
         })
     }
 
