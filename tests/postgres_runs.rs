@@ -458,6 +458,50 @@ fn a_full_server_is_waited_out_and_a_long_line_needs_few_connections() {
 }
 
 #[test]
+fn a_no_wait_run_on_a_full_server_answers_soon_after_a_connection_frees() {
+    // Room for 3 connections, none kept for superusers: the test takes them all.
+    let Some(server) =
+        PostgresServer::start_with(&["max_connections=3", "superuser_reserved_connections=0"])
+            .map(Arc::new)
+    else {
+        return;
+    };
+    let store = Store::on_postgres(&server);
+    // The schema is made first, so that the run below only connects and looks.
+    assert_status(
+        &run(store.lockrun().args(["--name", "full", "--", "true"])),
+        0,
+    );
+    let mut taken: Vec<_> = (0..3).map(|_| server.client()).collect();
+    let refusals = || server.log().matches("too many clients").count();
+    let before = refusals();
+    // A backoff step would be 1.5 s at least.
+    let run = store
+        .lockrun()
+        .args([
+            "--name",
+            "full",
+            "--no-wait",
+            "--initial-delay",
+            "3s",
+            "--",
+            "true",
+        ])
+        .stderr(Stdio::piped())
+        .start();
+    wait_until("the run to find the server full", || refusals() > before);
+    let freed = Instant::now();
+    drop(taken.pop());
+    let output = finish(run);
+    let answered = freed.elapsed();
+    assert_status(&output, 0);
+    assert!(
+        answered < Duration::from_millis(1200),
+        "answered {answered:?} after a connection freed"
+    );
+}
+
+#[test]
 fn without_notifications_the_line_still_moves_by_polling() {
     let Some(server) = PostgresServer::start() else {
         return;

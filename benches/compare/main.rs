@@ -42,7 +42,7 @@ mod shared;
 mod single;
 mod stats;
 
-use builds::{default_build, static_build};
+use builds::{Build, default_build, static_build};
 use lockers::{Locker, available};
 use machine::machine;
 use report::{Outcome, write_report};
@@ -96,8 +96,8 @@ const WARMUP: usize = 20;
 /// (l): uncontended runs of `true` per contender, S3 against the file backend.
 const S3_RUNS: usize = 100;
 
-/// The families `LOCKRUN_BENCH_ONLY` runs alone: (f), (j)/(k) and (l).
-const ONLY: [&str; 3] = ["deployed", "shared", "s3"];
+/// The families `LOCKRUN_BENCH_ONLY` runs alone: (f), (j)/(k), (iii) and (l).
+const ONLY: [&str; 4] = ["deployed", "shared", "growth", "s3"];
 
 fn main() {
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
@@ -138,6 +138,23 @@ fn only() -> Option<String> {
         std::process::exit(64);
     }
     Some(only)
+}
+
+impl Bench {
+    /// The family `only` names, alone, its results printed.
+    fn alone(&mut self, only: &str, default: &Build) {
+        match only {
+            "deployed" => self.deployed(default),
+            "shared" => self.shared(),
+            "growth" => self.growth(),
+            #[cfg(feature = "s3")]
+            "s3" => self.s3(),
+            #[cfg(not(feature = "s3"))]
+            "s3" => println!("(l): this build has no s3 backend"),
+            other => unreachable!("LOCKRUN_BENCH_ONLY={other} was refused above"),
+        }
+        self.outcomes.iter().for_each(Outcome::print);
+    }
 }
 
 fn benchmark() {
@@ -199,16 +216,7 @@ fn benchmark() {
         rounds: 0,
     };
     if let Some(only) = only {
-        match only.as_str() {
-            "deployed" => bench.deployed(&default),
-            "shared" => bench.shared(),
-            #[cfg(feature = "s3")]
-            "s3" => bench.s3(),
-            #[cfg(not(feature = "s3"))]
-            "s3" => println!("(l): this build has no s3 backend"),
-            other => unreachable!("LOCKRUN_BENCH_ONLY={other} was refused above"),
-        }
-        bench.outcomes.iter().for_each(Outcome::print);
+        bench.alone(&only, &default);
         return;
     }
     let machine = machine(&default, statically.as_ref().ok());

@@ -24,8 +24,10 @@ use std::pin::{Pin, pin};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use rand::RngExt;
 use tokio::runtime::Runtime;
 use tokio_postgres::config::{SslMode as WireSslMode, TargetSessionAttrs};
+use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{AsyncMessage, Client, Config, Connection, Notification, Row, Socket};
@@ -94,27 +96,19 @@ impl Connector {
                     continue;
                 }
             };
-            let left = deadline.remaining();
-            let mut config = config(target, &endpoint);
-            // The socket gets half the time, so that a connection that was not made fails
-            // as unreachable before the deadline: one still starting at the deadline was
-            // accepted by a server too busy to answer (a fleet's cron minute).
-            config.connect_timeout(target.connect_timeout.min(left / 2));
-            let connect = runtime.block_on(async {
-                let mut attempt = pin!(config.connect(self.tls.clone()));
-                if let Ok(connected) = tokio::time::timeout(left.min(ASK_AFTER), &mut attempt).await
-                {
-                    return connected.map_err(CallError::from);
+            let mut crowded = Crowded::default();
+            let connect = loop {
+                let connect = self.attempt(&runtime, &endpoint, deadline, within);
+                match connect {
+                    Err(CallError::Postgres(ref err)) if is_full(err) => {
+                        let Some(step) = crowded.next_step(deadline) else {
+                            break connect;
+                        };
+                        std::thread::sleep(step);
+                    }
+                    connect => break connect,
                 }
-                // Silent so far: perhaps a server of another kind, which waits for more.
-                if let Some(other) = speaks_another_protocol(&endpoint, deadline) {
-                    return Err(CallError::Foreign(other));
-                }
-                tokio::time::timeout(deadline.remaining(), attempt)
-                    .await
-                    .map_err(|_| CallError::Unanswered(within))?
-                    .map_err(CallError::from)
-            });
+            };
             match connect {
                 Ok((client, connection)) => {
                     return Ok(Session {
@@ -142,6 +136,72 @@ impl Connector {
             )
         }))
     }
+
+    /// One try at a session with `endpoint`, before `deadline` (`within` from the start).
+    fn attempt(
+        &self,
+        runtime: &Runtime,
+        endpoint: &Address,
+        deadline: Deadline,
+        within: Duration,
+    ) -> Result<(Client, Connection<Socket, TlsStream>), CallError> {
+        let left = deadline.remaining();
+        let mut config = config(&self.target, endpoint);
+        // The socket gets half the time, so that a connection that was not made fails
+        // as unreachable before the deadline: one still starting at the deadline was
+        // accepted by a server too busy to answer (a fleet's cron minute).
+        config.connect_timeout(self.target.connect_timeout.min(left / 2));
+        runtime.block_on(async {
+            let mut attempt = pin!(config.connect(self.tls.clone()));
+            if let Ok(connected) = tokio::time::timeout(left.min(ASK_AFTER), &mut attempt).await {
+                return connected.map_err(CallError::from);
+            }
+            // Silent so far: perhaps a server of another kind, which waits for more.
+            if let Some(other) = speaks_another_protocol(endpoint, deadline) {
+                return Err(CallError::Foreign(other));
+            }
+            tokio::time::timeout(deadline.remaining(), attempt)
+                .await
+                .map_err(|_| CallError::Unanswered(within))?
+                .map_err(CallError::from)
+        })
+    }
+}
+
+/// The first short step after "too many clients" (SQLSTATE 53300), growing
+/// by half each time up to the last: jittered, so that a herd that found the
+/// server full comes back spread out, and short, since a connection frees as
+/// soon as one of the runs ahead of it has its answer.
+const CROWDED_FIRST_STEP: Duration = Duration::from_millis(20);
+const CROWDED_LAST_STEP: Duration = Duration::from_millis(160);
+
+/// The short steps of one connection's retries on a full server.
+struct Crowded {
+    step: Duration,
+}
+
+impl Default for Crowded {
+    fn default() -> Self {
+        Self {
+            step: CROWDED_FIRST_STEP,
+        }
+    }
+}
+
+impl Crowded {
+    /// How long to wait before asking again, jittered: none when the wait and
+    /// another try would not fit before `deadline` (the trouble is then the
+    /// caller's to ride out).
+    fn next_step(&mut self, deadline: Deadline) -> Option<Duration> {
+        let step = self.step.mul_f64(rand::rng().random_range(0.5..1.5));
+        self.step = self.step.mul_f64(1.5).min(CROWDED_LAST_STEP);
+        (deadline.remaining() > step + CROWDED_LAST_STEP).then_some(step)
+    }
+}
+
+/// Whether the server refused the session for having too many clients.
+fn is_full(err: &tokio_postgres::Error) -> bool {
+    err.code() == Some(&SqlState::TOO_MANY_CONNECTIONS)
 }
 
 /// How long a server may keep silent at a new connection before lockrun asks

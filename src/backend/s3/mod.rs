@@ -50,7 +50,8 @@ use target::Target;
 
 /// The first pause between two polls of a waiter; it doubles while nothing changes...
 const POLL_FIRST: Duration = Duration::from_millis(50);
-/// ...up to this (docs/backends/s3.md: "S3 backend": the requests a waiting minute costs).
+/// ...up to this, or longer far back in a long line (docs/backends/s3.md: "S3
+/// backend": the requests a waiting minute costs).
 const POLL_MOST: Duration = Duration::from_secs(1);
 
 /// The first pause after a change for a waiter at `position` in line: the
@@ -59,7 +60,13 @@ const POLL_MOST: Duration = Duration::from_secs(1);
 /// costs per acquisition barely grows with its length (docs/backends/s3.md:
 /// "S3 backend").
 fn first_poll(position: u32) -> Duration {
-    (POLL_FIRST * position.max(1)).min(POLL_MOST)
+    POLL_FIRST * position.max(1)
+}
+
+/// The longest pause between two polls of a waiter at `position`: [`POLL_MOST`],
+/// or its first pause where that is longer (far back in a long line).
+fn poll_most(position: u32) -> Duration {
+    first_poll(position).max(POLL_MOST)
 }
 
 /// Its command-line options (a group of their own is not needed: clap flattens them).
@@ -118,7 +125,7 @@ impl Options {
             probed: false,
             beat_due: None,
             take_sent: None,
-            poll: POLL_FIRST,
+            poll: Duration::ZERO,
             poll_due: None,
             position: 0,
         }))
@@ -136,7 +143,8 @@ struct S3Store {
     /// ended in trouble before it learnt whether it did: the lease runs from
     /// no earlier, should a later look find the slot ours.
     take_sent: Option<Moment>,
-    /// The pause before the next poll of a wait.
+    /// The pause before the next poll of a wait; zero until the first poll
+    /// after a change (or the first of all) is timed from our place.
     poll: Duration,
     /// When the next poll of a wait is due, once a wait has begun counting.
     poll_due: Option<Moment>,
@@ -334,6 +342,10 @@ impl Store for S3Store {
             // Due from the last poll, not from this call: a caller that ends
             // each wait early (every 100 ms, to see whether a process of this
             // host ahead of us died) must not put the poll off forever.
+            if self.poll.is_zero() {
+                // The first poll after a change, from our place as the look after it found it.
+                self.poll = first_poll(self.position);
+            }
             let due = *self
                 .poll_due
                 .get_or_insert_with(|| Moment::now() + self.poll);
@@ -347,10 +359,10 @@ impl Store for S3Store {
                 .borrow_mut()
                 .refresh(&key, Deadline::after(FREE_CALL))?;
             if changed {
-                self.poll = first_poll(self.position);
+                self.poll = Duration::ZERO;
                 return Ok(Waited::Moved);
             }
-            self.poll = (self.poll * 2).min(POLL_MOST);
+            self.poll = (self.poll * 2).min(poll_most(self.position));
         }
     }
 
