@@ -1,5 +1,6 @@
 //! The S3 backend's own behaviour (docs/backends/s3.md: "S3 backend"), against a real
-//! SeaweedFS server: what every backend does is in the shared backend tests.
+//! SeaweedFS server, and AWS's own answers from moto's: what every backend does is in
+//! the shared backend tests.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
@@ -9,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
+use crate::support::moto::MotoServer;
 use crate::support::s3::{self, Behaviour, Proxy, SeaweedServer, fresh_prefix};
 use crate::support::{
     Scratch, Start, assert_status, lockrun, read_pid, run, signal, stderr, stdout, wait,
@@ -303,4 +305,43 @@ fn contend_through(
         contenders * runs,
         started.elapsed()
     );
+}
+
+/// moto answers as AWS does, one request at a time: a missing bucket is
+/// `NoSuchBucket` (69 at once, named), the probe's two conditional PUTs get
+/// AWS's 412s, and runs take and give back a name (its first write with
+/// `If-None-Match: *`, every later one with `If-Match`).
+#[test]
+fn aws_answers_from_moto_are_understood() {
+    let Some(moto) = MotoServer::start() else {
+        return;
+    };
+    let at = |bucket: &str| {
+        [
+            "-b".to_owned(),
+            "s3".to_owned(),
+            "--s3-url".to_owned(),
+            format!("s3://{bucket}/locks"),
+            "--s3-endpoint".to_owned(),
+            moto.endpoint.clone(),
+        ]
+    };
+    let missing = run(lockrun().args(at("absent")).args(["--name", "x", "true"]));
+    assert_status(&missing, 69);
+    assert!(
+        stderr(&missing).contains("NoSuchBucket"),
+        "{}",
+        stderr(&missing)
+    );
+
+    moto.create_bucket("present");
+    let check = run(lockrun().arg("check").args(at("present")));
+    assert_status(&check, 0);
+    assert!(stdout(&check).contains("honoured"), "{}", stdout(&check));
+    for _ in 0..3 {
+        assert_status(
+            &run(lockrun().args(at("present")).args(["--name", "x", "true"])),
+            0,
+        );
+    }
 }

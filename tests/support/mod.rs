@@ -4,6 +4,8 @@ pub mod cluster;
 pub mod docs;
 #[cfg(feature = "etcd")]
 pub mod etcd;
+#[cfg(feature = "s3")]
+pub mod moto;
 pub mod netns;
 #[cfg(feature = "postgres")]
 pub mod pgbouncer;
