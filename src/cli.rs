@@ -25,11 +25,12 @@ pub use usage::report as usage_error;
     name = "lockrun",
     version,
     long_version = long_version(),
-    about = "Run a command while holding a named lock: a file, a SQLite database, Redis, PostgreSQL or etcd",
+    about = "Run a command while holding a named lock: a file, a SQLite database, Redis, PostgreSQL, etcd or an S3-compatible bucket",
     override_usage = "lockrun [OPTIONS] --name NAME [--] COMMAND [ARG]...\n       \
                       lockrun [OPTIONS] --name NAME -c 'SHELL COMMAND'\n       \
                       lockrun status [OPTIONS] [NAME] [--json]\n       \
-                      lockrun release [OPTIONS] NAME [--slot N] --force",
+                      lockrun release [OPTIONS] NAME [--slot N] --force\n       \
+                      lockrun check [OPTIONS]",
     after_help = EXIT_STATUSES,
     args_conflicts_with_subcommands = true,
     subcommand_negates_reqs = true,
