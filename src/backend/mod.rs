@@ -9,8 +9,9 @@
 //! timekeeping and the holder record are written once, outside the backends
 //! (`acquire.rs`, `lease.rs`, `backend/record.rs`).
 //!
-//! Adding a backend: a new folder here, one line in the `backends!` list below,
-//! one line in the per-backend test list (`tests/core.rs`).
+//! Adding a backend takes a new folder here and a few lines elsewhere (the
+//! `backends!` list below, [`FORMATS`], the tests, a docs page): ARCHITECTURE.md,
+//! "Adding a backend", lists them all.
 
 mod boot_date;
 #[cfg(feature = "etcd")]
