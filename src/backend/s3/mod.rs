@@ -4,8 +4,9 @@
 //! ([`swap`]). Holders and waiters bump a heartbeat counter every TTL/3; an
 //! entry is dropped by whoever saw its counter unchanged for its TTL on its
 //! own clock ([`watch`]). Waiters poll with conditional GETs on an interval
-//! that starts at [`POLL_FIRST`] times their place in line and grows to
-//! [`POLL_MOST`]. Before it grants
+//! that starts at [`POLL_FIRST`] times their place in line and doubles up to
+//! [`POLL_MOST`], or stays at that first pause where it is longer (beyond
+//! place 20: [`poll_most`]). Before it grants
 //! anything, a run checks once that the store honours conditional writes
 //! ([`probe`]).
 
