@@ -191,9 +191,7 @@ fn look_at(
     let modes = ahead.iter().map(|waiter| waiter.record.owner.mode);
     let free = state.lowest_free(request.capacity());
     if let Some(slot) = free.filter(|_| request.admitted(state.holder_modes(), modes)) {
-        state
-            .line
-            .retain(|waiter| &waiter.record.owner.token != token);
+        let beat = state.leave_line(token);
         state.fence += 1;
         let holder = Holder {
             slot,
@@ -205,7 +203,7 @@ fn look_at(
                 kept_until: None,
                 kept_on: None,
             },
-            beat: 0,
+            beat,
             ttl_ms: millis(lease_ttl(request)),
             kept: false,
         };
@@ -529,4 +527,38 @@ fn now_millis() -> u64 {
 
 fn millis(duration: Duration) -> u64 {
     duration.as_millis() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::timing::Plan;
+
+    #[test]
+    fn a_waiter_that_takes_a_slot_starts_a_new_silence() {
+        let owner = r#""token":"me","pid":1,"host":"h","command":"c""#;
+        let waiting = format!(
+            r#"{{"format":1,"seq":1,"nonce":"n","fence":0,
+                "line":[{{"name":"n",{owner},"since":0,"beat":0,"ttl_ms":30000}}]}}"#
+        );
+        let mut state = State::parse(waiting.as_bytes(), "n").unwrap();
+        let request = Request {
+            name: Name::parse("n").unwrap(),
+            parallelism: 1,
+            plan: Plan::new(Duration::from_secs(30)),
+            owner: serde_json::from_str(&format!("{{{owner}}}")).unwrap(),
+            queue: true,
+            deadline: None,
+        };
+        let mut seen = watch::Heartbeats::default();
+        seen.observe(&state);
+        let saw_waiter = Moment::now();
+        while Moment::now() <= saw_waiter {}
+        let taken_at = Moment::now();
+        let (look, _) = look_at(&mut state, &seen, &request, false);
+        assert!(matches!(look, Look::Took(_)));
+        seen.observe(&state);
+        // An observer that counted from the waiter's beat would drop the holder early.
+        assert!(seen.ends("me", 30_000) >= taken_at + Duration::from_secs(30));
+    }
 }

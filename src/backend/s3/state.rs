@@ -98,6 +98,15 @@ impl State {
             .position(|waiter| waiter.record.owner.token == token)
     }
 
+    /// Takes `token`'s waiter out of the line, as it becomes a holder; the
+    /// beat that holder starts with. It is one past the waiter's, so that an
+    /// observer that saw the waiter (heartbeats are kept by token) counts the
+    /// holder's silence from the take, not from when the waiter last beat.
+    pub fn leave_line(&mut self, token: &str) -> u64 {
+        let waited = self.place_of(token).map(|at| self.line.remove(at).beat);
+        waited.map_or(0, |beat| beat + 1)
+    }
+
     /// Takes the entries of `token` out (a holder only if not kept); whether any was.
     pub fn drop_owner(&mut self, token: &str) -> bool {
         let before = self.holders.len() + self.line.len();
