@@ -313,11 +313,18 @@ impl Connection {
         self.stream.flush()
     }
 
-    /// The whole body of the current response.
+    /// The whole body of the current response, up to [`MAX_BODY`].
     pub fn read_to_end(&mut self, deadline: Deadline) -> io::Result<Vec<u8>> {
+        self.read_up_to(MAX_BODY, deadline)
+    }
+
+    /// The whole body of the current response, refused when longer than
+    /// `limit` bytes: a server, or something posing as one, cannot make us
+    /// hold more.
+    pub fn read_up_to(&mut self, limit: usize, deadline: Deadline) -> io::Result<Vec<u8>> {
         let mut body = Vec::new();
         while self.read_body(&mut body, deadline)? {
-            if body.len() > MAX_BODY {
+            if body.len() > limit {
                 return Err(malformed("the answer is too long"));
             }
         }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use url::Url;
 
-use super::credentials::{Credentials, Env};
+use super::credentials::{Credentials, Env, var};
 use super::object::{elements, unescape_xml};
 use crate::backend::net::http::{self, Address, Connection};
 use crate::backend::net::{Deadline, Failure, Kind, Secret};
@@ -26,9 +26,8 @@ const IMDS: &str = "http://169.254.169.254";
 /// How long the instance metadata may take, as the AWS CLI waits for it (1 s).
 const IMDS_PATIENCE: Duration = Duration::from_secs(1);
 
-fn var(env: Env, name: &str) -> Option<String> {
-    env(name).filter(|value| !value.is_empty())
-}
+/// The longest reply an issuer may send: credentials are a few kilobytes.
+const MAX_REPLY: usize = 64 * 1024;
 
 fn failure(source: &str, why: impl std::fmt::Display) -> Failure {
     Failure::new(
@@ -53,9 +52,7 @@ fn call(
     };
     let mut connection = Connection::open(&address, tls.as_ref(), deadline)?;
     let status = connection.send(method, &http::target_of(url), headers, body, deadline)?;
-    let mut answer = Vec::new();
-    while connection.read_body(&mut answer, deadline)? {}
-    Ok((status, answer))
+    Ok((status, connection.read_up_to(MAX_REPLY, deadline)?))
 }
 
 fn parse_url(source: &str, text: &str) -> Result<Url, Failure> {

@@ -110,7 +110,8 @@ impl Options {
             .or_else(|| env("AWS_ENDPOINT_URL").filter(|value| !value.is_empty()));
         let region = credentials::region(env);
         let target = Target::parse(url, endpoint.as_deref(), &region)?;
-        let credentials = credentials::find(env, &region, Deadline::after(FREE_CALL))?;
+        let (credentials, vars) =
+            credentials::find_noting(env, &region, Deadline::after(FREE_CALL))?;
         let location = format!(
             "S3 bucket {} (credentials from {})",
             target.shown, credentials.source
@@ -119,6 +120,7 @@ impl Options {
             objects: Rc::new(RefCell::new(Objects::new(ObjectClient::new(
                 target,
                 credentials,
+                vars,
                 region,
             )))),
             location,

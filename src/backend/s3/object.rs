@@ -14,7 +14,7 @@ use std::time::Duration;
 use rustls::ClientConfig;
 use rusty_s3::S3Action;
 
-use super::credentials::{self, Credentials};
+use super::credentials::{self, Credentials, Vars};
 use super::target::Target;
 use crate::backend::net::http::{self, Connection};
 use crate::backend::net::{Deadline, Failure, Kind};
@@ -24,6 +24,11 @@ use crate::platform::clock::Moment;
 const SIGNED_FOR: Duration = Duration::from_secs(300);
 /// How often issued credentials are fetched again (they last 15 minutes at the least).
 const REFETCH: Duration = Duration::from_secs(5 * 60);
+/// How long a call waits for the issuer when fetching them again: the
+/// credentials in hand still hold, and the call has its own work to do.
+const REFETCH_PATIENCE: Duration = Duration::from_secs(1);
+/// When the issuer did not answer, how long until it is asked again.
+const REFETCH_RETRY: Duration = Duration::from_secs(30);
 /// The longest object read: a state document of many waiters, or a listing page.
 const MAX_OBJECT: usize = 8 * 1024 * 1024;
 
@@ -61,8 +66,10 @@ pub enum Put {
 pub struct ObjectClient {
     target: Target,
     credentials: Credentials,
-    /// When the credentials were found: issued ones are fetched again after [`REFETCH`].
-    found_at: Moment,
+    /// The variables the credentials were found with, to find them again.
+    vars: Vars,
+    /// When issued credentials are next fetched again.
+    refetch_at: Moment,
     region: String,
     signing: rusty_s3::Credentials,
     tls: Option<Arc<ClientConfig>>,
@@ -85,12 +92,13 @@ enum Broke {
 }
 
 impl ObjectClient {
-    pub fn new(target: Target, credentials: Credentials, region: String) -> Self {
+    pub fn new(target: Target, credentials: Credentials, vars: Vars, region: String) -> Self {
         Self {
             signing: credentials.signing(),
             target,
             credentials,
-            found_at: Moment::now(),
+            vars,
+            refetch_at: Moment::now() + REFETCH,
             region,
             tls: None,
             connection: None,
@@ -102,16 +110,21 @@ impl ObjectClient {
     }
 
     /// Issued credentials last for a while (an hour, often): fetched again
-    /// well before, the old ones kept should the issuer not answer.
+    /// well before, the old ones kept should the issuer not answer, within a
+    /// small part of the call's time, and asked again a little later.
     fn refetch_credentials(&mut self, deadline: Deadline) {
-        if !self.credentials.issued || self.found_at + REFETCH > Moment::now() {
+        if !self.credentials.issued || !self.refetch_at.has_passed() {
             return;
         }
-        let env = |name: &str| std::env::var(name).ok();
-        if let Ok(credentials) = credentials::find(&env, &self.region, deadline) {
-            self.signing = credentials.signing();
-            self.credentials = credentials;
-            self.found_at = Moment::now();
+        let env = |name: &str| self.vars.get(name);
+        let patience = deadline.within(REFETCH_PATIENCE);
+        match credentials::find(&env, &self.region, patience) {
+            Ok(credentials) => {
+                self.signing = credentials.signing();
+                self.credentials = credentials;
+                self.refetch_at = Moment::now() + REFETCH;
+            }
+            Err(_) => self.refetch_at = Moment::now() + REFETCH_RETRY,
         }
     }
 
@@ -258,15 +271,7 @@ impl ObjectClient {
             .send(method, target, headers, body, deadline)
             .and_then(|status| {
                 let etag = connection.etag().map(str::to_owned);
-                let mut body = Vec::new();
-                while connection.read_body(&mut body, deadline)? {
-                    if body.len() > MAX_OBJECT {
-                        return Err(io::Error::new(
-                            io::ErrorKind::InvalidData,
-                            "an answer too long",
-                        ));
-                    }
-                }
+                let body = connection.read_up_to(MAX_OBJECT, deadline)?;
                 Ok(Answer { status, etag, body })
             });
         match sent {
@@ -419,6 +424,38 @@ pub(super) fn unescape_xml(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_silent_issuer_costs_a_call_a_second_and_the_credentials_in_hand_stay() {
+        // Accepted by the kernel, never answered.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let vars = [
+            (
+                "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                format!("http://{}/credentials", silent.local_addr().unwrap()),
+            ),
+            ("AWS_EC2_METADATA_DISABLED", "true".to_owned()),
+        ];
+        let vars = vars
+            .into_iter()
+            .map(|(name, value)| (name.to_owned(), Some(value)))
+            .collect();
+        let held = Credentials {
+            key: "held".to_owned(),
+            secret: crate::backend::net::Secret::new("s"),
+            token: None,
+            source: "the container endpoint".to_owned(),
+            issued: true,
+        };
+        let target = Target::parse("s3://bucket", Some("http://127.0.0.1:1"), "us-east-1").unwrap();
+        let mut client = ObjectClient::new(target, held, Vars(vars), "us-east-1".to_owned());
+        client.refetch_at = Moment::now();
+        let started = Moment::now();
+        client.refetch_credentials(Deadline::after(Duration::from_secs(20)));
+        assert!(Moment::now() - started < Duration::from_secs(5));
+        assert_eq!(client.credentials.key, "held");
+        assert!(!client.refetch_at.has_passed(), "asked again at once");
+    }
 
     #[test]
     fn content_md5_is_the_bodys_digest_in_base64() {
