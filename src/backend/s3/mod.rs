@@ -44,7 +44,7 @@ use crate::platform::clock::Moment;
 use crate::timing::FREE_CALL;
 use object::ObjectClient;
 use slot::S3Slot;
-use state::{Holder, State, Waiter};
+use state::{Holder, State, Unfit, Waiter};
 use swap::Objects;
 use target::Target;
 
@@ -387,7 +387,14 @@ impl Store for S3Store {
         let mut entries = Vec::new();
         let mut objects = self.objects.borrow_mut();
         for key in keys {
-            let Some(read) = objects.read(&key, deadline)? else {
+            let read = match objects.read_unless_unfit(&key, deadline)? {
+                Ok(read) => read,
+                // Every name listed: another file under the prefix is no lock, and
+                // must not hide the others (docs/backends/s3.md: "S3 backend").
+                Err(Unfit::NotOurs(_)) if name.is_none() => None,
+                Err(unfit) => return Err(unfit.into()),
+            };
+            let Some(read) = read else {
                 continue;
             };
             let state = read.state;
