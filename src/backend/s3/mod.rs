@@ -444,18 +444,17 @@ impl S3Store {
         let mut objects = self.objects.borrow_mut();
         let prefix = objects.client.target().prefix.clone();
         let mut keys = Vec::new();
-        let mut after: Option<String> = None;
+        let mut from: Option<String> = None;
         loop {
-            let page = objects.client.list(&prefix, after.as_deref(), deadline)?;
-            let full = page.len() >= 1000;
-            after = page.last().cloned();
+            let page = objects.client.list(&prefix, from.as_deref(), deadline)?;
             // A name's object sits right under the prefix; deeper keys are another prefix's.
-            keys.extend(page.into_iter().filter(|key| {
+            keys.extend(page.keys.into_iter().filter(|key| {
                 key.strip_prefix(&prefix)
                     .is_some_and(|rest| rest.ends_with(SUFFIX) && !rest.contains('/'))
             }));
-            if !full {
-                return Ok(keys);
+            match page.next {
+                Some(next) => from = Some(next),
+                None => return Ok(keys),
             }
         }
     }

@@ -200,19 +200,22 @@ impl ObjectClient {
         }
     }
 
-    /// The keys under `prefix` (ListObjectsV2, one page of up to 1000 keys
-    /// after `after`): a signed GET of the bucket with the listing's query.
+    /// The keys under `prefix` (ListObjectsV2, one page, from the
+    /// continuation token `from` of the page before): a signed GET of the
+    /// bucket with the listing's query.
     pub fn list(
         &mut self,
         prefix: &str,
-        after: Option<&str>,
+        from: Option<&str>,
         deadline: Deadline,
-    ) -> Result<Vec<String>, Failure> {
+    ) -> Result<Page, Failure> {
         let mut action = self.target.bucket.get_object(Some(&self.signing), "");
         action.query_mut().insert("list-type", "2");
         action.query_mut().insert("prefix", prefix.to_owned());
-        if let Some(after) = after {
-            action.query_mut().insert("start-after", after.to_owned());
+        if let Some(from) = from {
+            action
+                .query_mut()
+                .insert("continuation-token", from.to_owned());
         }
         let url = action.sign(SIGNED_FOR);
         let answer =
@@ -223,8 +226,15 @@ impl ObjectClient {
         if answer.status != 200 {
             return Err(self.refused(&answer));
         }
-        let text = String::from_utf8_lossy(&answer.body);
-        Ok(elements(&text, "Key").map(unescape_xml).collect())
+        page(&String::from_utf8_lossy(&answer.body)).ok_or_else(|| {
+            Failure::new(
+                Kind::Permanent,
+                format!(
+                    "{}: a listing page said more follow but not where (no NextContinuationToken)",
+                    self.target.shown
+                ),
+            )
+        })
     }
 
     /// Sends one request, on the kept connection when there is one (once more
@@ -388,6 +398,31 @@ pub(super) fn elements<'a>(text: &'a str, tag: &'a str) -> impl Iterator<Item = 
     })
 }
 
+/// One page of a listing: its keys, and the continuation token of the next
+/// (none: this is the last).
+pub struct Page {
+    pub keys: Vec<String>,
+    pub next: Option<String>,
+}
+
+/// The page a ListObjectsV2 answer holds; `None` when it is truncated with
+/// no token to go on from. A page may hold fewer than 1000 keys and still
+/// not be the last: `IsTruncated` says.
+fn page(text: &str) -> Option<Page> {
+    let keys = elements(text, "Key").map(unescape_xml).collect();
+    let truncated = elements(text, "IsTruncated").next() == Some("true");
+    let next = if truncated {
+        Some(
+            elements(text, "NextContinuationToken")
+                .next()
+                .map(unescape_xml)?,
+        )
+    } else {
+        None
+    };
+    Some(Page { keys, next })
+}
+
 /// XML's five entities and numeric character references, decoded.
 pub(super) fn unescape_xml(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
@@ -473,7 +508,17 @@ mod tests {
             "31mEvil"
         );
         let listing = "<ListBucketResult><Contents><Key>a/x&amp;y.lock.json</Key></Contents><Contents><Key>a/&#233;.lock.json</Key></Contents></ListBucketResult>";
-        let keys: Vec<String> = elements(listing, "Key").map(unescape_xml).collect();
-        assert_eq!(keys, ["a/x&y.lock.json", "a/\u{e9}.lock.json"]);
+        let last = page(listing).unwrap();
+        assert_eq!(last.keys, ["a/x&y.lock.json", "a/\u{e9}.lock.json"]);
+        assert!(last.next.is_none());
+    }
+
+    #[test]
+    fn a_short_page_that_is_truncated_tells_where_the_next_begins() {
+        let short = "<ListBucketResult><IsTruncated>true</IsTruncated><Contents><Key>a/x.lock.json</Key></Contents><NextContinuationToken>1/a&amp;b</NextContinuationToken></ListBucketResult>";
+        let first = page(short).unwrap();
+        assert_eq!(first.keys, ["a/x.lock.json"]);
+        assert_eq!(first.next.as_deref(), Some("1/a&b"));
+        assert!(page("<IsTruncated>true</IsTruncated>").is_none());
     }
 }
