@@ -37,6 +37,7 @@ use super::{
     Abilities, Attempt, Common, Entry, Line, Owner, Request, Store, Waited, Wakeup, refuses,
 };
 use crate::backend::net::Deadline;
+use crate::duration::millis;
 use crate::error::Result;
 use crate::identity::epoch_millis;
 use crate::name::Name;
@@ -531,10 +532,6 @@ fn lease_ttl(request: &Request) -> Duration {
 
 fn now_millis() -> u64 {
     epoch_millis(SystemTime::now())
-}
-
-fn millis(duration: Duration) -> u64 {
-    duration.as_millis() as u64
 }
 
 #[cfg(test)]
