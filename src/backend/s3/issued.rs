@@ -234,12 +234,13 @@ mod tests {
     //! answers the requests it expects, in order, and records them.
 
     use std::collections::HashMap;
-    use std::io::{BufRead, BufReader, Read, Write};
+    use std::io::Write;
     use std::net::TcpListener;
     use std::sync::{Arc, Mutex};
     use std::thread;
 
     use super::*;
+    use crate::backend::net::http::tests::accept_and_read;
 
     /// A server that answers each request with the next of `answers`
     /// (status, body); the requests it got (head and body) are kept.
@@ -250,26 +251,8 @@ mod tests {
         let record = Arc::clone(&seen);
         thread::spawn(move || {
             for (status, body) in answers {
-                let (socket, _) = listener.accept().unwrap();
-                let mut reader = BufReader::new(socket.try_clone().unwrap());
-                let mut request = String::new();
-                let mut length = 0;
-                loop {
-                    let mut line = String::new();
-                    reader.read_line(&mut line).unwrap();
-                    if let Some(value) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                        length = value.trim().parse().unwrap();
-                    }
-                    request.push_str(&line);
-                    if line == "\r\n" {
-                        break;
-                    }
-                }
-                let mut content = vec![0; length];
-                reader.read_exact(&mut content).unwrap();
-                request.push_str(&String::from_utf8_lossy(&content));
+                let (mut socket, request) = accept_and_read(&listener);
                 record.lock().unwrap().push(request);
-                let mut socket = socket;
                 write!(
                     socket,
                     "HTTP/1.1 {status} X\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
