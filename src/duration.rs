@@ -5,6 +5,12 @@ use std::time::Duration;
 /// Units from the largest: in a combination each appears at most once, in this order.
 const UNITS: [(&str, f64); 4] = [("h", 3600.0), ("m", 60.0), ("s", 1.0), ("ms", 0.001)];
 
+/// `duration` in whole milliseconds, as stores record spans; one too long
+/// for a `u64` (half a billion years) is held at its largest.
+pub fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
 const EXAMPLES: &str = "try 30s, 1.5m, 1h30m or 500ms";
 
 /// Parses a duration; a bare number is seconds. Numbers are digits with at most

@@ -174,6 +174,59 @@ fn credentials_from_a_container_endpoint_sign_the_run() {
     );
 }
 
+/// A state object that holds an escape sequence where lockrun expects a
+/// mode: `status` of that name refuses it (69) with the sequence escaped;
+/// `status` of every name passes over it, and lists the others.
+#[test]
+fn a_state_object_that_is_not_ours_shows_no_escape_and_hides_no_other_name() {
+    let Some(server) = SeaweedServer::shared() else {
+        return;
+    };
+    let prefix = fresh_prefix();
+    let args = server.args(&prefix);
+    for name in ["evil", "fine"] {
+        assert_status(
+            &run(lockrun().args(&args).args(["--name", name, "true"])),
+            0,
+        );
+    }
+    let key = format!("{prefix}/evil.lock.json");
+    let object = s3::get_object(&server.endpoint, &key);
+    let mut state: serde_json::Value = serde_json::from_slice(&object.body).expect("its state");
+    state["seq"] = (state["seq"].as_u64().expect("its sequence number") + 1).into();
+    state["holders"] = serde_json::json!([{
+        "slot": 0, "name": "evil", "token": "t", "pid": 1, "host": "h", "command": "c",
+        "mode": "\u{1b}[2J", "acquired_at": 0, "fence": 1, "beat": 0, "ttl_ms": 2000,
+    }]);
+    let body = serde_json::to_vec(&state).unwrap();
+    assert!(s3::put_object_if_match(
+        &server.endpoint,
+        &key,
+        &object.etag,
+        body
+    ));
+    let named = run(lockrun().arg("status").args(&args).arg("evil"));
+    assert_status(&named, 69);
+    let err = stderr(&named);
+    assert!(err.contains("not a lockrun state object"), "{err}");
+    assert!(!err.contains('\u{1b}'), "a raw escape on stderr: {err:?}");
+    let scratch = Scratch::new();
+    let ready = scratch.path("ready");
+    let script = format!("echo $$ > '{}'; sleep 30", ready.display());
+    let mut holder = lockrun()
+        .args(&args)
+        .args(["--name", "fine", "-c", &script])
+        .stderr(Stdio::null())
+        .start();
+    read_pid(&ready);
+    let every = run(lockrun().arg("status").args(&args));
+    assert_status(&every, 0);
+    assert!(stdout(&every).contains("fine"), "{}", stdout(&every));
+    assert!(!stdout(&every).contains("evil"), "{}", stdout(&every));
+    signal(holder.id(), Signal::SIGTERM);
+    wait(&mut holder);
+}
+
 /// Contenders through a proxy that answers 503 SlowDown and 409, makes
 /// writes and then answers 500 or cuts the connection, and answers slowly,
 /// at random: never two holders at once, fences only increasing in the

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::duration::millis;
 use crate::platform::clock::Moment;
 use crate::platform::proc::kernel_boot_id;
 
@@ -41,8 +42,4 @@ impl BootDate {
         };
         (!end.has_passed()).then_some(end)
     }
-}
-
-fn millis(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }

@@ -313,11 +313,18 @@ impl Connection {
         self.stream.flush()
     }
 
-    /// The whole body of the current response.
+    /// The whole body of the current response, up to [`MAX_BODY`].
     pub fn read_to_end(&mut self, deadline: Deadline) -> io::Result<Vec<u8>> {
+        self.read_up_to(MAX_BODY, deadline)
+    }
+
+    /// The whole body of the current response, refused when longer than
+    /// `limit` bytes: a server, or something posing as one, cannot make us
+    /// hold more.
+    pub fn read_up_to(&mut self, limit: usize, deadline: Deadline) -> io::Result<Vec<u8>> {
         let mut body = Vec::new();
         while self.read_body(&mut body, deadline)? {
-            if body.len() > MAX_BODY {
+            if body.len() > limit {
                 return Err(malformed("the answer is too long"));
             }
         }
@@ -516,8 +523,14 @@ pub(crate) mod tests {
     /// Accepts one connection on `listener` and reads its request, head and
     /// body: the test server's side, ready for its answer.
     pub(crate) fn accept_request(listener: &TcpListener) -> TcpStream {
+        accept_and_read(listener).0
+    }
+
+    /// [`accept_request`], with the request read (head and body) as text.
+    pub(crate) fn accept_and_read(listener: &TcpListener) -> (TcpStream, String) {
         let (socket, _) = listener.accept().unwrap();
         let mut reader = io::BufReader::new(socket.try_clone().unwrap());
+        let mut request = String::new();
         let mut length = 0;
         loop {
             let mut line = String::new();
@@ -525,12 +538,15 @@ pub(crate) mod tests {
             if let Some(value) = line.strip_prefix("Content-Length: ") {
                 length = value.trim().parse().unwrap();
             }
+            request.push_str(&line);
             if line == "\r\n" {
                 break;
             }
         }
-        reader.read_exact(&mut vec![0; length]).unwrap();
-        socket
+        let mut body = vec![0; length];
+        reader.read_exact(&mut body).unwrap();
+        request.push_str(&String::from_utf8_lossy(&body));
+        (socket, request)
     }
 
     /// A connection to a one-shot server that reads one request, then sends

@@ -6,6 +6,8 @@
 //! the instance metadata ([`issued`]). The secret and the token live in
 //! [`Secret`]s: no message or `Debug` shows them.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::fs;
 use std::path::PathBuf;
 
@@ -41,7 +43,8 @@ impl Credentials {
 /// The environment as lockrun reads it: a function, so that tests can give their own.
 pub type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
 
-fn var(env: Env, name: &str) -> Option<String> {
+/// The variable `name`, unless unset or empty (the AWS CLI's reading).
+pub(super) fn var(env: Env, name: &str) -> Option<String> {
     env(name).filter(|value| !value.is_empty())
 }
 
@@ -150,6 +153,34 @@ pub fn find(env: Env, region: &str, deadline: Deadline) -> Result<Credentials, F
             profile_name(env)
         ),
     ))
+}
+
+/// The variables a search read, with their values: what a later search
+/// (issued credentials fetched again during a run) reads, as the `Env`
+/// given when the store was opened is gone by then. No `Debug`: a value
+/// may be a secret.
+pub struct Vars(pub(super) HashMap<String, Option<String>>);
+
+impl Vars {
+    pub fn get(&self, name: &str) -> Option<String> {
+        self.0.get(name).cloned().flatten()
+    }
+}
+
+/// [`find`], with the variables it read.
+pub fn find_noting(
+    env: Env,
+    region: &str,
+    deadline: Deadline,
+) -> Result<(Credentials, Vars), Failure> {
+    let read = RefCell::new(HashMap::new());
+    let noting = |name: &str| {
+        let value = env(name);
+        read.borrow_mut().insert(name.to_owned(), value.clone());
+        value
+    };
+    let credentials = find(&noting, region, deadline)?;
+    Ok((credentials, Vars(read.into_inner())))
 }
 
 /// The region: `AWS_REGION`, `AWS_DEFAULT_REGION`, the profile's `region`,

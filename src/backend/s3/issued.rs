@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use url::Url;
 
-use super::credentials::{Credentials, Env};
+use super::credentials::{Credentials, Env, var};
 use super::object::{elements, unescape_xml};
 use crate::backend::net::http::{self, Address, Connection};
 use crate::backend::net::{Deadline, Failure, Kind, Secret};
@@ -26,9 +26,8 @@ const IMDS: &str = "http://169.254.169.254";
 /// How long the instance metadata may take, as the AWS CLI waits for it (1 s).
 const IMDS_PATIENCE: Duration = Duration::from_secs(1);
 
-fn var(env: Env, name: &str) -> Option<String> {
-    env(name).filter(|value| !value.is_empty())
-}
+/// The longest reply an issuer may send: credentials are a few kilobytes.
+const MAX_REPLY: usize = 64 * 1024;
 
 fn failure(source: &str, why: impl std::fmt::Display) -> Failure {
     Failure::new(
@@ -53,9 +52,7 @@ fn call(
     };
     let mut connection = Connection::open(&address, tls.as_ref(), deadline)?;
     let status = connection.send(method, &http::target_of(url), headers, body, deadline)?;
-    let mut answer = Vec::new();
-    while connection.read_body(&mut answer, deadline)? {}
-    Ok((status, answer))
+    Ok((status, connection.read_up_to(MAX_REPLY, deadline)?))
 }
 
 fn parse_url(source: &str, text: &str) -> Result<Url, Failure> {
@@ -237,12 +234,13 @@ mod tests {
     //! answers the requests it expects, in order, and records them.
 
     use std::collections::HashMap;
-    use std::io::{BufRead, BufReader, Read, Write};
+    use std::io::Write;
     use std::net::TcpListener;
     use std::sync::{Arc, Mutex};
     use std::thread;
 
     use super::*;
+    use crate::backend::net::http::tests::accept_and_read;
 
     /// A server that answers each request with the next of `answers`
     /// (status, body); the requests it got (head and body) are kept.
@@ -253,26 +251,8 @@ mod tests {
         let record = Arc::clone(&seen);
         thread::spawn(move || {
             for (status, body) in answers {
-                let (socket, _) = listener.accept().unwrap();
-                let mut reader = BufReader::new(socket.try_clone().unwrap());
-                let mut request = String::new();
-                let mut length = 0;
-                loop {
-                    let mut line = String::new();
-                    reader.read_line(&mut line).unwrap();
-                    if let Some(value) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                        length = value.trim().parse().unwrap();
-                    }
-                    request.push_str(&line);
-                    if line == "\r\n" {
-                        break;
-                    }
-                }
-                let mut content = vec![0; length];
-                reader.read_exact(&mut content).unwrap();
-                request.push_str(&String::from_utf8_lossy(&content));
+                let (mut socket, request) = accept_and_read(&listener);
                 record.lock().unwrap().push(request);
-                let mut socket = socket;
                 write!(
                     socket,
                     "HTTP/1.1 {status} X\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",

@@ -38,6 +38,7 @@ use super::{
     Abilities, Attempt, Common, Entry, Line, Owner, Request, Store, Waited, Wakeup, refuses,
 };
 use crate::backend::net::Deadline;
+use crate::duration::millis;
 use crate::error::Result;
 use crate::identity::epoch_millis;
 use crate::name::Name;
@@ -45,7 +46,7 @@ use crate::platform::clock::Moment;
 use crate::timing::FREE_CALL;
 use object::ObjectClient;
 use slot::S3Slot;
-use state::{Holder, State, Waiter};
+use state::{Holder, State, Unfit, Waiter};
 use swap::Objects;
 use target::Target;
 
@@ -111,7 +112,8 @@ impl Options {
             .or_else(|| env("AWS_ENDPOINT_URL").filter(|value| !value.is_empty()));
         let region = credentials::region(env);
         let target = Target::parse(url, endpoint.as_deref(), &region)?;
-        let credentials = credentials::find(env, &region, Deadline::after(FREE_CALL))?;
+        let (credentials, vars) =
+            credentials::find_noting(env, &region, Deadline::after(FREE_CALL))?;
         let location = format!(
             "S3 bucket {} (credentials from {})",
             target.shown, credentials.source
@@ -120,6 +122,7 @@ impl Options {
             objects: Rc::new(RefCell::new(Objects::new(ObjectClient::new(
                 target,
                 credentials,
+                vars,
                 region,
             )))),
             location,
@@ -192,9 +195,7 @@ fn look_at(
     let modes = ahead.iter().map(|waiter| waiter.record.owner.mode);
     let free = state.lowest_free(request.capacity());
     if let Some(slot) = free.filter(|_| request.admitted(state.holder_modes(), modes)) {
-        state
-            .line
-            .retain(|waiter| &waiter.record.owner.token != token);
+        let beat = state.leave_line(token);
         state.fence += 1;
         let holder = Holder {
             slot,
@@ -206,7 +207,7 @@ fn look_at(
                 kept_until: None,
                 kept_on: None,
             },
-            beat: 0,
+            beat,
             ttl_ms: millis(lease_ttl(request)),
             kept: false,
         };
@@ -388,7 +389,14 @@ impl Store for S3Store {
         let mut entries = Vec::new();
         let mut objects = self.objects.borrow_mut();
         for key in keys {
-            let Some(read) = objects.read(&key, deadline)? else {
+            let read = match objects.read_unless_unfit(&key, deadline)? {
+                Ok(read) => read,
+                // Every name listed: another file under the prefix is no lock, and
+                // must not hide the others (docs/backends/s3.md: "S3 backend").
+                Err(Unfit::NotOurs(_)) if name.is_none() => None,
+                Err(unfit) => return Err(unfit.into()),
+            };
+            let Some(read) = read else {
                 continue;
             };
             let state = read.state;
@@ -438,18 +446,17 @@ impl S3Store {
         let mut objects = self.objects.borrow_mut();
         let prefix = objects.client.target().prefix.clone();
         let mut keys = Vec::new();
-        let mut after: Option<String> = None;
+        let mut from: Option<String> = None;
         loop {
-            let page = objects.client.list(&prefix, after.as_deref(), deadline)?;
-            let full = page.len() >= 1000;
-            after = page.last().cloned();
+            let page = objects.client.list(&prefix, from.as_deref(), deadline)?;
             // A name's object sits right under the prefix; deeper keys are another prefix's.
-            keys.extend(page.into_iter().filter(|key| {
+            keys.extend(page.keys.into_iter().filter(|key| {
                 key.strip_prefix(&prefix)
                     .is_some_and(|rest| rest.ends_with(SUFFIX) && !rest.contains('/'))
             }));
-            if !full {
-                return Ok(keys);
+            match page.next {
+                Some(next) => from = Some(next),
+                None => return Ok(keys),
             }
         }
     }
@@ -528,6 +535,36 @@ fn now_millis() -> u64 {
     epoch_millis(SystemTime::now())
 }
 
-fn millis(duration: Duration) -> u64 {
-    duration.as_millis() as u64
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::timing::Plan;
+
+    #[test]
+    fn a_waiter_that_takes_a_slot_starts_a_new_silence() {
+        let owner = r#""token":"me","pid":1,"host":"h","command":"c""#;
+        let waiting = format!(
+            r#"{{"format":1,"seq":1,"nonce":"n","fence":0,
+                "line":[{{"name":"n",{owner},"since":0,"beat":0,"ttl_ms":30000}}]}}"#
+        );
+        let mut state = State::parse(waiting.as_bytes(), "n").unwrap();
+        let request = Request {
+            name: Name::parse("n").unwrap(),
+            parallelism: 1,
+            plan: Plan::new(Duration::from_secs(30)),
+            owner: serde_json::from_str(&format!("{{{owner}}}")).unwrap(),
+            queue: true,
+            deadline: None,
+        };
+        let mut seen = watch::Heartbeats::default();
+        seen.observe(&state);
+        let saw_waiter = Moment::now();
+        while Moment::now() <= saw_waiter {}
+        let taken_at = Moment::now();
+        let (look, _) = look_at(&mut state, &seen, &request, false);
+        assert!(matches!(look, Look::Took(_)));
+        seen.observe(&state);
+        // An observer that counted from the waiter's beat would drop the holder early.
+        assert!(seen.ends("me", 30_000) >= taken_at + Duration::from_secs(30));
+    }
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use rustls::ClientConfig;
 use rusty_s3::S3Action;
 
-use super::credentials::{self, Credentials};
+use super::credentials::{self, Credentials, Vars};
 use super::target::Target;
 use crate::backend::net::http::{self, Connection};
 use crate::backend::net::{Deadline, Failure, Kind};
@@ -24,6 +24,11 @@ use crate::platform::clock::Moment;
 const SIGNED_FOR: Duration = Duration::from_secs(300);
 /// How often issued credentials are fetched again (they last 15 minutes at the least).
 const REFETCH: Duration = Duration::from_secs(5 * 60);
+/// How long a call waits for the issuer when fetching them again: the
+/// credentials in hand still hold, and the call has its own work to do.
+const REFETCH_PATIENCE: Duration = Duration::from_secs(1);
+/// When the issuer did not answer, how long until it is asked again.
+const REFETCH_RETRY: Duration = Duration::from_secs(30);
 /// The longest object read: a state document of many waiters, or a listing page.
 const MAX_OBJECT: usize = 8 * 1024 * 1024;
 
@@ -61,8 +66,10 @@ pub enum Put {
 pub struct ObjectClient {
     target: Target,
     credentials: Credentials,
-    /// When the credentials were found: issued ones are fetched again after [`REFETCH`].
-    found_at: Moment,
+    /// The variables the credentials were found with, to find them again.
+    vars: Vars,
+    /// When issued credentials are next fetched again.
+    refetch_at: Moment,
     region: String,
     signing: rusty_s3::Credentials,
     tls: Option<Arc<ClientConfig>>,
@@ -85,12 +92,13 @@ enum Broke {
 }
 
 impl ObjectClient {
-    pub fn new(target: Target, credentials: Credentials, region: String) -> Self {
+    pub fn new(target: Target, credentials: Credentials, vars: Vars, region: String) -> Self {
         Self {
             signing: credentials.signing(),
             target,
             credentials,
-            found_at: Moment::now(),
+            vars,
+            refetch_at: Moment::now() + REFETCH,
             region,
             tls: None,
             connection: None,
@@ -102,16 +110,21 @@ impl ObjectClient {
     }
 
     /// Issued credentials last for a while (an hour, often): fetched again
-    /// well before, the old ones kept should the issuer not answer.
+    /// well before, the old ones kept should the issuer not answer, within a
+    /// small part of the call's time, and asked again a little later.
     fn refetch_credentials(&mut self, deadline: Deadline) {
-        if !self.credentials.issued || self.found_at + REFETCH > Moment::now() {
+        if !self.credentials.issued || !self.refetch_at.has_passed() {
             return;
         }
-        let env = |name: &str| std::env::var(name).ok();
-        if let Ok(credentials) = credentials::find(&env, &self.region, deadline) {
-            self.signing = credentials.signing();
-            self.credentials = credentials;
-            self.found_at = Moment::now();
+        let env = |name: &str| self.vars.get(name);
+        let patience = deadline.within(REFETCH_PATIENCE);
+        match credentials::find(&env, &self.region, patience) {
+            Ok(credentials) => {
+                self.signing = credentials.signing();
+                self.credentials = credentials;
+                self.refetch_at = Moment::now() + REFETCH;
+            }
+            Err(_) => self.refetch_at = Moment::now() + REFETCH_RETRY,
         }
     }
 
@@ -187,19 +200,22 @@ impl ObjectClient {
         }
     }
 
-    /// The keys under `prefix` (ListObjectsV2, one page of up to 1000 keys
-    /// after `after`): a signed GET of the bucket with the listing's query.
+    /// The keys under `prefix` (ListObjectsV2, one page, from the
+    /// continuation token `from` of the page before): a signed GET of the
+    /// bucket with the listing's query.
     pub fn list(
         &mut self,
         prefix: &str,
-        after: Option<&str>,
+        from: Option<&str>,
         deadline: Deadline,
-    ) -> Result<Vec<String>, Failure> {
+    ) -> Result<Page, Failure> {
         let mut action = self.target.bucket.get_object(Some(&self.signing), "");
         action.query_mut().insert("list-type", "2");
         action.query_mut().insert("prefix", prefix.to_owned());
-        if let Some(after) = after {
-            action.query_mut().insert("start-after", after.to_owned());
+        if let Some(from) = from {
+            action
+                .query_mut()
+                .insert("continuation-token", from.to_owned());
         }
         let url = action.sign(SIGNED_FOR);
         let answer =
@@ -210,8 +226,15 @@ impl ObjectClient {
         if answer.status != 200 {
             return Err(self.refused(&answer));
         }
-        let text = String::from_utf8_lossy(&answer.body);
-        Ok(elements(&text, "Key").map(unescape_xml).collect())
+        page(&String::from_utf8_lossy(&answer.body)).ok_or_else(|| {
+            Failure::new(
+                Kind::Permanent,
+                format!(
+                    "{}: a listing page said more follow but not where (no NextContinuationToken)",
+                    self.target.shown
+                ),
+            )
+        })
     }
 
     /// Sends one request, on the kept connection when there is one (once more
@@ -258,15 +281,7 @@ impl ObjectClient {
             .send(method, target, headers, body, deadline)
             .and_then(|status| {
                 let etag = connection.etag().map(str::to_owned);
-                let mut body = Vec::new();
-                while connection.read_body(&mut body, deadline)? {
-                    if body.len() > MAX_OBJECT {
-                        return Err(io::Error::new(
-                            io::ErrorKind::InvalidData,
-                            "an answer too long",
-                        ));
-                    }
-                }
+                let body = connection.read_up_to(MAX_OBJECT, deadline)?;
                 Ok(Answer { status, etag, body })
             });
         match sent {
@@ -383,6 +398,31 @@ pub(super) fn elements<'a>(text: &'a str, tag: &'a str) -> impl Iterator<Item = 
     })
 }
 
+/// One page of a listing: its keys, and the continuation token of the next
+/// (none: this is the last).
+pub struct Page {
+    pub keys: Vec<String>,
+    pub next: Option<String>,
+}
+
+/// The page a ListObjectsV2 answer holds; `None` when it is truncated with
+/// no token to go on from. A page may hold fewer than 1000 keys and still
+/// not be the last: `IsTruncated` says.
+fn page(text: &str) -> Option<Page> {
+    let keys = elements(text, "Key").map(unescape_xml).collect();
+    let truncated = elements(text, "IsTruncated").next() == Some("true");
+    let next = if truncated {
+        Some(
+            elements(text, "NextContinuationToken")
+                .next()
+                .map(unescape_xml)?,
+        )
+    } else {
+        None
+    };
+    Some(Page { keys, next })
+}
+
 /// XML's five entities and numeric character references, decoded.
 pub(super) fn unescape_xml(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
@@ -421,6 +461,38 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_silent_issuer_costs_a_call_a_second_and_the_credentials_in_hand_stay() {
+        // Accepted by the kernel, never answered.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let vars = [
+            (
+                "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                format!("http://{}/credentials", silent.local_addr().unwrap()),
+            ),
+            ("AWS_EC2_METADATA_DISABLED", "true".to_owned()),
+        ];
+        let vars = vars
+            .into_iter()
+            .map(|(name, value)| (name.to_owned(), Some(value)))
+            .collect();
+        let held = Credentials {
+            key: "held".to_owned(),
+            secret: crate::backend::net::Secret::new("s"),
+            token: None,
+            source: "the container endpoint".to_owned(),
+            issued: true,
+        };
+        let target = Target::parse("s3://bucket", Some("http://127.0.0.1:1"), "us-east-1").unwrap();
+        let mut client = ObjectClient::new(target, held, Vars(vars), "us-east-1".to_owned());
+        client.refetch_at = Moment::now();
+        let started = Moment::now();
+        client.refetch_credentials(Deadline::after(Duration::from_secs(20)));
+        assert!(Moment::now() - started < Duration::from_secs(5));
+        assert_eq!(client.credentials.key, "held");
+        assert!(!client.refetch_at.has_passed(), "asked again at once");
+    }
+
+    #[test]
     fn content_md5_is_the_bodys_digest_in_base64() {
         // d41d8cd98f00b204e9800998ecf8427e, the MD5 of nothing.
         assert_eq!(content_md5(b""), "1B2M2Y8AsgTpgAmY7PhCfg==");
@@ -436,7 +508,17 @@ mod tests {
             "31mEvil"
         );
         let listing = "<ListBucketResult><Contents><Key>a/x&amp;y.lock.json</Key></Contents><Contents><Key>a/&#233;.lock.json</Key></Contents></ListBucketResult>";
-        let keys: Vec<String> = elements(listing, "Key").map(unescape_xml).collect();
-        assert_eq!(keys, ["a/x&y.lock.json", "a/\u{e9}.lock.json"]);
+        let last = page(listing).unwrap();
+        assert_eq!(last.keys, ["a/x&y.lock.json", "a/\u{e9}.lock.json"]);
+        assert!(last.next.is_none());
+    }
+
+    #[test]
+    fn a_short_page_that_is_truncated_tells_where_the_next_begins() {
+        let short = "<ListBucketResult><IsTruncated>true</IsTruncated><Contents><Key>a/x.lock.json</Key></Contents><NextContinuationToken>1/a&amp;b</NextContinuationToken></ListBucketResult>";
+        let first = page(short).unwrap();
+        assert_eq!(first.keys, ["a/x.lock.json"]);
+        assert_eq!(first.next.as_deref(), Some("1/a&b"));
+        assert!(page("<IsTruncated>true</IsTruncated>").is_none());
     }
 }

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::backend::record::{HolderRecord, WaiterRecord};
 use crate::backend::{Entry, Mode, Owner, newer_format};
 use crate::error::Error;
+use crate::escape::escape_controls;
 
 /// The format this lockrun writes; a newer one is refused (69), not misread.
 pub const FORMAT: u32 = 1;
@@ -53,15 +54,36 @@ pub struct Waiter {
     pub ttl_ms: u64,
 }
 
+/// Why an object read is no state document this lockrun can use; `shown`
+/// (escaped by the caller) in the message.
+#[derive(Debug)]
+pub enum Unfit {
+    /// No lockrun state object at all: some other file under the prefix.
+    NotOurs(String),
+    /// A newer lockrun's.
+    Newer(String),
+}
+
+impl From<Unfit> for Error {
+    fn from(unfit: Unfit) -> Self {
+        match unfit {
+            Unfit::NotOurs(message) | Unfit::Newer(message) => Error::Unavailable(message),
+        }
+    }
+}
+
 impl State {
     /// The document read from the store, refused when it is not one of ours
     /// or of a newer format.
-    pub fn parse(body: &[u8], shown: &str) -> Result<Self, Error> {
+    pub fn parse(body: &[u8], shown: &str) -> Result<Self, Unfit> {
         let state: Self = serde_json::from_slice(body).map_err(|err| {
-            Error::Unavailable(format!("{shown} is not a lockrun state object ({err})"))
+            // serde quotes some of what it could not read as it is (an unknown
+            // variant): text from the store, escaped.
+            let why = escape_controls(&err.to_string());
+            Unfit::NotOurs(format!("{shown} is not a lockrun state object ({why})"))
         })?;
         if state.format > FORMAT {
-            return Err(Error::Unavailable(newer_format(
+            return Err(Unfit::Newer(newer_format(
                 shown,
                 "object format",
                 state.format,
@@ -96,6 +118,15 @@ impl State {
         self.line
             .iter()
             .position(|waiter| waiter.record.owner.token == token)
+    }
+
+    /// Takes `token`'s waiter out of the line, as it becomes a holder; the
+    /// beat that holder starts with. It is one past the waiter's, so that an
+    /// observer that saw the waiter (heartbeats are kept by token) counts the
+    /// holder's silence from the take, not from when the waiter last beat.
+    pub fn leave_line(&mut self, token: &str) -> u64 {
+        let waited = self.place_of(token).map(|at| self.line.remove(at).beat);
+        waited.map_or(0, |beat| beat + 1)
     }
 
     /// Takes the entries of `token` out (a holder only if not kept); whether any was.
@@ -168,7 +199,7 @@ mod tests {
         let read = State::parse(&second, "x").unwrap();
         assert_eq!((read.format, read.seq), (FORMAT, 2));
         let newer = br#"{"format": 99, "seq": 1, "nonce": "n", "fence": 0}"#;
-        let err = State::parse(newer, "s3://b/n.lock.json").unwrap_err();
+        let err = Error::from(State::parse(newer, "s3://b/n.lock.json").unwrap_err());
         assert_eq!(err.exit_code(), 69);
         assert!(err.to_string().contains("newer lockrun"), "{err}");
         assert!(State::parse(b"<html>", "x").is_err());

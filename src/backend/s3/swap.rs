@@ -14,10 +14,11 @@ use std::time::Duration;
 use rand::RngExt;
 
 use super::object::{Condition, Got, ObjectClient, Put};
-use super::state::State;
+use super::state::{State, Unfit};
 use super::watch::Heartbeats;
 use crate::backend::net::{Deadline, Failure, Kind};
 use crate::error::Result;
+use crate::escape::escape_controls;
 
 /// The longest pause between two tries of a lost swap, before jitter.
 const MAX_RETRY_PAUSE: Duration = Duration::from_millis(100);
@@ -47,19 +48,46 @@ impl Objects {
 
     /// The object at `key` now (`None`: there is none), read anew unless unchanged.
     pub fn read(&mut self, key: &str, deadline: Deadline) -> Result<Option<Read>> {
-        self.refresh(key, deadline)?;
-        Ok(self.read.get(key).cloned())
+        Ok(self.read_unless_unfit(key, deadline)??)
+    }
+
+    /// [`Objects::read`], with an object that is no state document of ours
+    /// left to the caller (the inner `Err`), to refuse or to pass over.
+    pub fn read_unless_unfit(
+        &mut self,
+        key: &str,
+        deadline: Deadline,
+    ) -> Result<Result<Option<Read>, Unfit>> {
+        Ok(self
+            .refresh_unless_unfit(key, deadline)?
+            .map(|_| self.read.get(key).cloned()))
     }
 
     /// Reads `key` if it changed since our last read; whether it did.
     pub fn refresh(&mut self, key: &str, deadline: Deadline) -> Result<bool> {
+        Ok(self.refresh_unless_unfit(key, deadline)??)
+    }
+
+    fn refresh_unless_unfit(
+        &mut self,
+        key: &str,
+        deadline: Deadline,
+    ) -> Result<Result<bool, Unfit>> {
         let known = self.read.get(key).map(|read| read.etag.clone());
         let changed = match self.client.get(key, known.as_deref(), deadline)? {
             Got::Unchanged => false,
             Got::Missing => self.read.remove(key).is_some(),
             Got::Found { etag, body } => {
-                let shown = format!("{} (key {key})", self.client.target().shown);
-                let state = State::parse(&body, &shown)?;
+                // A key from a listing may hold anything, an escape sequence too.
+                let shown = format!(
+                    "{} (key {})",
+                    self.client.target().shown,
+                    escape_controls(key)
+                );
+                let state = match State::parse(&body, &shown) {
+                    Ok(state) => state,
+                    Err(unfit) => return Ok(Err(unfit)),
+                };
                 self.read.insert(key.to_owned(), Read { etag, state });
                 true
             }
@@ -69,7 +97,7 @@ impl Objects {
             .entry(key.to_owned())
             .or_default()
             .observe(state.unwrap_or(&State::default()));
-        Ok(changed)
+        Ok(Ok(changed))
     }
 
     /// Changes the object at `key` by compare-and-swap until `decide`, given

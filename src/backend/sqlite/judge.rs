@@ -11,6 +11,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::time::Duration;
 
+use crate::duration::millis;
 use crate::identity::epoch_millis;
 use crate::platform::clock::Moment;
 use crate::platform::proc::kernel_boot_id;
@@ -109,8 +110,4 @@ impl Now<'_> {
         let ours = !self.clock().is_empty() && dated.clock.as_deref() == Some(self.clock());
         dated.ends.filter(|_| ours)
     }
-}
-
-pub(super) fn millis(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }

@@ -8,10 +8,11 @@ use std::time::Duration;
 use rusqlite::{Connection, params};
 
 use super::database::SCHEMA_VERSION;
-use super::judge::{Now, millis};
+use super::judge::Now;
 use super::rows::{HolderRow, holders, live_holders, live_waiters, waiters};
 use crate::backend::record::Places;
 use crate::backend::{Owner, admitted, capacity};
+use crate::duration::millis;
 use crate::platform::doorbell;
 
 /// Puts `owner` at the end of the line of `name`, its place kept for `ttl` ms.

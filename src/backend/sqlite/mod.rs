@@ -23,12 +23,13 @@ use rusqlite::params;
 
 use super::record::{sort, waiting};
 use super::{Abilities, Attempt, Common, Entry, Line, Owner, Request, Store, Waited};
+use crate::duration::millis;
 use crate::error::Result;
 use crate::name::Name;
 use crate::platform::clock::Moment;
 use crate::platform::doorbell::Doorbell;
 use database::{BUSY_TIMEOUT, Database, SCHEMA_VERSION};
-use judge::{Judge, millis};
+use judge::Judge;
 use line::{drop_entries, join, moved, purge_ended, redate, refresh_waiter, ring, take_slot};
 use look::LineRows;
 use rows::{HolderRow, live_holders, live_waiters};

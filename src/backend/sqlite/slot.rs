@@ -7,9 +7,10 @@ use std::time::Duration;
 use rusqlite::params;
 
 use super::database::{BUSY_TIMEOUT, Database};
-use super::judge::{Judge, millis};
+use super::judge::Judge;
 use super::line::{moved, redate, ring};
 use crate::backend::{Released, Renewal, Slot};
+use crate::duration::millis;
 use crate::error::Result;
 use crate::platform::clock::Moment;
 
