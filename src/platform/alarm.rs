@@ -1,5 +1,5 @@
-//! SIGALRM at a deadline, to interrupt a blocking system call (flock(2)) there:
-//! the same way flock(1) times out, without a thread. For a call on a socket
+//! SIGALRM at a deadline, to interrupt a blocking system call there (flock(2),
+//! a Redis call's reads and writes): the same way flock(1) times out, without a thread. For a call on a socket
 //! whose library retries after EINTR (rustls does, in its TLS reads), the
 //! alarm can shut the socket down too: then every read ends.
 
@@ -17,8 +17,9 @@ use nix::sys::signal::{
 use nix::sys::timer::{Expiration, Timer, TimerSetTimeFlags};
 use nix::time::ClockId;
 
-/// While it exists, SIGALRM has a handler that does nothing (without
-/// `SA_RESTART`, so a blocking call returns EINTR) and repeats every few
+/// While it exists, SIGALRM has a handler that does nothing but shut down the
+/// socket it was given, if any (without `SA_RESTART`, so a blocking call
+/// returns EINTR), and repeats every few
 /// milliseconds after the deadline, in case the first one landed just before
 /// the call began.
 pub struct Alarm {
@@ -47,7 +48,8 @@ impl Alarm {
             SaFlags::empty(),
             SigSet::empty(),
         );
-        // SAFETY: the handler does nothing, so it is async-signal-safe.
+        // SAFETY: the handler makes one shutdown(2) call at most and touches
+        // only an atomic, so it is async-signal-safe.
         let previous = unsafe { sigaction(Signal::SIGALRM, &action) }?;
         let armed = Timer::new(
             ClockId::CLOCK_BOOTTIME,
