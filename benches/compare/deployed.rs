@@ -8,7 +8,7 @@ use std::ffi::OsString;
 use crate::builds::Build;
 use crate::handoff::Target;
 use crate::lockers::Locker;
-use crate::queue::Arrival;
+use crate::queue::{Arrival, Hold};
 use crate::report::Outcome;
 use crate::single::interleaved_medians;
 use crate::stats::{ms, ratio_text};
@@ -82,7 +82,12 @@ impl Bench {
             .into_iter()
             .map(|at| (contenders[at].0, Ok(contenders[at].1.clone()), Target::None))
             .collect();
-        let gaps = self.queue_gaps(&handoffs, 1, Arrival::Settle(QUEUE_SETTLE));
+        let gaps = self.queue_gaps(
+            &handoffs,
+            1,
+            Arrival::Settle(QUEUE_SETTLE),
+            (Hold::Fixed, QUEUE_ROUNDS),
+        );
         let Ok(single_gaps) = &gaps[0] else {
             self.note("(f) handoff: the single node's queue did not finish".into());
             return;

@@ -2,7 +2,7 @@
 //! out of their arrival order, per backend and for flock(1).
 
 use crate::lockers::Mode;
-use crate::queue::{Arrival, Round};
+use crate::queue::{Arrival, Hold, Round};
 use crate::report::Outcome;
 use crate::{Bench, FAIR_ROUNDS, FAIR_SPACING, FAIR_WAITERS};
 
@@ -27,6 +27,7 @@ impl Bench {
                     waiters: FAIR_WAITERS,
                     waiters_mode: Mode::Exclusive,
                     arrival: Arrival::Spaced(FAIR_SPACING),
+                    hold: Hold::Fixed,
                 };
                 match self.queue_round(&round) {
                     Some(served) => collected.push(served.inversions(1)),

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::lockers::{Locker, Mode};
-use crate::queue::{Arrival, Round};
+use crate::queue::{Arrival, Hold, Round};
 use crate::report::Outcome;
 use crate::servers::work_unit;
 use crate::stats::{median, ms};
@@ -34,6 +34,7 @@ impl Bench {
                     waiters,
                     waiters_mode: Mode::Exclusive,
                     arrival: Arrival::Spaced(Duration::ZERO),
+                    hold: Hold::Fixed,
                 };
                 let served = self.queue_round(&round);
                 let after = self.server_work(locker);

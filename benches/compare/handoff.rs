@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::lockers::{Locker, Mode};
-use crate::queue::{Arrival, Round};
+use crate::queue::{Arrival, Hold, Round};
 use crate::report::Outcome;
 use crate::servers::locker;
 use crate::stats::{median, ms, ratio_text};
@@ -26,7 +26,12 @@ impl Bench {
             ("postgres", locker(&self.postgres), Target::Ratio(2.0)),
             ("etcd", locker(&self.etcd), Target::Ratio(3.0)),
         ];
-        let summaries = self.queue_gaps(&contenders, 1, Arrival::Settle(QUEUE_SETTLE));
+        let summaries = self.queue_gaps(
+            &contenders,
+            1,
+            Arrival::Settle(QUEUE_SETTLE),
+            (Hold::Fixed, QUEUE_ROUNDS),
+        );
         let Ok(flock) = summaries[0] else {
             self.note("flock(1): no handoff baseline".into());
             return;
@@ -58,7 +63,12 @@ impl Bench {
             ("postgres", locker(&self.postgres), Target::Ratio(2.0)),
             ("etcd", locker(&self.etcd), Target::Ratio(3.0)),
         ];
-        let summaries = self.queue_gaps(&contenders, SLOTS, Arrival::AllInLine);
+        let summaries = self.queue_gaps(
+            &contenders,
+            SLOTS,
+            Arrival::AllInLine,
+            (Hold::Fixed, QUEUE_ROUNDS),
+        );
         let Some(flock) = self.flock_handoff else {
             return;
         };
@@ -96,19 +106,20 @@ impl Bench {
         }
     }
 
-    /// Queue rounds of every contender, interleaved, and their gaps; an error
-    /// once a round did not finish or the backend is missing.
+    /// `rounds` queue rounds of every contender, interleaved, and their gaps;
+    /// an error once a round did not finish or the backend is missing.
     pub(crate) fn queue_gaps(
         &mut self,
         contenders: &[(&str, Result<Locker, String>, Target)],
         slots: u32,
         arrival: Arrival,
+        (hold, rounds): (Hold, usize),
     ) -> Vec<Result<Gaps, String>> {
         let mut gaps: Vec<Result<Vec<Duration>, String>> = contenders
             .iter()
             .map(|(_, locker, _)| locker.as_ref().map(|_| Vec::new()).map_err(Clone::clone))
             .collect();
-        for _ in 0..QUEUE_ROUNDS {
+        for _ in 0..rounds {
             for ((_, locker, _), gaps) in contenders.iter().zip(&mut gaps) {
                 let (Ok(locker), Ok(collected)) = (locker, gaps.as_mut()) else {
                     continue;
@@ -119,6 +130,7 @@ impl Bench {
                     waiters: QUEUE,
                     waiters_mode: Mode::Exclusive,
                     arrival,
+                    hold,
                 };
                 match self.queue_round(&round) {
                     Some(served) => collected.extend(served.gaps(slots)),

@@ -31,6 +31,30 @@ pub(crate) struct Round<'a> {
     /// The waiters' mode; the holders are exclusive.
     pub(crate) waiters_mode: Mode,
     pub(crate) arrival: Arrival,
+    pub(crate) hold: Hold,
+}
+
+/// How long each waiter's command holds the lock.
+#[derive(Clone, Copy)]
+pub(crate) enum Hold {
+    /// Every waiter [`QUEUE_HOLD`].
+    Fixed,
+    /// Spread evenly over this range, in an order that follows no waiter's
+    /// place, so that releases fall at any point of a waiter's poll interval.
+    Spread(Duration, Duration),
+}
+
+impl Hold {
+    fn of(self, waiter: usize, round: usize) -> Duration {
+        match self {
+            Self::Fixed => QUEUE_HOLD,
+            Self::Spread(least, most) => {
+                // The golden ratio's sequence: an even spread with no pattern by place.
+                let step = ((waiter + round * 7) as f64 * 0.618_033_988_75).fract();
+                least + (most - least).mul_f64(step)
+            }
+        }
+    }
 }
 
 /// A command's run under the lock, as its stamp logged it.
@@ -170,7 +194,7 @@ impl Served {
 
 impl Bench {
     /// One queue round: `slots` holders that hold until released, then the
-    /// waiters, each holding `QUEUE_HOLD`; `None` when it did not finish.
+    /// waiters, each holding as the round says; `None` when it did not finish.
     pub(crate) fn queue_round(&mut self, round: &Round) -> Option<Served> {
         self.rounds += 1;
         let locker = round.locker;
@@ -179,7 +203,6 @@ impl Bench {
         let log = base.with_extension("log");
         let release = base.with_extension("release");
         let name = format!("queue-{}", self.rounds);
-        let hold_ms = QUEUE_HOLD.as_millis().to_string();
         let holders = round.slots as usize;
         let stamp = |id: usize, how: &str, value: &std::ffi::OsStr| {
             let id_text = id.to_string();
@@ -216,6 +239,7 @@ impl Bench {
         }
         let mut in_line = BTreeMap::new();
         let lined_up = line_up(round, &name, &mut children, &mut in_line, |id| {
+            let hold_ms = round.hold.of(id, self.rounds).as_millis().to_string();
             stamp(id, "hold", hold_ms.as_ref())
         });
         let work_in_line = self.server_work(locker);

@@ -6,16 +6,23 @@ use std::time::Duration;
 
 use crate::handoff::Target;
 use crate::lockers::{Locker, Mode};
-use crate::queue::{Arrival, Round};
+use crate::queue::{Arrival, Hold, Round};
 use crate::report::Outcome;
 use crate::servers::locker;
 use crate::single::interleaved_medians;
 use crate::stats::{median, ms, ratio_text};
 use crate::{Bench, FLAT, GROWTH, QUEUE, QUEUE_ROUNDS, QUEUE_SETTLE, S3_RUNS, WARMUP};
 
-/// A waiter's poll interval right after the line moved (docs/backends/s3.md: "S3 backend"):
-/// in a line that moves on every handoff, the interval that applies at a handoff.
+/// The head's poll interval for its first second after a change (docs/backends/s3.md: "S3
+/// backend"): the one that applies at a handoff in [`HANDOFF_HOLDS`].
 const POLL_FIRST: Duration = Duration::from_millis(50);
+/// The waiters' holds in the handoff rounds: spread over ten poll intervals, so that releases
+/// fall at any point of the head's interval, and all within the head's first second.
+const HANDOFF_HOLDS: (Duration, Duration) =
+    (Duration::from_millis(100), Duration::from_millis(600));
+/// Rounds of the handoff measurement: twice the others', since a gap here spreads over a
+/// whole poll interval.
+const HANDOFF_ROUNDS: usize = 2 * QUEUE_ROUNDS;
 
 impl Bench {
     /// (l) the S3 backend: per-run cost, handoff gap, requests per acquisition.
@@ -68,14 +75,22 @@ impl Bench {
 
     /// The handoff gap in a line of 12, beside the file backend's in the same rounds.
     fn s3_handoff(&mut self, s3: &Locker, round_trip: Duration) {
+        let (least, most) = HANDOFF_HOLDS;
         let contenders = [
             ("file", Ok(self.file.clone()), Target::None),
             ("s3", Ok(s3.clone()), Target::None),
         ];
-        let gaps = self.queue_gaps(&contenders, 1, Arrival::Settle(QUEUE_SETTLE));
+        let gaps = self.queue_gaps(
+            &contenders,
+            1,
+            Arrival::Settle(QUEUE_SETTLE),
+            (Hold::Spread(least, most), HANDOFF_ROUNDS),
+        );
         let target = POLL_FIRST / 2 + round_trip * 2;
         let what = format!(
-            "(l) handoff gap, s3, median of {QUEUE_ROUNDS}x{QUEUE} handoffs (poll interval at a handoff {}, a round trip ≤ {})",
+            "(l) handoff gap, s3, median of {HANDOFF_ROUNDS}x{QUEUE} handoffs of commands holding {}-{} (poll interval at a handoff {}, a round trip ≤ {})",
+            ms(least),
+            ms(most),
             ms(POLL_FIRST),
             ms(round_trip)
         );
@@ -115,6 +130,7 @@ impl Bench {
                 waiters,
                 waiters_mode: Mode::Exclusive,
                 arrival: Arrival::Spaced(Duration::ZERO),
+                hold: Hold::Fixed,
             };
             let served = self.queue_round(&round);
             let after = self.server_work(s3);

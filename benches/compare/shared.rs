@@ -7,7 +7,7 @@ use std::fs;
 use std::time::{Duration, Instant};
 
 use crate::lockers::{Lock, Locker, Mode};
-use crate::queue::{Arrival, Round, await_path, stop_all, wait_until};
+use crate::queue::{Arrival, Hold, Round, await_path, stop_all, wait_until};
 use crate::report::Outcome;
 use crate::single::{Order, interleaved_in_modes};
 use crate::stats::{median, ms, ratio_text};
@@ -219,6 +219,7 @@ impl Bench {
             waiters: READERS,
             waiters_mode: Mode::Shared,
             arrival: Arrival::AllInLine,
+            hold: Hold::Fixed,
         };
         let served = self
             .queue_round(&readers)

@@ -3,16 +3,14 @@
 //! slots, waiting line and fence counter, changed only by compare-and-swap
 //! ([`swap`]). Holders and waiters bump a heartbeat counter every TTL/3; an
 //! entry is dropped by whoever saw its counter unchanged for its TTL on its
-//! own clock ([`watch`]). Waiters poll with conditional GETs on an interval
-//! that starts at [`POLL_FIRST`] times their place in line and doubles up to
-//! [`POLL_MOST`], or stays at that first pause where it is longer (beyond
-//! place 20: [`poll_most`]). Before it grants
-//! anything, a run checks once that the store honours conditional writes
-//! ([`probe`]).
+//! own clock ([`watch`]). Waiters poll with conditional GETs, the more often
+//! the nearer the head of the line ([`poll`]). Before it grants anything, a run
+//! checks once that the store honours conditional writes ([`probe`]).
 
 mod credentials;
 mod issued;
 mod object;
+mod poll;
 mod probe;
 mod slot;
 mod state;
@@ -49,27 +47,6 @@ use slot::S3Slot;
 use state::{Holder, State, Unfit, Waiter};
 use swap::Objects;
 use target::Target;
-
-/// The first pause between two polls of a waiter; it doubles while nothing changes...
-const POLL_FIRST: Duration = Duration::from_millis(50);
-/// ...up to this, or longer far back in a long line (docs/backends/s3.md: "S3
-/// backend": the requests a waiting minute costs).
-const POLL_MOST: Duration = Duration::from_secs(1);
-
-/// The first pause after a change for a waiter at `position` in line: the
-/// head polls most often, a waiter further back, whom the line reaches only
-/// after those ahead have gone, the less the further, so that what a line
-/// costs per acquisition barely grows with its length (docs/backends/s3.md:
-/// "S3 backend").
-fn first_poll(position: u32) -> Duration {
-    POLL_FIRST * position.max(1)
-}
-
-/// The longest pause between two polls of a waiter at `position`: [`POLL_MOST`],
-/// or its first pause where that is longer (far back in a long line).
-fn poll_most(position: u32) -> Duration {
-    first_poll(position).max(POLL_MOST)
-}
 
 /// Its command-line options (a group of their own is not needed: clap flattens them).
 #[derive(Debug, clap::Args)]
@@ -129,8 +106,7 @@ impl Options {
             probed: false,
             beat_due: None,
             take_sent: None,
-            poll: Duration::ZERO,
-            poll_due: None,
+            poll: poll::Schedule::default(),
             position: 0,
         }))
     }
@@ -147,11 +123,8 @@ struct S3Store {
     /// ended in trouble before it learnt whether it did: the lease runs from
     /// no earlier, should a later look find the slot ours.
     take_sent: Option<Moment>,
-    /// The pause before the next poll of a wait; zero until the first poll
-    /// after a change (or the first of all) is timed from our place.
-    poll: Duration,
-    /// When the next poll of a wait is due, once a wait has begun counting.
-    poll_due: Option<Moment>,
+    /// When a wait polls next.
+    poll: poll::Schedule,
     /// Our place in line at the last look (0: not in line).
     position: u32,
 }
@@ -297,8 +270,8 @@ impl Store for S3Store {
         let look = self
             .objects
             .borrow_mut()
-            .change(&key, deadline, |state, heartbeats| {
-                let (look, write) = look_at(state, heartbeats, request, beat_due);
+            .change(&key, deadline, |state, seen| {
+                let (look, write) = look_at(state, seen.heartbeats, request, beat_due);
                 if matches!(look, Look::Took(_)) {
                     sent.get_or_insert_with(Moment::now);
                 }
@@ -341,30 +314,23 @@ impl Store for S3Store {
     fn wait(&mut self, request: &Request, until: Moment) -> Result<Waited> {
         let key = self.key(&request.name);
         loop {
-            // Due from the last poll, not from this call: a caller that ends
-            // each wait early (every 100 ms, to see whether a process of this
-            // host ahead of us died) must not put the poll off forever.
-            if self.poll.is_zero() {
-                // The first poll after a change, from our place as the look after it found it.
-                self.poll = first_poll(self.position);
-            }
-            let due = *self
-                .poll_due
-                .get_or_insert_with(|| Moment::now() + self.poll);
+            let due = self.poll.due(self.position);
             thread::sleep(due.min(until).remaining());
             if !due.has_passed() {
                 return Ok(Waited::Quiet);
             }
-            self.poll_due = None;
             let changed = self
                 .objects
                 .borrow_mut()
-                .refresh(&key, Deadline::after(FREE_CALL))?;
-            if changed {
-                self.poll = Duration::ZERO;
+                .refresh(&key, Deadline::after(FREE_CALL));
+            // A poll that failed counts as one that found nothing new.
+            self.poll.polled(
+                changed.as_ref().is_ok_and(|&changed| changed),
+                self.position,
+            );
+            if changed? {
                 return Ok(Waited::Moved);
             }
-            self.poll = (self.poll * 2).min(poll_most(self.position));
         }
     }
 

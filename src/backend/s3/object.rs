@@ -54,7 +54,8 @@ pub enum Condition<'a> {
 
 /// What a conditional PUT did.
 pub enum Put {
-    Written,
+    /// Written; the new object's ETag, where the store sent it.
+    Written(Option<String>),
     /// The condition failed: someone else wrote first.
     Lost,
     /// The request may or may not have been applied (a timeout, a 5xx, a
@@ -191,7 +192,7 @@ impl ObjectClient {
             Err(Broke::Sent(failure)) => return Ok(Put::Unknown(failure)),
         };
         match answer.status {
-            200..=299 => Ok(Put::Written),
+            200..=299 => Ok(Put::Written(answer.etag)),
             // 404: AWS's answer to If-Match on a missing key (NoSuchKey).
             412 | 409 => Ok(Put::Lost),
             404 if error_code(&answer.body) != "NoSuchBucket" => Ok(Put::Lost),

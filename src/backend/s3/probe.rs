@@ -28,8 +28,8 @@ pub fn refuse_unsafe(objects: &mut Objects, deadline: Deadline) -> Result<Vec<St
     let mut created = 0;
     loop {
         match client.put(&key, body, Condition::Create, deadline)? {
-            Put::Written if created == 0 => created += 1,
-            Put::Written => {
+            Put::Written(_) if created == 0 => created += 1,
+            Put::Written(_) => {
                 return Err(ignored(&shown, "If-None-Match: * over an existing object").into());
             }
             Put::Lost => break,
@@ -39,7 +39,7 @@ pub fn refuse_unsafe(objects: &mut Objects, deadline: Deadline) -> Result<Vec<St
     found.push("If-None-Match: * over an existing object: refused (412), as it must be".to_owned());
     match client.put(&key, body, Condition::Match(NEVER_AN_ETAG), deadline)? {
         Put::Lost => {}
-        Put::Written => {
+        Put::Written(_) => {
             return Err(ignored(&shown, "If-Match with an ETag the object does not have").into());
         }
         Put::Unknown(failure) => return Err(failure.into()),

@@ -71,12 +71,16 @@ impl Slot for S3Slot {
             .map(|until| until.remaining().as_millis() as u64)
             .filter(|&left| left > 0);
         let token = &self.token;
-        // Whether our entry was there when first looked at; a retry after an
-        // unknown outcome finds our own change made.
+        // Whether our entry was there at a look whose change may have been
+        // made: a retry after an unknown outcome finds our own change made,
+        // one after a lost swap finds what others did.
         let mut ours = None;
         self.objects
             .borrow_mut()
-            .change(&self.key, deadline, |state, _| {
+            .change(&self.key, deadline, |state, seen| {
+                if !seen.after_unknown {
+                    ours = None;
+                }
                 let at = state
                     .holders
                     .iter()

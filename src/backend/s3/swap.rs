@@ -19,15 +19,33 @@ use super::watch::Heartbeats;
 use crate::backend::net::{Deadline, Failure, Kind};
 use crate::error::Result;
 use crate::escape::escape_controls;
+use crate::platform::clock::Moment;
 
 /// The longest pause between two tries of a lost swap, before jitter.
 const MAX_RETRY_PAUSE: Duration = Duration::from_millis(100);
+/// How long a copy of an object stays likely enough to be current that a
+/// swap is tried against it without reading the object first: older copies
+/// (a waiter far back in line, a holder at the end of a long run) are mostly
+/// out of date, and a lost try would cost a request more than a read.
+const TRUSTED_FOR: Duration = Duration::from_secs(1);
 
 /// A name's object as last read: its ETag and document.
 #[derive(Clone)]
 pub struct Read {
     pub etag: String,
     pub state: State,
+    /// When the store last confirmed it: read, found unchanged, or written by us.
+    confirmed: Moment,
+}
+
+/// What a decision of [`Objects::change`] is given beside the document.
+pub struct Seen<'a> {
+    /// The heartbeats observed so far.
+    pub heartbeats: &'a Heartbeats,
+    /// Whether the try before this one ended with its outcome unknown, so that
+    /// what the decision noted of it still holds: that write may have been made.
+    /// After a lost try, or before the first, a decision notes afresh.
+    pub after_unknown: bool,
 }
 
 /// The bucket, with what this lockrun knows of each name's object.
@@ -75,7 +93,12 @@ impl Objects {
     ) -> Result<Result<bool, Unfit>> {
         let known = self.read.get(key).map(|read| read.etag.clone());
         let changed = match self.client.get(key, known.as_deref(), deadline)? {
-            Got::Unchanged => false,
+            Got::Unchanged => {
+                if let Some(read) = self.read.get_mut(key) {
+                    read.confirmed = Moment::now();
+                }
+                false
+            }
             Got::Missing => self.read.remove(key).is_some(),
             Got::Found { etag, body } => {
                 // A key from a listing may hold anything, an escape sequence too.
@@ -88,7 +111,13 @@ impl Objects {
                     Ok(state) => state,
                     Err(unfit) => return Ok(Err(unfit)),
                 };
-                self.read.insert(key.to_owned(), Read { etag, state });
+                let confirmed = Moment::now();
+                let read = Read {
+                    etag,
+                    state,
+                    confirmed,
+                };
+                self.read.insert(key.to_owned(), read);
                 true
             }
         };
@@ -103,24 +132,50 @@ impl Objects {
     /// Changes the object at `key` by compare-and-swap until `decide`, given
     /// the document as read (an empty one when there is none), makes no
     /// change (it returns `false` with its verdict) or its change is written.
-    /// `decide` is asked again after every lost swap and unknown outcome.
+    /// `decide` is asked again after every lost swap and unknown outcome
+    /// ([`Seen::after_unknown`] tells which).
+    ///
+    /// The first try swaps against the object as this lockrun last knew it
+    /// (read, or written with the ETag the store sent back), without reading
+    /// it first, where the store confirmed that copy within [`TRUSTED_FOR`]:
+    /// a head that just saw the slot freed, or a holder that lets go soon
+    /// after its own write, makes one request instead of two. Should it have
+    /// changed, the swap is lost and read anew; a verdict of no change is only
+    /// given on a fresh read.
     pub fn change<T>(
         &mut self,
         key: &str,
         deadline: Deadline,
-        mut decide: impl FnMut(&mut State, &Heartbeats) -> Result<(T, bool)>,
+        mut decide: impl FnMut(&mut State, Seen) -> Result<(T, bool)>,
     ) -> Result<T> {
         let mut tries = 0u32;
+        let mut known = self
+            .read
+            .get(key)
+            .filter(|read| !(read.confirmed + TRUSTED_FOR).has_passed())
+            .cloned();
+        let mut after_unknown = false;
         loop {
-            let read = self.read(key, deadline)?;
+            let fresh = known.is_none();
+            let read = match known.take() {
+                Some(read) => Some(read),
+                None => self.read(key, deadline)?,
+            };
             let mut state = read
                 .as_ref()
                 .map(|read| read.state.clone())
                 .unwrap_or_default();
-            let heartbeats = self.heartbeats.get(key).expect("observed at the read");
-            let (verdict, write) = decide(&mut state, heartbeats)?;
+            let heartbeats = self.heartbeats.entry(key.to_owned()).or_default();
+            let seen = Seen {
+                heartbeats,
+                after_unknown,
+            };
+            let (verdict, write) = decide(&mut state, seen)?;
             if !write {
-                return Ok(verdict);
+                if fresh {
+                    return Ok(verdict);
+                }
+                continue;
             }
             let body = state.next_body();
             let condition = match &read {
@@ -128,13 +183,30 @@ impl Objects {
                 None => Condition::Create,
             };
             let last_trouble = match self.client.put(key, &body, condition, deadline)? {
-                Put::Written => {
-                    // The ETag of what we wrote is unknown (some stores send none): the next read tells.
+                Put::Written(etag) => {
+                    // Without an ETag (some stores send none) the next read tells.
+                    match etag {
+                        Some(etag) => {
+                            let confirmed = Moment::now();
+                            let read = Read {
+                                etag,
+                                state,
+                                confirmed,
+                            };
+                            self.read.insert(key.to_owned(), read)
+                        }
+                        None => self.read.remove(key),
+                    };
                     return Ok(verdict);
                 }
                 Put::Lost => None,
                 Put::Unknown(failure) => Some(failure),
             };
+            after_unknown = last_trouble.is_some();
+            if !fresh {
+                // Only our copy was out of date: read it and decide again, at once.
+                continue;
+            }
             tries += 1;
             if deadline.has_passed() {
                 return Err(last_trouble
