@@ -51,7 +51,7 @@ impl Hold {
             Self::Spread(least, most) => {
                 // The golden ratio's sequence: an even spread with no pattern by place.
                 let step = ((waiter + round * 7) as f64 * 0.618_033_988_75).fract();
-                least + (most - least).mul_f64(step)
+                least + most.saturating_sub(least).mul_f64(step)
             }
         }
     }

@@ -51,7 +51,7 @@ impl Schedule {
         self.due = None;
         if changed {
             self.pause = Duration::ZERO;
-        } else if !self.quick_until.is_some_and(|until| !until.has_passed()) {
+        } else if self.quick_until.is_none_or(Moment::has_passed) {
             self.pause = (self.pause * 2).min(first(position).max(MOST));
         }
     }
