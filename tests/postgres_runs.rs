@@ -3,8 +3,8 @@
 //! across a restart or an ended session, refusals that show no password and touch nothing, a
 //! full server at first contact, a long line on few connections, a line
 //! that moves without notifications (as behind a transaction-pooling
-//! pgbouncer), a granted waiter that starts at its wake-up, readers woken
-//! together, and an older schema read as it is.
+//! pgbouncer), the statements of an uncontended run, a granted waiter that
+//! starts at its wake-up, readers woken together, and an older schema read as it is.
 
 use std::fs;
 use std::process::Stdio;
@@ -580,6 +580,50 @@ fn an_uncontended_run_takes_few_round_trips() {
     eprintln!("an uncontended run: {turns} round trips, connecting included");
     // Startup and SCRAM (3), the schema check, the acquire, the release.
     assert!(turns <= 6, "{turns} round trips");
+}
+
+#[test]
+fn an_uncontended_run_has_the_server_read_no_line() {
+    let Some(server) = PostgresServer::start_with(&[
+        "shared_preload_libraries=pg_stat_statements",
+        "pg_stat_statements.track_utility=off",
+    ]) else {
+        return;
+    };
+    let mut admin = server.client();
+    admin
+        .batch_execute("CREATE EXTENSION pg_stat_statements")
+        .unwrap();
+    let run_true = || {
+        run(lockrun().args([
+            "-b",
+            "postgres",
+            "--postgres-url",
+            &server.url(),
+            "--name",
+            "quiet",
+            "true",
+        ]))
+    };
+    // The first run makes the schema and the name's row.
+    assert_status(&run_true(), 0);
+    admin
+        .batch_execute("SELECT pg_stat_statements_reset()")
+        .unwrap();
+    assert_status(&run_true(), 0);
+    let statements: Vec<(String, i64)> = admin
+        .query(
+            "SELECT query, calls FROM pg_stat_statements
+              WHERE query NOT LIKE '%pg_stat_statements%' ORDER BY query",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    let calls: i64 = statements.iter().map(|(_, calls)| calls).sum();
+    // The schema check; the name's lock and the take; the lock, the release and the wake.
+    assert!(calls <= 6, "{calls} statements: {statements:#?}");
 }
 
 #[test]
