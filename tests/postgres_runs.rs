@@ -3,7 +3,8 @@
 //! across a restart or an ended session, refusals that show no password and touch nothing, a
 //! full server at first contact, a long line on few connections, a line
 //! that moves without notifications (as behind a transaction-pooling
-//! pgbouncer), readers woken together, and an older schema read as it is.
+//! pgbouncer), the statements of an uncontended run, a granted waiter that
+//! starts at its wake-up, readers woken together, and an older schema read as it is.
 
 use std::fs;
 use std::process::Stdio;
@@ -579,6 +580,90 @@ fn an_uncontended_run_takes_few_round_trips() {
     eprintln!("an uncontended run: {turns} round trips, connecting included");
     // Startup and SCRAM (3), the schema check, the acquire, the release.
     assert!(turns <= 6, "{turns} round trips");
+}
+
+#[test]
+fn an_uncontended_run_has_the_server_read_no_line() {
+    let Some(server) = PostgresServer::start_with(&[
+        "shared_preload_libraries=pg_stat_statements",
+        "pg_stat_statements.track_utility=off",
+    ]) else {
+        return;
+    };
+    let mut admin = server.client();
+    admin
+        .batch_execute("CREATE EXTENSION pg_stat_statements")
+        .unwrap();
+    let run_true = || {
+        run(lockrun().args([
+            "-b",
+            "postgres",
+            "--postgres-url",
+            &server.url(),
+            "--name",
+            "quiet",
+            "true",
+        ]))
+    };
+    // The first run makes the schema and the name's row.
+    assert_status(&run_true(), 0);
+    admin
+        .batch_execute("SELECT pg_stat_statements_reset()")
+        .unwrap();
+    assert_status(&run_true(), 0);
+    let statements: Vec<(String, i64)> = admin
+        .query(
+            "SELECT query, calls FROM pg_stat_statements
+              WHERE query NOT LIKE '%pg_stat_statements%' ORDER BY query",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    let calls: i64 = statements.iter().map(|(_, calls)| calls).sum();
+    // The schema check; the name's lock and the take; the lock, the release and the wake.
+    assert!(calls <= 6, "{calls} statements: {statements:#?}");
+}
+
+#[test]
+fn a_waiter_granted_the_slot_starts_its_command_without_asking_the_server_again() {
+    let Some(server) = PostgresServer::start() else {
+        return;
+    };
+    let proxy = Proxy::start(&server, true);
+    let scratch = Scratch::new();
+    let lockrun_at = |url: &str| {
+        let mut command = lockrun();
+        command.args(["-b", "postgres", "--postgres-url", url, "--name", "told"]);
+        command
+    };
+    let holder_script = format!(
+        "touch '{ready}'; while [ ! -e '{release}' ]; do sleep 0.02; done",
+        ready = scratch.path("ready").display(),
+        release = scratch.path("release").display(),
+    );
+    let mut holder = lockrun_at(&server.url())
+        .args(["-c", &holder_script])
+        .start();
+    wait_for_file(&scratch.path("ready"));
+    // The waiter alone goes through the proxy; its backoff steps are long, so
+    // it looks only when told.
+    let mut waiter = lockrun_at(&proxy.url())
+        .args(["-w", "30", "--initial-delay", "5", "-v", "true"])
+        .stderr(Stdio::piped())
+        .start();
+    wait_for_stderr(&mut waiter, "waiting");
+    let before = proxy.turns();
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(wait(&mut holder).code(), Some(0));
+    assert_eq!(wait(&mut waiter).code(), Some(0));
+    let turns = proxy.turns() - before;
+    // Its release; the wake-up said which slot and fence were granted.
+    assert_eq!(
+        turns, 1,
+        "round trips from the wake-up to the waiter's exit"
+    );
 }
 
 #[test]

@@ -568,23 +568,31 @@ impl Proxy {
 
 /// Copies bytes both ways between a client and the server, message by
 /// message from the server (dropping notifications unless `notify`), and
-/// counts the client's turns.
+/// counts the client's turns: it speaks after the server did, with every
+/// answer it had asked for come. A transaction sent at once may reach the
+/// server in pieces that it starts answering before the last: the later
+/// pieces are the same turn.
 fn relay(client: TcpStream, server: TcpStream, notify: bool, turns: Arc<AtomicUsize>) {
     let answered = Arc::new(AtomicBool::new(true));
+    // `ReadyForQuery` messages asked for (a Query or a Sync each) and not come yet.
+    let unanswered = Arc::new(AtomicUsize::new(0));
     let (mut from_client, mut to_server) =
         (client.try_clone().unwrap(), server.try_clone().unwrap());
-    let heard = Arc::clone(&answered);
+    let (heard, asked) = (Arc::clone(&answered), Arc::clone(&unanswered));
     thread::spawn(move || {
-        // Room for a whole transaction sent at once: read in two pieces, the
-        // server could answer the first before the second is read, and one
-        // round trip would count as two.
+        let mut requests = Requests::default();
         let mut buffer = vec![0u8; 65536];
         while let Ok(read) = from_client.read(&mut buffer) {
-            if read == 0 || to_server.write_all(&buffer[..read]).is_err() {
+            if read == 0 {
                 break;
             }
-            if heard.swap(false, Ordering::SeqCst) {
+            if asked.load(Ordering::SeqCst) == 0 && heard.swap(false, Ordering::SeqCst) {
                 turns.fetch_add(1, Ordering::SeqCst);
+            }
+            // Counted before the server can answer them.
+            asked.fetch_add(requests.answers_asked(&buffer[..read]), Ordering::SeqCst);
+            if to_server.write_all(&buffer[..read]).is_err() {
+                break;
             }
         }
         let _ = to_server.shutdown(std::net::Shutdown::Write);
@@ -597,6 +605,11 @@ fn relay(client: TcpStream, server: TcpStream, notify: bool, turns: Arc<AtomicUs
             let mut body = vec![0u8; length.saturating_sub(4)];
             if from_server.read_exact(&mut body).is_err() {
                 break;
+            }
+            // 'Z': `ReadyForQuery`.
+            if header[0] == b'Z' {
+                let _ = unanswered
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
             }
             answered.store(true, Ordering::SeqCst);
             // 'A': NotificationResponse.
@@ -613,4 +626,36 @@ fn relay(client: TcpStream, server: TcpStream, notify: bool, turns: Arc<AtomicUs
         }
         let _ = to_client.shutdown(std::net::Shutdown::Both);
     });
+}
+
+/// The client's side of the protocol, read as it comes: the startup
+/// message (no type byte), then typed messages.
+#[derive(Default)]
+struct Requests {
+    started: bool,
+    unread: Vec<u8>,
+}
+
+impl Requests {
+    /// How many `ReadyForQuery` answers the whole messages in `bytes` (and the
+    /// rest of the ones before) ask for: one per Query ('Q') and Sync ('S').
+    fn answers_asked(&mut self, bytes: &[u8]) -> usize {
+        self.unread.extend_from_slice(bytes);
+        let mut asked = 0;
+        loop {
+            let typed = usize::from(self.started);
+            let Some(length) = self.unread.get(typed..typed + 4) else {
+                return asked;
+            };
+            let whole = typed + u32::from_be_bytes(length.try_into().unwrap()) as usize;
+            if self.unread.len() < whole {
+                return asked;
+            }
+            if self.started && matches!(self.unread[0], b'Q' | b'S') {
+                asked += 1;
+            }
+            self.started = true;
+            self.unread.drain(..whole);
+        }
+    }
 }

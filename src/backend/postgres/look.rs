@@ -122,8 +122,8 @@ fn taken(rows: &[Row]) -> Option<(u32, u64)> {
 }
 
 /// Takes a free slot if the line lets us, under the name's lock, and does
-/// nothing else: for a waiter whose turn it likely is (at the head with a
-/// slot free), so that the handoff costs as little as it can.
+/// nothing else: for a run about to join the line, or a waiter whose turn it
+/// likely is (at the head with a slot free), so that the run costs as little as it can.
 pub fn take(link: &mut PostgresLink, sql: &Sql, request: &Request) -> Result<Option<(u32, u64)>> {
     let params = Params::new(request);
     let all = params.all();

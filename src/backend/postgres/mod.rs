@@ -41,7 +41,7 @@ use look::{LookReport, wake_params};
 use schema::{MODES_SINCE, SCHEMA_VERSION, Schema};
 
 use slot::PostgresSlot;
-use sql::{GRANTED, Sql};
+use sql::{Grant, Sql, granted};
 use target::Target;
 
 /// The schema's version (the comment on `holders`); every older one is upgraded.
@@ -82,7 +82,8 @@ impl Options {
             ))),
             schema,
             in_line: false,
-            granted: false,
+            granted: None,
+            place_kept_at: None,
             look_again: false,
             refresh_due: None,
             location,
@@ -111,7 +112,11 @@ struct PostgresStore {
     /// Whether we joined the line.
     in_line: bool,
     /// The last wait ended with a wake-up for a slot granted to us.
-    granted: bool,
+    granted: Option<Grant>,
+    /// When the look that last set our place's lease went out: a slot
+    /// granted to us has a lease that ends where our place would have, so no
+    /// earlier than a TTL after this.
+    place_kept_at: Option<Moment>,
     /// The last look began to listen without the name's lock: a wake-up
     /// may have gone out just before, so look again rather than wait.
     look_again: bool,
@@ -131,9 +136,11 @@ impl PostgresStore {
     fn look(&mut self, request: &Request, join: bool) -> Result<LookReport> {
         let refresh = join || self.refresh_due.is_none_or(Moment::has_passed);
         let mut link = self.link.borrow_mut();
+        let sent = Moment::now();
         let mut look = LookReport::take(&mut link, &self.sql, request, join, refresh)?;
         if refresh {
             self.refresh_due = Some(Moment::now() + request.plan.keep_place_every());
+            self.place_kept_at = Some(sent);
         }
         let listener_places = (request.parallelism + SPARE_LISTENERS).min(MAX_LISTENERS);
         let distance = (look.place.saturating_sub(listener_places))
@@ -208,7 +215,14 @@ impl Store for PostgresStore {
 
     fn attempt(&mut self, request: &Request) -> Result<Attempt> {
         let me = &request.owner.process;
-        if std::mem::take(&mut self.granted) {
+        let granted = self.granted.take();
+        if let (Some(Grant::Said(slot, fence)), Some(kept)) = (granted, self.place_kept_at) {
+            // Ours since the grant, which said which slot: nothing to ask before the command
+            // starts. Its lease runs from no earlier than our place's last keeping.
+            self.in_line = false;
+            return Ok(self.slot(request, (slot, fence), kept));
+        }
+        if granted.is_some() {
             // A lease runs from no earlier than its request: connecting comes first.
             self.link.borrow_mut().tables()?;
             let sent = Moment::now();
@@ -238,6 +252,13 @@ impl Store for PostgresStore {
         // Not in line (the first look, --no-wait, or our place lapsed): join it.
         self.link.borrow_mut().tables()?;
         let sent = Moment::now();
+        if !self.in_line {
+            // Most runs find a slot free: taking it alone spares the server reading and
+            // waking the line (a name's first run, or a busy one, then joins it in a second).
+            if let Some(taken) = look::take(&mut self.link.borrow_mut(), &self.sql, request)? {
+                return Ok(self.slot(request, taken, sent));
+            }
+        }
         let look = self.look(request, true)?;
         self.in_line = look.position > 0;
         Ok(match look.taken {
@@ -269,8 +290,8 @@ impl Store for PostgresStore {
             return Ok(Waited::Moved);
         }
         let woken = self.link.borrow_mut().woken(until.remaining())?;
-        // Told only that the line moved, we look; a slot granted to us, we claim it.
-        self.granted = woken.as_deref() == Some(GRANTED);
+        // Told only that the line moved, we look; a slot granted to us is ours.
+        self.granted = woken.as_deref().and_then(granted);
         Ok(Waited::told(woken.is_some()))
     }
 

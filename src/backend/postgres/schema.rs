@@ -188,20 +188,18 @@ pub fn create_or_check(
     }
 }
 
-/// Reads the catalog, in one statement: whether the schema exists, its mark,
-/// how many of lockrun's tables it has, and whether anything at all is in it.
+/// Reads the catalog: whether the schema exists, its mark and how many of
+/// lockrun's tables it has, in one statement; and, for a schema without
+/// lockrun's mark only, whether anything at all is in it, in another (a
+/// fresh session plans the search of every kind of object dearly, and the
+/// schema is nearly always lockrun's).
 async fn inspect(client: &Client, name: &str) -> Result<Found, tokio_postgres::Error> {
     let rows = client
         .query_typed(
             "SELECT n.oid IS NOT NULL,
                     obj_description(h.oid, 'pg_class'),
                     (SELECT count(*) FROM pg_class c
-                      WHERE c.relnamespace = n.oid AND c.relkind = 'r' AND c.relname = ANY($2)),
-                    EXISTS (SELECT FROM pg_class c WHERE c.relnamespace = n.oid)
-                    OR EXISTS (SELECT FROM pg_proc p WHERE p.pronamespace = n.oid)
-                    -- types of their own, not the row and array types of tables
-                    OR EXISTS (SELECT FROM pg_type t WHERE t.typnamespace = n.oid
-                                AND t.typrelid = 0 AND t.typcategory <> 'A')
+                      WHERE c.relnamespace = n.oid AND c.relkind = 'r' AND c.relname = ANY($2))
                FROM (VALUES (1)) AS one
                LEFT JOIN pg_namespace n ON n.nspname = $1
                LEFT JOIN pg_class h ON h.relnamespace = n.oid AND h.relname = 'holders'
@@ -210,8 +208,7 @@ async fn inspect(client: &Client, name: &str) -> Result<Found, tokio_postgres::E
         )
         .await?;
     let row = &rows[0];
-    let (present, mark, tables, occupied): (bool, Option<String>, i64, bool) =
-        (row.get(0), row.get(1), row.get(2), row.get(3));
+    let (present, mark, tables): (bool, Option<String>, i64) = (row.get(0), row.get(1), row.get(2));
     let version = mark
         .as_deref()
         .and_then(|mark| mark.strip_prefix(MARK))
@@ -221,9 +218,25 @@ async fn inspect(client: &Client, name: &str) -> Result<Found, tokio_postgres::E
             version,
             complete: usize::try_from(tables) == Ok(TABLE_NAMES.len()),
         },
-        None if !present || !occupied => Found::Room,
-        None => Found::Foreign,
+        None if present && occupied(client, name).await? => Found::Foreign,
+        None => Found::Room,
     })
+}
+
+/// Whether schema `name` holds anything: a table, a function, a type of its
+/// own (not the row and array types of tables).
+async fn occupied(client: &Client, name: &str) -> Result<bool, tokio_postgres::Error> {
+    let rows = client
+        .query_typed(
+            "SELECT EXISTS (SELECT FROM pg_class c WHERE c.relnamespace = n.oid)
+                    OR EXISTS (SELECT FROM pg_proc p WHERE p.pronamespace = n.oid)
+                    OR EXISTS (SELECT FROM pg_type t WHERE t.typnamespace = n.oid
+                                AND t.typrelid = 0 AND t.typcategory <> 'A')
+               FROM pg_namespace n WHERE n.nspname = $1",
+            &[(&name, Type::TEXT)],
+        )
+        .await?;
+    Ok(rows.first().is_some_and(|row| row.get(0)))
 }
 
 #[cfg(test)]

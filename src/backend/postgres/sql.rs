@@ -24,10 +24,36 @@ use crate::backend::MAX_SHARERS;
 /// `NOTIFY` channels are this and a waiter's token (a release wakes the waiters
 /// it granted slots to, not the line).
 pub const CHANNEL_PREFIX: &str = "lockrun:";
-/// A wake-up's payload: a slot was granted to us; claim it.
+/// A wake-up's payload: a slot was granted to us. This word, a space, the
+/// slot's number, a space and its fence: the grantee holds it from then on,
+/// needing no call before its command starts. The word alone (from a lockrun
+/// before the number and fence came with it): claim it.
 pub const GRANTED: &str = "granted";
 /// A wake-up's payload: the line moved up; look where we stand.
 pub const LINE_MOVED: &str = "line";
+
+/// A slot a wake-up granted us.
+#[derive(Clone, Copy)]
+pub enum Grant {
+    /// This slot, with this fence.
+    Said(u32, u64),
+    /// One it does not say (see [`GRANTED`]): to be claimed.
+    Unsaid,
+}
+
+/// The slot a wake-up's `payload` grants us, if it grants one.
+pub fn granted(payload: &str) -> Option<Grant> {
+    let mut words = payload.split(' ');
+    if words.next() != Some(GRANTED) {
+        return None;
+    }
+    let slot = words.next().and_then(|slot| slot.parse().ok());
+    let fence = words.next().and_then(|fence| fence.parse().ok());
+    Some(match (slot, fence) {
+        (Some(slot), Some(fence)) => Grant::Said(slot, fence),
+        _ => Grant::Unsaid,
+    })
+}
 
 /// The statements, for one schema. For tables older than modes, which
 /// `status` and `release` read as they are, only theirs are fit: `list`,
@@ -62,7 +88,7 @@ pub struct Sql {
     /// slots to the waiters at the head whom the line lets in
     /// (`Request::admitted` for each, those ahead of it let in first), in
     /// line order, their leases ending where their places did, and tells them
-    /// (`GRANTED`); when the line moved (a waiter took a slot or left, or
+    /// (`GRANTED`, with the slot and fence); when the line moved (a waiter took a slot or left, or
     /// this granted any), tells those of the next two places (`LINE_MOVED`),
     /// which watch what is ahead of them.
     pub wake: String,
@@ -249,11 +275,11 @@ impl Sql {
                               now(), g.expires_at, g.parallelism, g.mode
                        FROM granted AS g JOIN free USING (position), fence
                        {take_over}
-                       RETURNING token
+                       RETURNING token, slot, fence
                      ), left_line AS (
                        DELETE FROM {waiters} WHERE token IN (SELECT token FROM taken)
                      )
-                     SELECT pg_notify($2 || token, '{GRANTED}') FROM taken
+                     SELECT pg_notify($2 || token, concat_ws(' ', '{GRANTED}', slot, fence)) FROM taken
                      UNION ALL
                      SELECT pg_notify($2 || token, '{LINE_MOVED}') FROM let_in
                      -- Slots granted move the line too: a dead waiter may be
