@@ -40,6 +40,38 @@ fn a_wrong_secret_is_refused_with_69_and_never_shown() {
     );
 }
 
+/// An uncontended run on a name that exists makes five requests, as
+/// docs/backends/s3.md counts them: the probe's two PUTs, a GET and a PUT to
+/// take the slot, and one PUT to release it, swapped against the copy its own
+/// take left (a release that read the object first made six).
+#[test]
+fn an_uncontended_run_makes_five_requests() {
+    let Some(server) = SeaweedServer::start() else {
+        return;
+    };
+    let prefix = fresh_prefix();
+    let once = || {
+        run(lockrun()
+            .args(server.args(&prefix))
+            .args(["--name", "deploy", "true"]))
+    };
+    // The name's first run creates its object.
+    assert_status(&once(), 0);
+    let total = |requests: std::collections::BTreeMap<String, u64>| -> u64 {
+        requests.values().sum()
+    };
+    let before = total(server.requests());
+    assert_status(&once(), 0);
+    // The server counts a request once it has answered it: wait for the fifth.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut made = total(server.requests()) - before;
+    while made < 5 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(10));
+        made = total(server.requests()) - before;
+    }
+    assert_eq!(made, 5, "{:?}", server.requests());
+}
+
 /// A store that accepts conditional writes and ignores them is refused (69)
 /// before anything is granted, and `lockrun check` says why; the real server
 /// behind it passes the same check.

@@ -160,8 +160,6 @@ impl SeaweedServer {
 
     /// The S3 requests the server has answered so far, by kind (GET, PUT,
     /// LIST...): its `SeaweedFS_s3_request_total` counters, summed over codes.
-    /// For the benchmark (benches/compare/servers.rs), which shares this harness.
-    #[allow(dead_code)]
     pub fn requests(&self) -> std::collections::BTreeMap<String, u64> {
         use std::io::{Read, Write};
 
