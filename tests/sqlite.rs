@@ -143,6 +143,36 @@ fn a_freed_slot_is_taken_at_once_not_after_the_backoff_step() {
     assert_eq!(wait(&mut waiter).code(), Some(0));
 }
 
+/// A waiter that is stopped (SIGSTOP, a terminal's Ctrl-Z) reads no rings and
+/// its doorbell fills up; whoever rings it goes on regardless
+/// (docs/backends/sqlite.md: "SQLite backend"). Here twelve runs give up
+/// waiting behind it, each ringing the head of the line as it leaves: every
+/// one ends at its timeout, none stays stuck ringing.
+#[test]
+fn a_stopped_waiter_at_the_head_holds_up_nobody_who_rings_it() {
+    let store = Store::sqlite();
+    let scratch = Scratch::new();
+    let mut holder = hold(&store, &scratch, "stalled", &[]);
+    let mut stopped = store
+        .lockrun()
+        .args(["--name", "stalled", "-w", "60", "true"])
+        .start();
+    wait_until("the waiter to join the line", || {
+        stdout(&run(store.status().args(["stalled", "--json"]))).contains(r#""state":"waiting""#)
+    });
+    signal(stopped.id(), Signal::SIGSTOP);
+    for _ in 0..12 {
+        let output = run(store
+            .lockrun()
+            .args(["--name", "stalled", "-w", "0.2", "true"]));
+        assert_eq!(output.status.code(), Some(75), "{}", stderr(&output));
+    }
+    signal(stopped.id(), Signal::SIGCONT);
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(wait(&mut holder).code(), Some(0));
+    assert_eq!(wait(&mut stopped).code(), Some(0));
+}
+
 #[test]
 fn release_force_breaks_a_live_lease_and_its_command_is_stopped() {
     let store = Store::sqlite();
