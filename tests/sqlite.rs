@@ -143,6 +143,100 @@ fn a_freed_slot_is_taken_at_once_not_after_the_backoff_step() {
     assert_eq!(wait(&mut waiter).code(), Some(0));
 }
 
+/// A writer's release grants every reader waiting behind it its slot in the
+/// release's own transaction (docs/backends/sqlite.md: "SQLite backend"): the
+/// woken readers only read what was granted to them, and none waits for
+/// another's write. So all eight were acquired at the same moment, with
+/// consecutive fences in line order.
+#[test]
+fn a_writers_release_grants_every_waiting_reader_in_its_own_transaction() {
+    const READERS: usize = 8;
+    let store = Store::sqlite();
+    let scratch = Scratch::new();
+    let mut writer = hold(&store, &scratch, "grants", &[]);
+    let holding = scratch.path("holding");
+    fs::create_dir(&holding).unwrap();
+    let script = format!(
+        "touch '{dir}'/$$; until [ -e '{done}' ]; do sleep 0.01; done",
+        dir = holding.display(),
+        done = scratch.path("done").display()
+    );
+    let status = || -> serde_json::Value {
+        serde_json::from_slice(&run(store.status().args(["grants", "--json"])).stdout).unwrap()
+    };
+    let readers: Vec<Running> = (0..READERS)
+        .map(|joined| {
+            let reader = store
+                .lockrun()
+                .args(["--name", "grants", "-s", "-w", "60", "sh", "-c", &script])
+                .start();
+            wait_until("the reader to join the line", || {
+                status().as_array().unwrap().len() > joined + 1
+            });
+            reader
+        })
+        .collect();
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(wait(&mut writer).code(), Some(0));
+    wait_until("every reader to run", || {
+        fs::read_dir(&holding).unwrap().count() == READERS
+    });
+    let holders = status();
+    let holders = holders.as_array().unwrap();
+    assert_eq!(holders.len(), READERS, "{holders:?}");
+    let acquired: Vec<&str> = holders
+        .iter()
+        .map(|holder| holder["acquired_at"].as_str().unwrap())
+        .collect();
+    assert!(
+        acquired.iter().all(|at| *at == acquired[0]),
+        "granted by one transaction: {acquired:?}"
+    );
+    let mut fences: Vec<u64> = holders
+        .iter()
+        .map(|holder| holder["fence"].as_u64().unwrap())
+        .collect();
+    fences.sort_unstable();
+    assert_eq!(
+        fences,
+        (fences[0]..fences[0] + READERS as u64).collect::<Vec<_>>()
+    );
+    fs::write(scratch.path("done"), "").unwrap();
+    for reader in readers {
+        assert_status(&finish(reader), 0);
+    }
+}
+
+/// A waiter that is stopped (SIGSTOP, a terminal's Ctrl-Z) reads no rings and
+/// its doorbell fills up; whoever rings it goes on regardless
+/// (docs/backends/sqlite.md: "SQLite backend"). Here twelve runs give up
+/// waiting behind it, each ringing the head of the line as it leaves: every
+/// one ends at its timeout, none stays stuck ringing.
+#[test]
+fn a_stopped_waiter_at_the_head_holds_up_nobody_who_rings_it() {
+    let store = Store::sqlite();
+    let scratch = Scratch::new();
+    let mut holder = hold(&store, &scratch, "stalled", &[]);
+    let mut stopped = store
+        .lockrun()
+        .args(["--name", "stalled", "-w", "60", "true"])
+        .start();
+    wait_until("the waiter to join the line", || {
+        stdout(&run(store.status().args(["stalled", "--json"]))).contains(r#""state":"waiting""#)
+    });
+    signal(stopped.id(), Signal::SIGSTOP);
+    for _ in 0..12 {
+        let output = run(store
+            .lockrun()
+            .args(["--name", "stalled", "-w", "0.2", "true"]));
+        assert_eq!(output.status.code(), Some(75), "{}", stderr(&output));
+    }
+    signal(stopped.id(), Signal::SIGCONT);
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(wait(&mut holder).code(), Some(0));
+    assert_eq!(wait(&mut stopped).code(), Some(0));
+}
+
 #[test]
 fn release_force_breaks_a_live_lease_and_its_command_is_stopped() {
     let store = Store::sqlite();

@@ -86,7 +86,7 @@ const RUN_LIMIT: Duration = Duration::from_secs(30);
 const SHARED_RUNS: usize = 300;
 const SHARED_COST: f64 = 1.10;
 /// (k): readers waiting behind a writer, rounds (each beside one with a single waiter), and the
-/// most the last reader's gap may be against the single waiter's.
+/// most the last reader's gap may be against flock(1)'s last reader's.
 const READERS: usize = 8;
 const READER_ROUNDS: usize = 7;
 const READERS_SPREAD: f64 = 1.30;
@@ -96,8 +96,8 @@ const WARMUP: usize = 20;
 /// (l): uncontended runs of `true` per contender, S3 against the file backend.
 const S3_RUNS: usize = 100;
 
-/// The families `LOCKRUN_BENCH_ONLY` runs alone: (f), (j)/(k), (iii) and (l).
-const ONLY: [&str; 4] = ["deployed", "shared", "growth", "s3"];
+/// The families `LOCKRUN_BENCH_ONLY` runs alone: (f), (j)/(k), (k), (iii) and (l).
+const ONLY: [&str; 5] = ["deployed", "shared", "readers", "growth", "s3"];
 
 fn main() {
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
@@ -146,6 +146,7 @@ impl Bench {
         match only {
             "deployed" => self.deployed(default),
             "shared" => self.shared(),
+            "readers" => self.readers(),
             "growth" => self.growth(),
             #[cfg(feature = "s3")]
             "s3" => self.s3(),
