@@ -96,13 +96,20 @@ impl Bench {
         );
         match (&gaps[0], &gaps[1]) {
             (Ok(file), Ok(gaps)) => {
+                // What a handoff costs beyond the poll on any store: the release's own
+                // write, and the file backend's gap (the holder's exit, the command's start).
+                let floor = target + round_trip + file.median;
                 println!(
-                    "(l) handoff gap: file median {}, s3 median {}",
+                    "(l) handoff gap: file median {}, s3 median {}, floor {}",
                     ms(file.median),
-                    ms(gaps.median)
+                    ms(gaps.median),
+                    ms(floor)
                 );
                 self.outcomes.push(Outcome {
-                    what,
+                    what: format!(
+                        "{what} (floor with the release's own write and the file backend's gap: {})",
+                        ms(floor)
+                    ),
                     measured: ms(gaps.median),
                     baseline: format!("{} (file)", ms(file.median)),
                     ratio: ratio_text(gaps.median, file.median),
