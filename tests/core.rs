@@ -7,6 +7,7 @@ use std::fs;
 use std::os::unix::process::CommandExt;
 use std::process::Stdio;
 use std::thread;
+use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
@@ -188,7 +189,12 @@ pub fn line_up(
     (0..count)
         .map(|place| {
             let events = scratch.path(&format!("events.{place}"));
-            let script = format!("echo {place} $(date +%s%N) >> '{}'", log.display());
+            // Then the waiting lockrun's wake-ups and CPU time so far (see [`waited`]).
+            let script = format!(
+                "echo {place} $(date +%s%N) >> '{}'; cat /proc/$PPID/status /proc/$PPID/schedstat > '{}'",
+                log.display(),
+                scratch.path(&format!("work.{place}")).display()
+            );
             let waiter = store
                 .lockrun()
                 .args(["--name", name, "--log-format", "json"])
@@ -212,6 +218,50 @@ pub fn served(scratch: &Scratch) -> Vec<(usize, i128)> {
         .map(|line| {
             let (place, at) = line.split_once(' ').unwrap();
             (place.parse().unwrap(), at.parse().unwrap())
+        })
+        .collect()
+}
+
+/// A process's wake-ups (voluntary context switches) and CPU time so far, from
+/// its `/proc/PID/status` and `/proc/PID/schedstat` as `text` has them, in that order.
+pub fn counters(text: &str) -> Option<(u64, Duration)> {
+    let wakeups = text.lines().find_map(|line| {
+        line.strip_prefix("voluntary_ctxt_switches:")?
+            .trim()
+            .parse()
+            .ok()
+    })?;
+    let cpu_ns = text
+        .lines()
+        .last()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some((wakeups, Duration::from_nanos(cpu_ns)))
+}
+
+/// The same for the process `pid`, now.
+pub fn counters_of(pid: u32) -> Option<(u64, Duration)> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let schedstat = fs::read_to_string(format!("/proc/{pid}/schedstat")).ok()?;
+    counters(&format!("{status}{schedstat}"))
+}
+
+/// The wake-ups and CPU time each of [`line_up`]'s waiters spent
+/// from `before` (their counters then) to its command's start.
+pub fn waited(scratch: &Scratch, before: &[Option<(u64, Duration)>]) -> Vec<(u64, Duration)> {
+    before
+        .iter()
+        .enumerate()
+        .filter_map(|(place, before)| {
+            let (wakeups, cpu) = (*before)?;
+            let text = fs::read_to_string(scratch.path(&format!("work.{place}"))).ok()?;
+            let (at_start, cpu_at_start) = counters(&text)?;
+            Some((
+                at_start.saturating_sub(wakeups),
+                cpu_at_start.saturating_sub(cpu),
+            ))
         })
         .collect()
 }

@@ -707,6 +707,46 @@ fn waiters_too_far_back_to_listen_come_in_before_the_line_reaches_them() {
 }
 
 #[test]
+fn a_waiter_too_far_back_to_listen_sleeps_between_its_looks() {
+    let Some(store) = Store::postgres() else {
+        return;
+    };
+    let scratch = Scratch::new();
+    let mut holder = hold(&store, &scratch, "afar", &[]);
+    // 17 waiters listen; the last of 70 stands 53 places beyond them, so it looks
+    // again only after 5.3 s (100 ms a place), or its 30 s backoff step. Every
+    // waiter here has one of its own host just ahead: watching that one's
+    // process would wake it every second in between.
+    let mut waiters = line_up(
+        &store,
+        &scratch,
+        "afar",
+        70,
+        &["-w", "60", "--initial-delay", "30"],
+    );
+    let last = waiters.last().unwrap().id();
+    let wakeups = || {
+        crate::core::counters_of(last)
+            .expect("the waiter's counters")
+            .0
+    };
+    let before = wakeups();
+    let watched = Duration::from_secs(3);
+    thread::sleep(watched);
+    let woke = wakeups() - before;
+    eprintln!("the last waiter woke {woke} times in {watched:?}");
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(wait(&mut holder).code(), Some(0));
+    for waiter in &mut waiters {
+        assert_eq!(wait(waiter).code(), Some(0));
+    }
+    assert!(
+        woke <= 1,
+        "the last waiter woke {woke} times in {watched:?}"
+    );
+}
+
+#[test]
 fn a_server_too_busy_to_answer_at_first_contact_is_waited_out() {
     use std::io;
     use std::net::{TcpListener, TcpStream};

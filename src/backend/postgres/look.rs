@@ -33,6 +33,8 @@ pub struct LookReport {
     pub began_listening: bool,
     /// When to look again at the latest, if sooner than the line says.
     pub moves_by: Option<Moment>,
+    /// We stand beyond the waiters the line keeps told, and watch no entry ahead.
+    pub afar: bool,
     /// Another `-p` that a holder or waiter has: we were let in neither as a holder nor as a waiter.
     other_parallelism: Option<u32>,
     holders: Vec<Neighbour>,
@@ -225,6 +227,7 @@ impl LookReport {
                 .map_err(|err| Error::internal("reading the line", err))?,
             answered: Moment::now(),
             moves_by: None,
+            afar: false,
             other_parallelism: row.get::<_, Option<i32>>(5).map(i32::cast_unsigned),
         })
     }
@@ -254,6 +257,11 @@ impl LookReport {
             nearest_local,
         );
         line.moves_by = [line.moves_by, self.moves_by].into_iter().flatten().min();
+        if self.afar {
+            // Far back, a dead entry ahead holds nobody up yet: we look at its
+            // process at each of our looks, not every second in between.
+            line.local_ahead.retain(|owner| owner.process.is_gone());
+        }
         line
     }
 }

@@ -145,7 +145,8 @@ impl PostgresStore {
         let listener_places = (request.parallelism + SPARE_LISTENERS).min(MAX_LISTENERS);
         let distance = (look.place.saturating_sub(listener_places))
             .max(look.position.saturating_sub(MAX_LISTENERS));
-        if distance > 0 {
+        look.afar = distance > 0;
+        if look.afar {
             link.disconnect();
             // Not told when the line moves: look again in time to come in and listen
             // before the places ahead have gone, however fast the line moves then.
