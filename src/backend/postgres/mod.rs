@@ -253,9 +253,11 @@ impl Store for PostgresStore {
         // Not in line (the first look, --no-wait, or our place lapsed): join it.
         self.link.borrow_mut().tables()?;
         let sent = Moment::now();
-        if !self.in_line {
+        if !self.in_line && request.queue {
             // Most runs find a slot free: taking it alone spares the server reading and
             // waking the line (a name's first run, or a busy one, then joins it in a second).
+            // A --no-wait run looks once: a busy one needs the look's report, and a herd of
+            // them is mostly busy.
             if let Some(taken) = look::take(&mut self.link.borrow_mut(), &self.sql, request)? {
                 return Ok(self.slot(request, taken, sent));
             }
