@@ -289,6 +289,11 @@ impl Store for S3Store {
             Look::Waiting(line) => {
                 // The look saw the slot not ours: no earlier write of ours took it.
                 self.take_sent = None;
+                if line.position != self.position {
+                    // A look that found us moved up (our own heartbeat written with it shows
+                    // no change to our next poll) starts the polls again from our new place.
+                    self.poll = poll::Schedule::default();
+                }
                 self.position = line.position;
                 if beat_due && line.position > 0 {
                     self.beat_due = Some(Moment::now() + request.plan.refresh_place_after(false));

@@ -44,13 +44,17 @@ impl Slot for S3Slot {
     fn renew(&mut self, within: Duration) -> Result<Renewal> {
         let deadline = Deadline::after(Plan::new(self.ttl).holder_call().min(within));
         // The counter we mean to write: after an unknown outcome, a read that
-        // shows it (or more) says the renewal was made.
+        // shows it (or more) says the renewal was made; after a lost swap it
+        // is decided afresh.
         let mut bumped_to = None;
         let token = &self.token;
         let ours = self
             .objects
             .borrow_mut()
-            .change(&self.key, deadline, |state, _| {
+            .change(&self.key, deadline, |state, seen| {
+                if !seen.may_have_written {
+                    bumped_to = None;
+                }
                 let Some(holder) = state.holder_mut(token).filter(|holder| !holder.kept) else {
                     return Ok((false, false));
                 };
@@ -78,7 +82,7 @@ impl Slot for S3Slot {
         self.objects
             .borrow_mut()
             .change(&self.key, deadline, |state, seen| {
-                if !seen.after_unknown {
+                if !seen.may_have_written {
                     ours = None;
                 }
                 let at = state

@@ -42,10 +42,11 @@ pub struct Read {
 pub struct Seen<'a> {
     /// The heartbeats observed so far.
     pub heartbeats: &'a Heartbeats,
-    /// Whether the try before this one ended with its outcome unknown, so that
-    /// what the decision noted of it still holds: that write may have been made.
-    /// After a lost try, or before the first, a decision notes afresh.
-    pub after_unknown: bool,
+    /// Whether an earlier try of this change ended with its outcome unknown,
+    /// so that what the decisions noted still holds: that write may have been
+    /// made, even where a later try was lost (to it, perhaps). Until then a
+    /// decision notes afresh: a lost try changed nothing.
+    pub may_have_written: bool,
 }
 
 /// The bucket, with what this lockrun knows of each name's object.
@@ -133,7 +134,7 @@ impl Objects {
     /// the document as read (an empty one when there is none), makes no
     /// change (it returns `false` with its verdict) or its change is written.
     /// `decide` is asked again after every lost swap and unknown outcome
-    /// ([`Seen::after_unknown`] tells which).
+    /// ([`Seen::may_have_written`] tells whether one was unknown).
     ///
     /// The first try swaps against the object as this lockrun last knew it
     /// (read, or written with the ETag the store sent back), without reading
@@ -154,7 +155,7 @@ impl Objects {
             .get(key)
             .filter(|read| !(read.confirmed + TRUSTED_FOR).has_passed())
             .cloned();
-        let mut after_unknown = false;
+        let mut may_have_written = false;
         loop {
             let fresh = known.is_none();
             let read = match known.take() {
@@ -168,7 +169,7 @@ impl Objects {
             let heartbeats = self.heartbeats.entry(key.to_owned()).or_default();
             let seen = Seen {
                 heartbeats,
-                after_unknown,
+                may_have_written,
             };
             let (verdict, write) = decide(&mut state, seen)?;
             if !write {
@@ -202,7 +203,11 @@ impl Objects {
                 Put::Lost => None,
                 Put::Unknown(failure) => Some(failure),
             };
-            after_unknown = last_trouble.is_some();
+            if last_trouble.is_some() {
+                may_have_written = true;
+                // Whatever the store holds now, it may be our write: no copy is trusted.
+                self.read.remove(key);
+            }
             if !fresh {
                 // Only our copy was out of date: read it and decide again, at once.
                 continue;
