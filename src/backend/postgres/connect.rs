@@ -327,6 +327,11 @@ impl Session {
         .map_err(|trouble| describe(&self.target, what, &trouble))
     }
 
+    /// Drops the notifications that arrived so far, unread.
+    pub fn forget_notifications(&mut self) {
+        self.notifications.clear();
+    }
+
     /// Waits up to `within` for a notification on a channel this session
     /// LISTENs to (`None`: none came); notifications that arrived during
     /// earlier calls come first.

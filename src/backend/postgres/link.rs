@@ -10,8 +10,10 @@ use tokio_postgres::Row;
 
 use super::connect::{Connector, Session, Statement};
 use super::schema::{Schema, create_or_check};
+use super::sql::CHANNEL_PREFIX;
 use crate::backend::net::{Deadline, Failure};
 use crate::error::Result;
+use crate::platform::clock::Moment;
 use crate::timing::FREE_CALL;
 
 pub struct PostgresLink {
@@ -24,8 +26,10 @@ pub struct PostgresLink {
     looked: bool,
     /// The version of lockrun's tables, if they are there.
     tables: Option<i64>,
-    /// Whether the session LISTENs for wake-ups (a new session does not).
-    listening: bool,
+    /// The token whose channel the session LISTENs on for wake-ups, if any (a
+    /// new session listens on none). A run with several names listens on each
+    /// in turn; a wake-up on another's channel is from an acquisition over.
+    listening: Option<String>,
 }
 
 impl PostgresLink {
@@ -37,7 +41,7 @@ impl PostgresLink {
             session: None,
             looked: false,
             tables: None,
-            listening: false,
+            listening: None,
         }
     }
 
@@ -54,20 +58,30 @@ impl PostgresLink {
         Ok(self.tables)
     }
 
-    /// Whether the session listens for wake-ups.
-    pub fn listening(&self) -> bool {
-        self.listening && self.session.as_ref().is_some_and(Session::is_usable)
+    /// Whether the session listens for the wake-ups of `token`.
+    pub fn listening(&self, token: &str) -> bool {
+        self.listening.as_deref() == Some(token)
+            && self.session.as_ref().is_some_and(Session::is_usable)
     }
 
-    /// The session now listens (a LISTEN it ran was committed).
-    pub fn listens(&mut self) {
-        self.listening = true;
+    /// The session now listens for the wake-ups of `token` (a LISTEN it ran
+    /// was committed).
+    pub fn listens(&mut self, token: &str) {
+        self.listening = Some(token.to_owned());
+    }
+
+    /// Drops the wake-ups that came before now: a look that just joined the
+    /// line starts a new place, and a grant can only come after it.
+    pub fn forget_wakeups(&mut self) {
+        if let Some(session) = self.session.as_mut() {
+            session.forget_notifications();
+        }
     }
 
     /// Gives the connection up, until the next call.
     pub fn disconnect(&mut self) {
         self.session = None;
-        self.listening = false;
+        self.listening = None;
     }
 
     /// Runs `statements` in one transaction and one round trip (see
@@ -94,19 +108,27 @@ impl PostgresLink {
         }
     }
 
-    /// Waits up to `within` for a wake-up on the session's channel: its
-    /// payload, when one came. Without a listening session, it only sleeps.
-    pub fn woken(&mut self, within: Duration) -> Result<Option<String>> {
-        if !self.listening() {
+    /// Waits up to `within` for a wake-up on the channel of `token`: its
+    /// payload, when one came. Without a session listening there, it only sleeps.
+    pub fn woken(&mut self, token: &str, within: Duration) -> Result<Option<String>> {
+        if !self.listening(token) {
             std::thread::sleep(within);
             return Ok(None);
         }
+        let until = Moment::now() + within;
+        let channel = format!("{CHANNEL_PREFIX}{token}");
         let session = self.session.as_mut().expect("a listening session");
-        // Any notification on it is ours: the session listens on our channel alone.
-        let woken = session
-            .notification(within)
-            .map(|notification| notification.map(|n| n.payload().to_owned()));
-        woken.map_err(|failure| self.failed(failure))
+        let woken = loop {
+            match session.notification(until.remaining()) {
+                Ok(Some(notification)) if notification.channel() != channel => {
+                    // For another name of this run, whose acquisition is over.
+                }
+                other => break other,
+            }
+        };
+        woken
+            .map(|notification| notification.map(|n| n.payload().to_owned()))
+            .map_err(|failure| self.failed(failure))
     }
 
     /// The session, connected within `within` (and the target's

@@ -169,7 +169,7 @@ impl LookReport {
         let all = params.all();
         let wake = wake_params(&params.name, &false);
         let listen = format!("LISTEN \"{CHANNEL_PREFIX}{}\"", request.owner.token);
-        let began_listening = request.queue && !link.listening();
+        let began_listening = request.queue && !link.listening(&request.owner.token);
         let mut statements: Vec<Statement> = Vec::new();
         if began_listening {
             statements.push((&listen, &[]));
@@ -194,8 +194,12 @@ impl LookReport {
             "look at the line"
         };
         let results = link.transact(what, link.patience(), &statements)?;
+        if join {
+            // A wake-up that came before is for a place this look replaced.
+            link.forget_wakeups();
+        }
         if began_listening {
-            link.listens();
+            link.listens(&request.owner.token);
         }
         let mut look = Self::report(&results[results.len() - 1][0])?;
         look.taken = join.then(|| taken(&results[take])).flatten();

@@ -140,7 +140,12 @@ impl PostgresStore {
         let mut look = LookReport::take(&mut link, &self.sql, request, join, refresh)?;
         if refresh {
             self.refresh_due = Some(Moment::now() + request.plan.keep_place_every());
-            self.place_kept_at = Some(sent);
+            if look.position > 0 {
+                // Only a look that found our place kept it: one after a grant
+                // to us finds a slot instead, whose lease ends where the place
+                // we kept before would have.
+                self.place_kept_at = Some(sent);
+            }
         }
         let listener_places = (request.parallelism + SPARE_LISTENERS).min(MAX_LISTENERS);
         let distance = (look.place.saturating_sub(listener_places))
@@ -153,7 +158,7 @@ impl PostgresStore {
             look.moves_by = Some(Moment::now() + PACE_FROM_AFAR * distance);
         }
         // Without the name's lock, a wake-up may have gone out just before we listened.
-        self.look_again = look.began_listening && !join && link.listening();
+        self.look_again = look.began_listening && !join && link.listening(&request.owner.token);
         Ok(look)
     }
 
@@ -217,7 +222,9 @@ impl Store for PostgresStore {
     fn attempt(&mut self, request: &Request) -> Result<Attempt> {
         let me = &request.owner.process;
         let granted = self.granted.take();
-        if let (Some(Grant::Said(slot, fence)), Some(kept)) = (granted, self.place_kept_at) {
+        if let (Some(Grant::Said(slot, fence)), Some(kept), true) =
+            (granted, self.place_kept_at, self.in_line)
+        {
             // Ours since the grant, which said which slot: nothing to ask before the command
             // starts. Its lease runs from no earlier than our place's last keeping.
             self.in_line = false;
@@ -242,6 +249,7 @@ impl Store for PostgresStore {
                 self.link.borrow_mut().tables()?;
                 let sent = Moment::now();
                 if let Some(taken) = look::take(&mut self.link.borrow_mut(), &self.sql, request)? {
+                    self.in_line = false;
                     return Ok(self.slot(request, taken, sent));
                 }
                 let look = self.look(request, false)?;
@@ -288,11 +296,14 @@ impl Store for PostgresStore {
         Ok(())
     }
 
-    fn wait(&mut self, _request: &Request, until: Moment) -> Result<Waited> {
+    fn wait(&mut self, request: &Request, until: Moment) -> Result<Waited> {
         if std::mem::take(&mut self.look_again) {
             return Ok(Waited::Moved);
         }
-        let woken = self.link.borrow_mut().woken(until.remaining())?;
+        let woken = self
+            .link
+            .borrow_mut()
+            .woken(&request.owner.token, until.remaining())?;
         // Told only that the line moved, we look; a slot granted to us is ours.
         self.granted = woken.as_deref().and_then(granted);
         Ok(Waited::told(woken.is_some()))
