@@ -25,7 +25,7 @@ use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::thread;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use super::record::{HolderRecord, WaiterRecord};
 use super::{
@@ -57,6 +57,7 @@ impl Options {
         format::check(&dir, common.create)?;
         Ok(Box::new(FileStore {
             dir,
+            arriving: None,
             place: None,
             ahead: None,
             head: None,
@@ -64,8 +65,15 @@ impl Options {
     }
 }
 
+/// How long a contended exclusive `-p 1` run waits in the kernel before it
+/// takes its place in line, where `status` shows it (docs/guide.md: "The waiting
+/// line"): most contended waits end sooner, with no line's files to write.
+const SEEN_AFTER: Duration = Duration::from_millis(100);
+
 struct FileStore {
     dir: LockDir,
+    /// When a run waiting in the kernel, not yet in line, takes its place there.
+    arriving: Option<Moment>,
     /// Our place in line, once we joined it.
     place: Option<PlaceInLine>,
     /// The waiter in our way (see `line`), whose leaving we wait for.
@@ -121,9 +129,7 @@ impl FileStore {
             match slot::probe(self.dir.open_lock_file(&path)?, &path, lock)? {
                 Probe::Free(file) => {
                     if line::is_occupied(&self.dir, stem, request)? {
-                        let _ = file.unlock();
-                        // The head of the line may be watching this very file.
-                        let _ = file.set_modified(SystemTime::now());
+                        give_back(&file);
                         return Ok(Err(NoSlot::default()));
                     }
                     return self.take_free(request, stem, slot, file);
@@ -263,6 +269,26 @@ impl FileStore {
         Ok(Ok(Box::new(taken)))
     }
 
+    /// Whether a contended exclusive `-p 1` run, which found slot 0 held and
+    /// nobody in line, waits in the kernel for it first, as flock(1) does, until
+    /// [`SEEN_AFTER`] has passed: like a newcomer, it takes the slot only if
+    /// nobody stands in line then. Joining the line costs a look at every
+    /// holder's and waiter's `-p` under the fence counter's lock, files made
+    /// and removed: the waits that end sooner skip it.
+    fn arrives_unseen(&mut self, request: &Request, stem: &str, no_slot: &NoSlot) -> Result<bool> {
+        if request.parallelism != 1
+            || request.mode() != Mode::Exclusive
+            || no_slot.kept_until.is_some()
+        {
+            return Ok(false);
+        }
+        let seen_at = *self
+            .arriving
+            .get_or_insert_with(|| Moment::now() + SEEN_AFTER);
+        // With waiters in line, the slot is theirs first: nothing is gained by waiting unseen.
+        Ok(!seen_at.has_passed() && !line::is_occupied(&self.dir, stem, request)?)
+    }
+
     /// A watch on the lock directory for slot files let go.
     fn watch_dir(&self) -> Result<DirWatch> {
         DirWatch::closed_or_touched_in(self.dir.path()).map_err(|err| {
@@ -273,6 +299,7 @@ impl FileStore {
     /// Leaves the line, the one behind us woken first; returns the directory's
     /// watch if we watched it at the head of the line.
     fn leave_line(&mut self) -> Option<DirWatch> {
+        self.arriving = None;
         if let Some(place) = self.place.take() {
             place.leave();
         }
@@ -314,6 +341,12 @@ impl Store for FileStore {
                         moves_by: no_slot.kept_until,
                         ..Line::default()
                     },
+                }));
+            }
+            if self.arrives_unseen(request, &stem, &no_slot)? {
+                return Ok(Attempt::Waiting(Line {
+                    position: 1,
+                    ..Line::default()
                 }));
             }
             // Let into the line under the counter's lock, as into a slot.
@@ -396,12 +429,24 @@ impl Store for FileStore {
         // The head of a one-slot line waits in the kernel for the slot itself,
         // as flock(1) does; the sharers at the head for a shared lock on it, as
         // flock -s does, so that the release that lets them in wakes them all.
+        // A run not yet in line waits so only until it is to take its place there.
+        let until = match self.arriving {
+            Some(seen_at) if self.place.is_none() => until.min(seen_at),
+            _ => until,
+        };
         let path = slot::slot_path(self.dir.path(), &stem, 0);
         let file = self.dir.open_lock_file(&path)?;
         if !wait::lock_until(&file, request.mode().into(), until, &path)? {
             return Ok(Waited::Quiet);
         }
         let taken = match slot::free_or_kept(file) {
+            // Not in line, it is a newcomer: the waiters in line go first.
+            Probe::Free(file)
+                if self.place.is_none() && line::is_occupied(&self.dir, &stem, request)? =>
+            {
+                give_back(&file);
+                Err(NoSlot::default())
+            }
             Probe::Free(file) => self.take_free(request, &stem, 0, file)?,
             Probe::Kept(kept_until) => Err(NoSlot::kept(kept_until)),
             Probe::Held => unreachable!("the lock was just got"),
@@ -534,6 +579,13 @@ fn holder_entry(
         }),
         _ => None,
     }
+}
+
+/// Lets go of a free slot's lock that a newcomer got but must leave to the line.
+fn give_back(file: &File) {
+    let _ = file.unlock();
+    // The head of the line may be watching this very file.
+    let _ = file.set_modified(SystemTime::now());
 }
 
 fn earliest(current: Option<Moment>, other: Moment) -> Moment {
