@@ -127,12 +127,12 @@ impl FileStore {
             let path = slot::slot_path(self.dir.path(), stem, slot);
             let lock = LockMode::from(request.mode());
             match slot::probe(self.dir.open_lock_file(&path)?, &path, lock)? {
-                Probe::Free(file) => {
+                Probe::Free(file, fence) => {
                     if line::is_occupied(&self.dir, stem, request)? {
                         give_back(&file);
                         return Ok(Err(NoSlot::default()));
                     }
-                    return self.take_free(request, stem, slot, file);
+                    return self.take_free(request, stem, slot, file, fence);
                 }
                 Probe::Held => {}
                 Probe::Kept(until) => kept_until = Some(earliest(kept_until, until)),
@@ -154,7 +154,7 @@ impl FileStore {
             let path = slot::slot_path(self.dir.path(), stem, 0);
             let lock = LockMode::from(request.mode());
             return match slot::probe(self.dir.open_lock_file(&path)?, &path, lock)? {
-                Probe::Free(file) => self.take_free(request, stem, 0, file),
+                Probe::Free(file, fence) => self.take_free(request, stem, 0, file, fence),
                 Probe::Held => {
                     // Held exclusively: a sharer waits in the kernel for it, not for a share slot.
                     self.head = None;
@@ -185,8 +185,8 @@ impl FileStore {
             // A second descriptor of the same open file: dropping it closes nothing, so wakes nobody.
             let open = open.try_clone().map_err(|err| unusable(&path, err))?;
             match slot::probe(open, &path, LockMode::Exclusive)? {
-                Probe::Free(locked) => {
-                    free = Some((slot as u32, locked));
+                Probe::Free(locked, fence) => {
+                    free = Some((slot as u32, locked, fence));
                     break;
                 }
                 Probe::Held => {}
@@ -194,7 +194,9 @@ impl FileStore {
             }
         }
         match free {
-            Some((slot, locked)) => self.take(request, stem, SlotFile::Lock(slot), locked, None),
+            Some((slot, locked, fence)) => {
+                self.take(request, stem, SlotFile::Lock(slot), locked, fence, None)
+            }
             None => Ok(Err(NoSlot {
                 kept_until,
                 ..NoSlot::default()
@@ -210,9 +212,10 @@ impl FileStore {
         stem: &str,
         slot: u32,
         file: File,
+        fence: u64,
     ) -> Result<Result<Box<dyn Slot>, NoSlot>> {
         match request.mode() {
-            Mode::Exclusive => self.take(request, stem, SlotFile::Lock(slot), file, None),
+            Mode::Exclusive => self.take(request, stem, SlotFile::Lock(slot), file, fence, None),
             Mode::Shared => self.take_share(request, stem, file),
         }
     }
@@ -228,8 +231,15 @@ impl FileStore {
     ) -> Result<Result<Box<dyn Slot>, NoSlot>> {
         loop {
             match share::take_lowest_free(&self.dir, stem, self.head.is_some())? {
-                Ok((slot, file)) => {
-                    return self.take(request, stem, SlotFile::Share(slot), file, Some(gate));
+                Ok((slot, file, fence)) => {
+                    return self.take(
+                        request,
+                        stem,
+                        SlotFile::Share(slot),
+                        file,
+                        fence,
+                        Some(gate),
+                    );
                 }
                 Err(kept_until) if self.place.is_none() || self.head.is_some() => {
                     let _ = gate.unlock();
@@ -256,9 +266,10 @@ impl FileStore {
         stem: &str,
         slot: SlotFile,
         file: File,
+        fence: u64,
         gate: Option<File>,
     ) -> Result<Result<Box<dyn Slot>, NoSlot>> {
-        let mut taken = match slot::take(&self.dir, stem, slot, file, gate, request)? {
+        let mut taken = match slot::take(&self.dir, stem, slot, file, fence, gate, request)? {
             Ok(taken) => taken,
             Err(no_slot) => return Ok(Err(no_slot)),
         };
@@ -441,13 +452,13 @@ impl Store for FileStore {
         }
         let taken = match slot::free_or_kept(file) {
             // Not in line, it is a newcomer: the waiters in line go first.
-            Probe::Free(file)
+            Probe::Free(file, _)
                 if self.place.is_none() && line::is_occupied(&self.dir, &stem, request)? =>
             {
                 give_back(&file);
                 Err(NoSlot::default())
             }
-            Probe::Free(file) => self.take_free(request, &stem, 0, file)?,
+            Probe::Free(file, fence) => self.take_free(request, &stem, 0, file, fence)?,
             Probe::Kept(kept_until) => Err(NoSlot::kept(kept_until)),
             Probe::Held => unreachable!("the lock was just got"),
         };
