@@ -21,7 +21,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use Mode::{Exclusive as X, Shared as S};
-use lockrun::backend::{self, Attempt, Mode, Owner, Request, Slot};
+use lockrun::backend::{self, Attempt, Mode, Owner, Request, Slot, Waited};
 use lockrun::identity::{Process, new_token};
 use lockrun::name::Name;
 use lockrun::platform::clock::Moment;
@@ -415,10 +415,23 @@ impl Planted {
             .enumerate()
             .map(|(place, &mode)| {
                 let mut waiter = open(store);
-                match waiter.attempt(&request(name, mode, parallelism, true)) {
-                    Ok(Attempt::Waiting(line)) => assert_eq!(line.position, place as u32 + 1),
-                    Ok(Attempt::Taken(_)) => panic!("{name}: waiter {place} was let in"),
-                    Err(err) => panic!("{name}: waiter {place}: {err}"),
+                let request = request(name, mode, parallelism, true);
+                // A run may wait a moment before it stands in line, where
+                // `status` shows it (docs/guide.md: "The waiting line").
+                while {
+                    match waiter.attempt(&request) {
+                        Ok(Attempt::Waiting(line)) => assert_eq!(line.position, place as u32 + 1),
+                        Ok(Attempt::Taken(_)) => panic!("{name}: waiter {place} was let in"),
+                        Err(err) => panic!("{name}: waiter {place}: {err}"),
+                    }
+                    in_line(&mut *waiter, name) <= place
+                } {
+                    let until = Moment::now() + Duration::from_secs(1);
+                    match waiter.wait(&request, until) {
+                        Ok(Waited::Taken(_)) => panic!("{name}: waiter {place} was let in"),
+                        Ok(_) => {}
+                        Err(err) => panic!("{name}: waiter {place}: {err}"),
+                    }
                 }
                 waiter
             })
@@ -640,6 +653,13 @@ fn copy_s3_holder(store: &Store, name: &str, slots: &[u32]) {
     );
 }
 
+/// How many waiters `status` shows in `name`'s line.
+fn in_line(store: &mut dyn backend::Store, name: &str) -> usize {
+    let name = Name::parse(name).expect("a name");
+    let entries = store.list(Some(&name)).expect("the line");
+    entries.iter().filter(|entry| entry.position > 0).count()
+}
+
 /// What `lockrun -n` in `mode` with `-p parallelism` gets for `name`.
 fn ask(store: &Store, name: &str, mode: Mode, parallelism: u32) -> (Outcome, Option<u32>) {
     let mut command = store.lockrun();
@@ -729,7 +749,7 @@ fn join_line(
         .stderr(fs::File::create(&events).unwrap())
         .start();
     wait_until(&format!("{name}: waiter {place} to join the line"), || {
-        fs::read_to_string(&events).is_ok_and(|text| text.contains(r#""waiting""#))
+        waiting_pids(store, name).last() == Some(&u64::from(waiter.id()))
     });
     waiter
 }

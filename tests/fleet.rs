@@ -17,7 +17,6 @@
 
 use std::fs;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -296,19 +295,6 @@ fn work_text(
     )
 }
 
-/// Processes blocked on `barrier`'s lock, from /proc/locks.
-fn blocked_on(barrier: &Path) -> usize {
-    use std::os::unix::fs::MetadataExt;
-
-    let inode = fs::metadata(barrier).expect("the barrier").ino();
-    let suffix = format!(":{inode} ");
-    fs::read_to_string("/proc/locks")
-        .unwrap_or_default()
-        .lines()
-        .filter(|line| line.contains("->") && line.contains(&suffix))
-        .count()
-}
-
 /// The herd's flock(1) processes, each leading a process group with its
 /// lockrun: killed with them if the test ends early (the watchdogs then stop the commands).
 struct Herd(Vec<Running>);
@@ -408,7 +394,7 @@ pub fn herd(backend: &str, store: &Store, gauge: &Gauge, slots: usize) {
             .collect(),
     );
     wait_until("the herd to line up at the barrier", || {
-        blocked_on(&barrier) == herd
+        blocked_on(&barrier).len() == herd
     });
     let before = gauge.read();
     let started = Instant::now();

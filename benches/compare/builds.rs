@@ -25,6 +25,15 @@ pub(crate) fn default_build() -> Build {
     }
 }
 
+/// Another build measured beside the default one in (b)'s rounds, to compare a change with
+/// what it changes (`LOCKRUN_BENCH_BASELINE_BIN`), if given.
+pub(crate) fn baseline_build() -> Option<Build> {
+    std::env::var_os("LOCKRUN_BENCH_BASELINE_BIN").map(|path| Build {
+        label: "baseline build",
+        path: PathBuf::from(path),
+    })
+}
+
 /// The static opt-in build: `LOCKRUN_BENCH_STATIC_BIN`, else built from this
 /// source with the README's command, next to this build's own binaries.
 pub(crate) fn static_build() -> Result<Build, String> {

@@ -42,7 +42,7 @@ mod shared;
 mod single;
 mod stats;
 
-use builds::{Build, default_build, static_build};
+use builds::{Build, baseline_build, default_build, static_build};
 use lockers::{Locker, available};
 use machine::machine;
 use report::{Outcome, write_report};
@@ -96,8 +96,8 @@ const WARMUP: usize = 20;
 /// (l): uncontended runs of `true` per contender, S3 against the file backend.
 const S3_RUNS: usize = 100;
 
-/// The families `LOCKRUN_BENCH_ONLY` runs alone: (f), (j)/(k), (k), (iii) and (l).
-const ONLY: [&str; 5] = ["deployed", "shared", "readers", "growth", "s3"];
+/// The families `LOCKRUN_BENCH_ONLY` runs alone: (b), (f), (j)/(k), (k), (iii) and (l).
+const ONLY: [&str; 6] = ["contention", "deployed", "shared", "readers", "growth", "s3"];
 
 fn main() {
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
@@ -114,6 +114,8 @@ struct Bench {
     file: Locker,
     /// The file backend run by the static opt-in build, or why not.
     file_static: Result<Locker, String>,
+    /// The file backend run by `LOCKRUN_BENCH_BASELINE_BIN`, measured in (b) beside the default build.
+    file_baseline: Option<Locker>,
     flock: Locker,
     /// Lease backends this build has, or why not.
     sqlite: Result<Locker, String>,
@@ -144,6 +146,7 @@ impl Bench {
     /// The family `only` names, alone, its results printed.
     fn alone(&mut self, only: &str, default: &Build) {
         match only {
+            "contention" => self.contention(),
             "deployed" => self.deployed(default),
             "shared" => self.shared(),
             "readers" => self.readers(),
@@ -189,6 +192,7 @@ fn benchmark() {
         .as_ref()
         .map_err(Clone::clone)
         .and_then(|build| available(file.with_build(build)));
+    let file_baseline = baseline_build().map(|build| file.with_build(&build));
     let flock = Locker::Flock { dir: dir("flock") };
     let sqlite = available(lockrun(
         "sqlite",
@@ -205,6 +209,7 @@ fn benchmark() {
         scratch,
         file,
         file_static,
+        file_baseline,
         flock,
         sqlite,
         redis,

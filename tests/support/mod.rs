@@ -638,6 +638,35 @@ pub fn wait_until(what: &str, condition: impl FnMut() -> bool) {
     wait_until_within(what, PATIENCE, condition);
 }
 
+/// The pids of `name`'s waiters in line order, as `status --json` lists them.
+pub fn waiting_pids(store: &Store, name: &str) -> Vec<u64> {
+    let output = run(store.status().args([name, "--json"]));
+    assert_status(&output, 0);
+    let entries: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    entries
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|entry| entry["state"] == "waiting")
+        .map(|entry| entry["pid"].as_u64().unwrap())
+        .collect()
+}
+
+/// The pids of the processes blocked on `path`'s lock, from /proc/locks.
+pub fn blocked_on(path: &Path) -> Vec<u32> {
+    use std::os::unix::fs::MetadataExt;
+
+    let inode = fs::metadata(path).expect("the locked file").ino();
+    let suffix = format!(":{inode} ");
+    fs::read_to_string("/proc/locks")
+        .unwrap_or_default()
+        .lines()
+        .filter(|line| line.contains("->") && line.contains(&suffix))
+        // `1: -> FLOCK  ADVISORY  WRITE PID MAJ:MIN:INODE 0 EOF`
+        .filter_map(|line| line.split_whitespace().nth(5)?.parse().ok())
+        .collect()
+}
+
 /// Waits until `condition` holds, failing the test after `limit`.
 pub fn wait_until_within(what: &str, limit: Duration, mut condition: impl FnMut() -> bool) {
     let started = Instant::now();

@@ -25,7 +25,7 @@ use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::thread;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use super::record::{HolderRecord, WaiterRecord};
 use super::{
@@ -57,6 +57,7 @@ impl Options {
         format::check(&dir, common.create)?;
         Ok(Box::new(FileStore {
             dir,
+            arriving: None,
             place: None,
             ahead: None,
             head: None,
@@ -64,8 +65,15 @@ impl Options {
     }
 }
 
+/// How long a contended exclusive `-p 1` run waits in the kernel before it
+/// takes its place in line, where `status` shows it (docs/guide.md: "The waiting
+/// line"): most contended waits end sooner, with no line's files to write.
+const SEEN_AFTER: Duration = Duration::from_millis(100);
+
 struct FileStore {
     dir: LockDir,
+    /// When a run waiting in the kernel, not yet in line, takes its place there.
+    arriving: Option<Moment>,
     /// Our place in line, once we joined it.
     place: Option<PlaceInLine>,
     /// The waiter in our way (see `line`), whose leaving we wait for.
@@ -119,14 +127,12 @@ impl FileStore {
             let path = slot::slot_path(self.dir.path(), stem, slot);
             let lock = LockMode::from(request.mode());
             match slot::probe(self.dir.open_lock_file(&path)?, &path, lock)? {
-                Probe::Free(file) => {
+                Probe::Free(file, fence) => {
                     if line::is_occupied(&self.dir, stem, request)? {
-                        let _ = file.unlock();
-                        // The head of the line may be watching this very file.
-                        let _ = file.set_modified(SystemTime::now());
+                        give_back(&file);
                         return Ok(Err(NoSlot::default()));
                     }
-                    return self.take_free(request, stem, slot, file);
+                    return self.take_free(request, stem, slot, file, fence);
                 }
                 Probe::Held => {}
                 Probe::Kept(until) => kept_until = Some(earliest(kept_until, until)),
@@ -148,7 +154,7 @@ impl FileStore {
             let path = slot::slot_path(self.dir.path(), stem, 0);
             let lock = LockMode::from(request.mode());
             return match slot::probe(self.dir.open_lock_file(&path)?, &path, lock)? {
-                Probe::Free(file) => self.take_free(request, stem, 0, file),
+                Probe::Free(file, fence) => self.take_free(request, stem, 0, file, fence),
                 Probe::Held => {
                     // Held exclusively: a sharer waits in the kernel for it, not for a share slot.
                     self.head = None;
@@ -179,8 +185,8 @@ impl FileStore {
             // A second descriptor of the same open file: dropping it closes nothing, so wakes nobody.
             let open = open.try_clone().map_err(|err| unusable(&path, err))?;
             match slot::probe(open, &path, LockMode::Exclusive)? {
-                Probe::Free(locked) => {
-                    free = Some((slot as u32, locked));
+                Probe::Free(locked, fence) => {
+                    free = Some((slot as u32, locked, fence));
                     break;
                 }
                 Probe::Held => {}
@@ -188,7 +194,9 @@ impl FileStore {
             }
         }
         match free {
-            Some((slot, locked)) => self.take(request, stem, SlotFile::Lock(slot), locked, None),
+            Some((slot, locked, fence)) => {
+                self.take(request, stem, SlotFile::Lock(slot), locked, fence, None)
+            }
             None => Ok(Err(NoSlot {
                 kept_until,
                 ..NoSlot::default()
@@ -204,9 +212,10 @@ impl FileStore {
         stem: &str,
         slot: u32,
         file: File,
+        fence: u64,
     ) -> Result<Result<Box<dyn Slot>, NoSlot>> {
         match request.mode() {
-            Mode::Exclusive => self.take(request, stem, SlotFile::Lock(slot), file, None),
+            Mode::Exclusive => self.take(request, stem, SlotFile::Lock(slot), file, fence, None),
             Mode::Shared => self.take_share(request, stem, file),
         }
     }
@@ -222,8 +231,15 @@ impl FileStore {
     ) -> Result<Result<Box<dyn Slot>, NoSlot>> {
         loop {
             match share::take_lowest_free(&self.dir, stem, self.head.is_some())? {
-                Ok((slot, file)) => {
-                    return self.take(request, stem, SlotFile::Share(slot), file, Some(gate));
+                Ok((slot, file, fence)) => {
+                    return self.take(
+                        request,
+                        stem,
+                        SlotFile::Share(slot),
+                        file,
+                        fence,
+                        Some(gate),
+                    );
                 }
                 Err(kept_until) if self.place.is_none() || self.head.is_some() => {
                     let _ = gate.unlock();
@@ -250,9 +266,10 @@ impl FileStore {
         stem: &str,
         slot: SlotFile,
         file: File,
+        fence: u64,
         gate: Option<File>,
     ) -> Result<Result<Box<dyn Slot>, NoSlot>> {
-        let mut taken = match slot::take(&self.dir, stem, slot, file, gate, request)? {
+        let mut taken = match slot::take(&self.dir, stem, slot, file, fence, gate, request)? {
             Ok(taken) => taken,
             Err(no_slot) => return Ok(Err(no_slot)),
         };
@@ -261,6 +278,26 @@ impl FileStore {
         // (from 0.1 ms to over 10 ms), which would hold up the command.
         taken.keep(self.leave_line());
         Ok(Ok(Box::new(taken)))
+    }
+
+    /// Whether a contended exclusive `-p 1` run, which found slot 0 held and
+    /// nobody in line, waits in the kernel for it first, as flock(1) does, until
+    /// [`SEEN_AFTER`] has passed: like a newcomer, it takes the slot only if
+    /// nobody stands in line then. Joining the line costs a look at every
+    /// holder's and waiter's `-p` under the fence counter's lock, files made
+    /// and removed: the waits that end sooner skip it.
+    fn arrives_unseen(&mut self, request: &Request, stem: &str, no_slot: &NoSlot) -> Result<bool> {
+        if request.parallelism != 1
+            || request.mode() != Mode::Exclusive
+            || no_slot.kept_until.is_some()
+        {
+            return Ok(false);
+        }
+        let seen_at = *self
+            .arriving
+            .get_or_insert_with(|| Moment::now() + SEEN_AFTER);
+        // With waiters in line, the slot is theirs first: nothing is gained by waiting unseen.
+        Ok(!seen_at.has_passed() && !line::is_occupied(&self.dir, stem, request)?)
     }
 
     /// A watch on the lock directory for slot files let go.
@@ -273,6 +310,7 @@ impl FileStore {
     /// Leaves the line, the one behind us woken first; returns the directory's
     /// watch if we watched it at the head of the line.
     fn leave_line(&mut self) -> Option<DirWatch> {
+        self.arriving = None;
         if let Some(place) = self.place.take() {
             place.leave();
         }
@@ -314,6 +352,12 @@ impl Store for FileStore {
                         moves_by: no_slot.kept_until,
                         ..Line::default()
                     },
+                }));
+            }
+            if self.arrives_unseen(request, &stem, &no_slot)? {
+                return Ok(Attempt::Waiting(Line {
+                    position: 1,
+                    ..Line::default()
                 }));
             }
             // Let into the line under the counter's lock, as into a slot.
@@ -396,13 +440,25 @@ impl Store for FileStore {
         // The head of a one-slot line waits in the kernel for the slot itself,
         // as flock(1) does; the sharers at the head for a shared lock on it, as
         // flock -s does, so that the release that lets them in wakes them all.
+        // A run not yet in line waits so only until it is to take its place there.
+        let until = match self.arriving {
+            Some(seen_at) if self.place.is_none() => until.min(seen_at),
+            _ => until,
+        };
         let path = slot::slot_path(self.dir.path(), &stem, 0);
         let file = self.dir.open_lock_file(&path)?;
         if !wait::lock_until(&file, request.mode().into(), until, &path)? {
             return Ok(Waited::Quiet);
         }
         let taken = match slot::free_or_kept(file) {
-            Probe::Free(file) => self.take_free(request, &stem, 0, file)?,
+            // Not in line, it is a newcomer: the waiters in line go first.
+            Probe::Free(file, _)
+                if self.place.is_none() && line::is_occupied(&self.dir, &stem, request)? =>
+            {
+                give_back(&file);
+                Err(NoSlot::default())
+            }
+            Probe::Free(file, fence) => self.take_free(request, &stem, 0, file, fence)?,
             Probe::Kept(kept_until) => Err(NoSlot::kept(kept_until)),
             Probe::Held => unreachable!("the lock was just got"),
         };
@@ -534,6 +590,13 @@ fn holder_entry(
         }),
         _ => None,
     }
+}
+
+/// Lets go of a free slot's lock that a newcomer got but must leave to the line.
+fn give_back(file: &File) {
+    let _ = file.unlock();
+    // The head of the line may be watching this very file.
+    let _ = file.set_modified(SystemTime::now());
 }
 
 fn earliest(current: Option<Moment>, other: Moment) -> Moment {

@@ -19,7 +19,7 @@ use crate::backend::MAX_SHARERS;
 use crate::error::Result;
 use crate::platform::clock::Moment;
 
-/// The lowest share slot of `stem` that is free, its file locked and ours, or
+/// The lowest share slot of `stem` that is free, its file locked and ours (and its last fence), or
 /// else when the first one that `--min-hold` keeps is let go. Under our own
 /// watch of the directory (`watched`) a file is looked at read-only first:
 /// closing a file opened for writing would wake us.
@@ -27,14 +27,14 @@ pub fn take_lowest_free(
     dir: &LockDir,
     stem: &str,
     watched: bool,
-) -> Result<Result<(u32, File), Option<Moment>>> {
+) -> Result<Result<(u32, File, u64), Option<Moment>>> {
     let mut kept_until = None;
     for slot in 0..MAX_SHARERS {
         let path = SlotFile::Share(slot).path(dir.path(), stem);
         if watched && let Some(file) = open_existing(&path)? {
             match probe(file, &path, LockMode::Exclusive)? {
                 // Let go at once, to be locked opened for writing below.
-                Probe::Free(_) => {}
+                Probe::Free(..) => {}
                 Probe::Held => continue,
                 Probe::Kept(until) => {
                     kept_until = Some(earliest(kept_until, until));
@@ -43,7 +43,7 @@ pub fn take_lowest_free(
             }
         }
         match probe(dir.open_lock_file(&path)?, &path, LockMode::Exclusive)? {
-            Probe::Free(file) => return Ok(Ok((slot, file))),
+            Probe::Free(file, fence) => return Ok(Ok((slot, file, fence))),
             Probe::Held => {}
             Probe::Kept(until) => kept_until = Some(earliest(kept_until, until)),
         }

@@ -76,7 +76,8 @@ pub fn slot_path(dir: &Path, stem: &str, slot: u32) -> PathBuf {
 /// What trying a slot's lock found.
 pub enum Probe {
     /// The lock is ours now and the slot is free: [`take`] it or let it go.
-    Free(File),
+    /// With it, the last fence given out in the slot, read from its file.
+    Free(File, u64),
     /// Someone holds the lock.
     Held,
     /// Nobody holds the lock, but a `--min-hold` keeps the slot taken until then.
@@ -98,12 +99,14 @@ pub fn probe(file: File, path: &Path, mode: LockMode) -> Result<Probe> {
 
 /// A slot whose lock we just got: free, unless its last holder kept it (the lock is let go then).
 pub fn free_or_kept(file: File) -> Probe {
-    match kept_until(&file) {
+    // Read once: the fence too, which no one else writes while the lock is ours.
+    let record = read_record(&file);
+    match record.as_ref().and_then(HolderRecord::kept_end) {
         Some(until) => {
             let _ = file.unlock();
             Probe::Kept(until)
         }
-        None => Probe::Free(file),
+        None => Probe::Free(file, record.map_or(0, |record| record.fence)),
     }
 }
 
@@ -129,8 +132,9 @@ pub fn first_json_value<T: serde::de::DeserializeOwned>(file: &File) -> Option<T
         .ok()
 }
 
-/// Makes the slot whose lock `file` holds ours for `request` (a sharer's
-/// share file, with `gate`, slot 0's file, locked shared), under the fence
+/// Makes the slot whose lock `file` holds (its last fence `last_of_slot`)
+/// ours for `request` (a sharer's share file, with `gate`, slot 0's file,
+/// locked shared), under the fence
 /// counter's lock (waited for no later than its deadline): unless a holder has
 /// another `-p`, or sharers that `--min-hold` keeps hold the slot 0 an
 /// exclusive run took (then the slot is given back and that said), numbers the
@@ -140,11 +144,11 @@ pub fn take(
     stem: &str,
     slot: SlotFile,
     file: File,
+    last_of_slot: u64,
     gate: Option<File>,
     request: &Request,
 ) -> Result<Result<FileSlot, NoSlot>> {
     let taken_at = Moment::now();
-    let last_of_slot = read_record(&file).map_or(0, |record| record.fence);
     let counter = fence::Counter::lock(dir, stem, request.deadline)?;
     let refused = match admit::other_parallelism(dir, stem, Some(slot), request.parallelism, false)?
     {
