@@ -242,6 +242,61 @@ fn a_writers_release_lets_every_reader_behind_it_in_at_once() {
     assert_eq!(slots, (0..8).collect::<Vec<u32>>());
 }
 
+/// Readers let in together by a writer's release hold distinct slots even
+/// when a reader ahead of them left the line while they waited, and another
+/// joined behind (docs/guide.md: "Shared locks"): each counts its slot from
+/// the readers still ahead of it when the writer goes, not when it looked.
+#[test]
+fn readers_let_in_after_one_ahead_left_hold_distinct_slots() {
+    let Some((store, _server)) = etcd() else {
+        return;
+    };
+    let scratch = Scratch::new();
+    let mut writer = hold_recording(&store, &scratch, "shelf", &[]);
+    let together = scratch.path("together");
+    fs::create_dir(&together).unwrap();
+    let script = format!(
+        "echo $LOCKRUN_SLOT > '{dir}'/$$; n=0; while [ $(ls '{dir}' | wc -l) -lt 2 ]; do \
+         n=$((n+1)); [ $n -lt 1000 ] || exit 1; sleep 0.01; done",
+        dir = together.display()
+    );
+    let reader = |wait: &str| {
+        // A TTL long enough that no reader looks to keep its place meanwhile.
+        store
+            .lockrun()
+            .args(["--name", "shelf", "-s", "-w", wait, "--ttl", "60"])
+            .args(["-c", &script])
+            .stderr(std::process::Stdio::piped())
+            .start()
+    };
+    let leaving = reader("1");
+    wait_until("the first reader to join", || waiting(&store, "shelf") == 1);
+    let second = reader("60");
+    wait_until("the second reader to join", || {
+        waiting(&store, "shelf") == 2
+    });
+    assert_status(&finish(leaving), 75);
+    assert_eq!(
+        waiting(&store, "shelf"),
+        1,
+        "the first reader left the line"
+    );
+    let third = reader("60");
+    wait_until("the third reader to join", || waiting(&store, "shelf") == 2);
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(wait(&mut writer).code(), Some(0));
+    for reader in [second, third] {
+        assert_status(&finish(reader), 0);
+    }
+    let mut slots: Vec<u32> = fs::read_dir(&together)
+        .unwrap()
+        .map(|entry| fs::read_to_string(entry.unwrap().path()).unwrap())
+        .map(|slot| slot.trim().parse().unwrap())
+        .collect();
+    slots.sort_unstable();
+    assert_eq!(slots, [0, 1], "two readers at once, a slot each");
+}
+
 /// A writer behind three readers holds only once the last of them has gone:
 /// with one slot it then holds by being the oldest, without a call.
 #[test]

@@ -155,8 +155,14 @@ impl LineView {
         let Some(index) = self.places.iter().position(|place| place.lease == lease) else {
             return Stand::Absent;
         };
+        // A sharer ahead that shows no slot may hold one already, let in by
+        // a release (its record comes with its first renewal): which one is
+        // not in the look, so a place behind it takes once it shows.
+        let unshown = self
+            .unslotted_ahead(index, None)
+            .any(|place| place.mode() == Mode::Shared);
         match self.slot_for(index, request.capacity(), None) {
-            Some(slot) if index < self.group(request) => Stand::MayTake(slot),
+            Some(slot) if index < self.group(request) && !unshown => Stand::MayTake(slot),
             _ => Stand::Waiting(index),
         }
     }
@@ -210,16 +216,33 @@ impl LineView {
     /// rank among the places ahead of it that hold none yet, so that places
     /// let in together take one each, the lowest; else the lowest free one.
     pub fn slot_for(&self, index: usize, capacity: u32, gone: Option<usize>) -> Option<u32> {
+        let rank = self.unslotted_ahead(index, gone).count();
+        let mut free = self.free_slots(capacity, gone);
+        free.clone().nth(rank).or_else(|| free.next())
+    }
+
+    /// The places ahead of the one at `index` that hold no slot key (but the one at `gone`).
+    pub fn unslotted_ahead(
+        &self,
+        index: usize,
+        gone: Option<usize>,
+    ) -> impl Iterator<Item = &Place> {
         let gone = gone.map(|at| self.places[at].lease);
         let holding: HashSet<i64> = self.slots.values().copied().collect();
-        let rank = self.places[..index]
+        self.places[..index]
             .iter()
-            .filter(|place| Some(place.lease) != gone && !holding.contains(&place.lease))
-            .count();
-        let free = || {
-            (0..capacity).filter(|slot| self.slots.get(slot).is_none_or(|&held| Some(held) == gone))
-        };
-        free().nth(rank).or_else(|| free().next())
+            .filter(move |place| Some(place.lease) != gone && !holding.contains(&place.lease))
+    }
+
+    /// The slots below `capacity` that no slot key holds (but that of the place at `gone`), lowest first.
+    pub fn free_slots(
+        &self,
+        capacity: u32,
+        gone: Option<usize>,
+    ) -> impl Iterator<Item = u32> + Clone {
+        let gone = gone.map(|at| self.places[at].lease);
+        (0..capacity)
+            .filter(move |slot| self.slots.get(slot).is_none_or(|&held| Some(held) == gone))
     }
 
     /// The slot of the place at `index`, if it holds one.
@@ -484,7 +507,14 @@ pub(super) mod tests {
         let shared = request(Mode::Shared, 1);
         assert_eq!(look.group(&shared), 3);
         assert_eq!(look.stand(2, &shared), Stand::MayTake(1));
-        assert_eq!(look.stand(3, &shared), Stand::MayTake(2));
+        assert_eq!(
+            look.stand(3, &shared),
+            Stand::Waiting(2),
+            "the sharer ahead may hold a slot that it does not show yet"
+        );
+        assert_eq!(blocker(&look, 2, &shared), Blocker::NoFreeSlot);
+        let shown = view(&[holding(Mode::Shared, 0), holding(Mode::Shared, 2), S]);
+        assert_eq!(shown.stand(3, &shared), Stand::MayTake(1), "the lowest free");
         assert_eq!(look.stand(5, &shared), Stand::Waiting(4));
         assert_eq!(
             blocker(&look, 4, &shared),
