@@ -514,7 +514,11 @@ pub(super) mod tests {
         );
         assert_eq!(blocker(&look, 2, &shared), Blocker::NoFreeSlot);
         let shown = view(&[holding(Mode::Shared, 0), holding(Mode::Shared, 2), S]);
-        assert_eq!(shown.stand(3, &shared), Stand::MayTake(1), "the lowest free");
+        assert_eq!(
+            shown.stand(3, &shared),
+            Stand::MayTake(1),
+            "the lowest free"
+        );
         assert_eq!(look.stand(5, &shared), Stand::Waiting(4));
         assert_eq!(
             blocker(&look, 4, &shared),
