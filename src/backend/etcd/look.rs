@@ -111,10 +111,10 @@ pub enum Blocker {
     Oldest { ahead: usize, to_go: usize },
     /// The place at index `at`: an exclusive run watches the place just
     /// ahead, a sharer the nearest exclusive run ahead of it. Once it is
-    /// gone, the waiter holds if it `frees` it (it was the last exclusive
-    /// run ahead of a sharer, with room for the sharers ahead and it), else
-    /// looks again; with `puts`, it looks
-    /// again too when that place changes (it took a slot).
+    /// gone, the waiter holds if it `frees` it (it holds, and is the last
+    /// exclusive run ahead of a sharer, with room for the sharers ahead and
+    /// it), else looks again; with `puts`, it looks again too when that
+    /// place changes (it took a slot).
     Place { at: usize, frees: bool, puts: bool },
 }
 
@@ -348,8 +348,13 @@ impl LineView {
                     Some(at) => Blocker::Place {
                         at,
                         // Once it goes, the `index - 1` places ahead are all
-                        // sharers: we go with them if there is room.
-                        frees: exclusive.next().is_none() && index <= MAX_SHARERS as usize,
+                        // sharers: we go with them if there is room. Only a
+                        // holder's going: the sharers let in by it then
+                        // count their slots from the same places (a waiter's
+                        // going may come after others changed the line).
+                        frees: exclusive.next().is_none()
+                            && index <= MAX_SHARERS as usize
+                            && at < group,
                         // A holder's record changes nothing for us.
                         puts: at >= group,
                     },
@@ -524,7 +529,7 @@ pub(super) mod tests {
             blocker(&look, 4, &shared),
             Blocker::Place {
                 at: 3,
-                frees: true,
+                frees: false,
                 puts: true
             },
             "a sharer behind a waiting writer watches it, and the writer's record"

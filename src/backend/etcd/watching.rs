@@ -1,7 +1,8 @@
 //! What a waiter watches between looks (docs/backends/etcd.md: "etcd backend"): at the head
 //! of the line, the places of the group ahead of it, whose deletion lets it
-//! in; a sharer, the nearest exclusive run ahead of it, whose deletion lets
-//! in every sharer up to the next exclusive run at once; further back, the
+//! in; a sharer, the nearest exclusive run ahead of it, whose deletion (as
+//! a holder) lets in every sharer up to the next exclusive run at once, and
+//! the line's other deletes, which move its slot down; further back, the
 //! place just ahead, which wakes it when it leaves or takes a slot (its
 //! record then says so). So a release wakes the head (or the sharers at the
 //! head), and the new holder the next head, however long the line. A watch is
@@ -79,9 +80,7 @@ impl WatchTarget {
             // The holder whose going lets us in: the places ahead are
             // sharers that go with us, and any of them leaving counts.
             Blocker::Place {
-                at,
-                frees: true,
-                puts: false,
+                at, frees: true, ..
             } => {
                 ahead = look
                     .unslotted_ahead(index, Some(at))
@@ -93,8 +92,6 @@ impl WatchTarget {
                     .collect();
                 (keys.line(), true, vec![(key(at), 0)], 1)
             }
-            // A waiter whose going lets us in only if nothing else changed
-            // meanwhile: look again when it goes too.
             Blocker::Place { at, puts, .. } => (Keys::one(&key(at)), !puts, vec![(key(at), 0)], 0),
         };
         let mut target = Self {
