@@ -242,6 +242,105 @@ fn a_writers_release_lets_every_reader_behind_it_in_at_once() {
     assert_eq!(slots, (0..8).collect::<Vec<u32>>());
 }
 
+/// Readers let in together by a writer's release hold distinct slots even
+/// when a reader ahead of them left the line while they waited, and another
+/// joined behind (docs/guide.md: "Shared locks"): each counts its slot from
+/// the readers still ahead of it when the writer goes, not when it looked.
+#[test]
+fn readers_let_in_after_one_ahead_left_hold_distinct_slots() {
+    let Some((store, _server)) = etcd() else {
+        return;
+    };
+    let scratch = Scratch::new();
+    let mut writer = hold_recording(&store, &scratch, "shelf", &[]);
+    let together = scratch.path("together");
+    fs::create_dir(&together).unwrap();
+    let script = format!(
+        "echo $LOCKRUN_SLOT > '{dir}'/$$; n=0; while [ $(ls '{dir}' | wc -l) -lt 2 ]; do \
+         n=$((n+1)); [ $n -lt 1000 ] || exit 1; sleep 0.01; done",
+        dir = together.display()
+    );
+    let reader = |wait: &str| {
+        // A TTL long enough that no reader looks to keep its place meanwhile.
+        store
+            .lockrun()
+            .args(["--name", "shelf", "-s", "-w", wait, "--ttl", "60"])
+            .args(["-c", &script])
+            .stderr(std::process::Stdio::piped())
+            .start()
+    };
+    let leaving = reader("1");
+    wait_until("the first reader to join", || waiting(&store, "shelf") == 1);
+    let second = reader("60");
+    wait_until("the second reader to join", || {
+        waiting(&store, "shelf") == 2
+    });
+    assert_status(&finish(leaving), 75);
+    assert_eq!(
+        waiting(&store, "shelf"),
+        1,
+        "the first reader left the line"
+    );
+    let third = reader("60");
+    wait_until("the third reader to join", || waiting(&store, "shelf") == 2);
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(wait(&mut writer).code(), Some(0));
+    for reader in [second, third] {
+        assert_status(&finish(reader), 0);
+    }
+    let mut slots: Vec<u32> = fs::read_dir(&together)
+        .unwrap()
+        .map(|entry| fs::read_to_string(entry.unwrap().path()).unwrap())
+        .map(|slot| slot.trim().parse().unwrap())
+        .collect();
+    slots.sort_unstable();
+    assert_eq!(slots, [0, 1], "two readers at once, a slot each");
+}
+
+/// A sharer joining readers takes no slot that one of them may hold without
+/// showing it yet (docs/guide.md: "Shared locks"): a reader let in by a
+/// release writes its slot key with its first renewal, and the slot it holds
+/// is not the lowest free one when a reader ahead of it has left meanwhile.
+/// Here such a reader on another host (its keys written by the test) holds
+/// slot 1: the joining sharer waits until the slot shows, then takes slot 0.
+#[test]
+fn a_sharer_joining_waits_until_a_reader_let_in_shows_its_slot() {
+    let Some((store, server)) = etcd() else {
+        return;
+    };
+    let mut etcd = client(server.url());
+    let within = Duration::from_secs(2);
+    let lease = etcd.lease_grant(Duration::from_secs(60), within).unwrap();
+    let place = format!("/lockrun/shelf/line/{:016x}", lease.id);
+    let reader = r#""name":"shelf","token":"u","pid":1,"start_time":1,"boot_id":"another-boot","host":"elsewhere","command":"reader","parallelism":1,"mode":"shared""#;
+    let let_in = format!(r#"{{{reader},"since":0}}"#);
+    etcd.txn(
+        &Txn::new().then(Op::put(place.as_bytes(), let_in.as_bytes(), lease.id)),
+        within,
+    )
+    .unwrap();
+    let scratch = Scratch::new();
+    let slot = scratch.path("slot");
+    let joining = store
+        .lockrun()
+        .args(["--name", "shelf", "-s", "-w", "30"])
+        .args(["-c", &format!("echo $LOCKRUN_SLOT > '{}'", slot.display())])
+        .stderr(std::process::Stdio::piped())
+        .start();
+    wait_until("the sharer to join", || {
+        waiting(&store, "shelf") == 2 || slot.exists()
+    });
+    assert!(!slot.exists(), "took a slot the reader may hold");
+    let holding = format!(r#"{{"slot":1,{reader},"acquired_at":0}}"#);
+    let shown = Txn::new()
+        .then(Op::put(place.as_bytes(), holding.as_bytes(), lease.id))
+        .then(Op::put(b"/lockrun/shelf/slot/1", b"u", lease.id));
+    etcd.txn(&shown, within).unwrap();
+    assert_status(&finish(joining), 0);
+    assert_eq!(fs::read_to_string(&slot).unwrap().trim(), "0");
+    etcd.lease_revoke(lease.id, within).unwrap();
+}
+
 /// A writer behind three readers holds only once the last of them has gone:
 /// with one slot it then holds by being the oldest, without a call.
 #[test]

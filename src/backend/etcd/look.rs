@@ -111,10 +111,10 @@ pub enum Blocker {
     Oldest { ahead: usize, to_go: usize },
     /// The place at index `at`: an exclusive run watches the place just
     /// ahead, a sharer the nearest exclusive run ahead of it. Once it is
-    /// gone, the waiter holds if it `frees` it (it was the last exclusive
-    /// run ahead of a sharer, with room for the sharers ahead and it), else
-    /// looks again; with `puts`, it looks
-    /// again too when that place changes (it took a slot).
+    /// gone, the waiter holds if it `frees` it (it holds, and is the last
+    /// exclusive run ahead of a sharer, with room for the sharers ahead and
+    /// it), else looks again; with `puts`, it looks again too when that
+    /// place changes (it took a slot).
     Place { at: usize, frees: bool, puts: bool },
 }
 
@@ -155,8 +155,14 @@ impl LineView {
         let Some(index) = self.places.iter().position(|place| place.lease == lease) else {
             return Stand::Absent;
         };
+        // A sharer ahead that shows no slot may hold one already, let in by
+        // a release (its record comes with its first renewal): which one is
+        // not in the look, so a place behind it takes once it shows.
+        let unshown = self
+            .unslotted_ahead(index, None)
+            .any(|place| place.mode() == Mode::Shared);
         match self.slot_for(index, request.capacity(), None) {
-            Some(slot) if index < self.group(request) => Stand::MayTake(slot),
+            Some(slot) if index < self.group(request) && !unshown => Stand::MayTake(slot),
             _ => Stand::Waiting(index),
         }
     }
@@ -210,16 +216,33 @@ impl LineView {
     /// rank among the places ahead of it that hold none yet, so that places
     /// let in together take one each, the lowest; else the lowest free one.
     pub fn slot_for(&self, index: usize, capacity: u32, gone: Option<usize>) -> Option<u32> {
+        let rank = self.unslotted_ahead(index, gone).count();
+        let mut free = self.free_slots(capacity, gone);
+        free.clone().nth(rank).or_else(|| free.next())
+    }
+
+    /// The places ahead of the one at `index` that hold no slot key (but the one at `gone`).
+    pub fn unslotted_ahead(
+        &self,
+        index: usize,
+        gone: Option<usize>,
+    ) -> impl Iterator<Item = &Place> {
         let gone = gone.map(|at| self.places[at].lease);
         let holding: HashSet<i64> = self.slots.values().copied().collect();
-        let rank = self.places[..index]
+        self.places[..index]
             .iter()
-            .filter(|place| Some(place.lease) != gone && !holding.contains(&place.lease))
-            .count();
-        let free = || {
-            (0..capacity).filter(|slot| self.slots.get(slot).is_none_or(|&held| Some(held) == gone))
-        };
-        free().nth(rank).or_else(|| free().next())
+            .filter(move |place| Some(place.lease) != gone && !holding.contains(&place.lease))
+    }
+
+    /// The slots below `capacity` that no slot key holds (but that of the place at `gone`), lowest first.
+    pub fn free_slots(
+        &self,
+        capacity: u32,
+        gone: Option<usize>,
+    ) -> impl Iterator<Item = u32> + Clone {
+        let gone = gone.map(|at| self.places[at].lease);
+        (0..capacity)
+            .filter(move |slot| self.slots.get(slot).is_none_or(|&held| Some(held) == gone))
     }
 
     /// The slot of the place at `index`, if it holds one.
@@ -325,8 +348,13 @@ impl LineView {
                     Some(at) => Blocker::Place {
                         at,
                         // Once it goes, the `index - 1` places ahead are all
-                        // sharers: we go with them if there is room.
-                        frees: exclusive.next().is_none() && index <= MAX_SHARERS as usize,
+                        // sharers: we go with them if there is room. Only a
+                        // holder's going: the sharers let in by it then
+                        // count their slots from the same places (a waiter's
+                        // going may come after others changed the line).
+                        frees: exclusive.next().is_none()
+                            && index <= MAX_SHARERS as usize
+                            && at < group,
                         // A holder's record changes nothing for us.
                         puts: at >= group,
                     },
@@ -484,13 +512,24 @@ pub(super) mod tests {
         let shared = request(Mode::Shared, 1);
         assert_eq!(look.group(&shared), 3);
         assert_eq!(look.stand(2, &shared), Stand::MayTake(1));
-        assert_eq!(look.stand(3, &shared), Stand::MayTake(2));
+        assert_eq!(
+            look.stand(3, &shared),
+            Stand::Waiting(2),
+            "the sharer ahead may hold a slot that it does not show yet"
+        );
+        assert_eq!(blocker(&look, 2, &shared), Blocker::NoFreeSlot);
+        let shown = view(&[holding(Mode::Shared, 0), holding(Mode::Shared, 2), S]);
+        assert_eq!(
+            shown.stand(3, &shared),
+            Stand::MayTake(1),
+            "the lowest free"
+        );
         assert_eq!(look.stand(5, &shared), Stand::Waiting(4));
         assert_eq!(
             blocker(&look, 4, &shared),
             Blocker::Place {
                 at: 3,
-                frees: true,
+                frees: false,
                 puts: true
             },
             "a sharer behind a waiting writer watches it, and the writer's record"

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::keys::NameKeys;
 use super::link::{self, Client, GrantedLease, Op, Txn, TxnOutcome};
-use super::look::{Holding, LineView, Place, Record, Stand};
+use super::look::{Blocker, Holding, LineView, Place, Record, Stand};
 use super::slot::EtcdSlot;
 use super::watching::{WatchTarget, Watcher, Woken};
 use super::{holding, now_millis, recipe};
@@ -122,6 +122,7 @@ impl Waiter {
             return Ok(Attempt::Waiting(Line::refused(theirs)));
         }
         // A take fails only when another new holder took that slot first: the next look decides.
+        let mut settled = false;
         for _ in 0..=request.capacity() {
             match look.stand(lease, request) {
                 Stand::Holding(slot) => {
@@ -140,6 +141,19 @@ impl Waiter {
                     look = self.claim(keys, request, true, within)?;
                 }
                 Stand::Absent => return Ok(Attempt::Waiting(look.outside(request))),
+                // In the group, behind sharers whose slots do not show yet:
+                // they show at once, so --no-wait waits for that, once.
+                Stand::Waiting(index)
+                    if !request.queue && !settled && index < look.group(request) =>
+                {
+                    settled = true;
+                    let target = WatchTarget::new(keys, &look, index, request, Blocker::NoFreeSlot);
+                    self.watcher.aim(target);
+                    let until = Moment::now() + within;
+                    self.watcher
+                        .wait(&mut self.client.borrow_mut(), until, within)?;
+                    look = self.look_ahead(keys, request, within)?;
+                }
                 Stand::Waiting(_) if !request.queue => {
                     self.leave(within)?;
                     return Ok(Attempt::Waiting(look.outside(request)));

@@ -1,7 +1,8 @@
 //! What a waiter watches between looks (docs/backends/etcd.md: "etcd backend"): at the head
 //! of the line, the places of the group ahead of it, whose deletion lets it
-//! in; a sharer, the nearest exclusive run ahead of it, whose deletion lets
-//! in every sharer up to the next exclusive run at once; further back, the
+//! in; a sharer, the nearest exclusive run ahead of it, whose deletion (as
+//! a holder) lets in every sharer up to the next exclusive run at once, and
+//! the line's other deletes, which move its slot down; further back, the
 //! place just ahead, which wakes it when it leaves or takes a slot (its
 //! record then says so). So a release wakes the head (or the sharers at the
 //! head), and the new holder the next head, however long the line. A watch is
@@ -26,6 +27,13 @@ pub struct WatchTarget {
     /// How many wakers must be deleted before we may take a slot; 0: a
     /// change of one only means that the line moved.
     to_go: usize,
+    /// Let in by a holder's going: the places ahead of ours that go in with
+    /// us, a slot each in line order, and the free slots, lowest first. One
+    /// that leaves first moves our slot down, so that a sharer joining
+    /// behind meanwhile, which counts only those still there, never counts
+    /// ours as its own.
+    ahead: Vec<Vec<u8>>,
+    free: Vec<u32>,
     /// The look's revision: what it saw needs no wake-up.
     after: i64,
 }
@@ -51,6 +59,7 @@ impl WatchTarget {
         blocker: Blocker,
     ) -> Self {
         let key = |at: usize| look.places[at].key.clone();
+        let (mut ahead, mut free) = (Vec::new(), Vec::new());
         let (keys, deletes_only, wakers, to_go) = match blocker {
             Blocker::NoFreeSlot => (keys.all(), false, Vec::new(), 0),
             Blocker::Oldest { ahead, to_go } => {
@@ -68,22 +77,42 @@ impl WatchTarget {
                 };
                 (keys, true, wakers, to_go)
             }
-            Blocker::Place { at, frees, puts } => {
-                let slot = look.slot_for(index, request.capacity(), Some(at));
-                (
-                    Keys::one(&key(at)),
-                    !puts,
-                    vec![(key(at), slot.unwrap_or(0))],
-                    usize::from(frees),
-                )
+            // The holder whose going lets us in: the places ahead are
+            // sharers that go with us, and any of them leaving counts.
+            Blocker::Place {
+                at, frees: true, ..
+            } => {
+                ahead = look
+                    .unslotted_ahead(index, Some(at))
+                    .map(|place| place.key.clone())
+                    .collect();
+                free = look
+                    .free_slots(request.capacity(), Some(at))
+                    .take(ahead.len() + 1)
+                    .collect();
+                (keys.line(), true, vec![(key(at), 0)], 1)
             }
+            Blocker::Place { at, puts, .. } => (Keys::one(&key(at)), !puts, vec![(key(at), 0)], 0),
         };
-        Self {
+        let mut target = Self {
             keys,
             deletes_only,
             wakers,
             to_go,
+            ahead,
+            free,
             after: look.revision,
+        };
+        target.count_ahead();
+        target
+    }
+
+    /// Our slot, by the places still ahead of us that go in with us.
+    fn count_ahead(&mut self) {
+        if let Some(&slot) = self.free.get(self.ahead.len()).or(self.free.first()) {
+            for waker in &mut self.wakers {
+                waker.1 = slot;
+            }
         }
     }
 
@@ -93,6 +122,11 @@ impl WatchTarget {
         }
         if self.wakers.is_empty() {
             return Some(Woken::Moved);
+        }
+        if let Some(left) = self.ahead.iter().position(|key| *key == event.kv.key) {
+            self.ahead.swap_remove(left);
+            self.count_ahead();
+            return None;
         }
         let waker = self
             .wakers
@@ -233,6 +267,14 @@ mod tests {
                 Some(Woken::Freed(index as u32 - 1))
             );
         }
+        let look = view(&[holding(Mode::Exclusive, 0), S, S, S]);
+        let mut last = target(&look, 3, &request(Mode::Shared, 1));
+        assert_eq!(last.judge(&deleted(&look, 1)), None, "a reader ahead left");
+        assert_eq!(
+            last.judge(&deleted(&look, 0)),
+            Some(Woken::Freed(1)),
+            "one slot lower: a reader joining meanwhile counts only those still there"
+        );
         let look = view(&[holding(Mode::Exclusive, 0), X, S]);
         let mut reader = target(&look, 2, &request(Mode::Shared, 1));
         assert_eq!(
