@@ -57,9 +57,8 @@ fn an_uncontended_run_makes_five_requests() {
     };
     // The name's first run creates its object.
     assert_status(&once(), 0);
-    let total = |requests: std::collections::BTreeMap<String, u64>| -> u64 {
-        requests.values().sum()
-    };
+    let total =
+        |requests: std::collections::BTreeMap<String, u64>| -> u64 { requests.values().sum() };
     let before = total(server.requests());
     assert_status(&once(), 0);
     // The server counts a request once it has answered it: two GETs of ours after the run,

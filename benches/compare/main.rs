@@ -97,7 +97,14 @@ const WARMUP: usize = 20;
 const S3_RUNS: usize = 100;
 
 /// The families `LOCKRUN_BENCH_ONLY` runs alone: (b), (f), (j)/(k), (k), (iii) and (l).
-const ONLY: [&str; 6] = ["contention", "deployed", "shared", "readers", "growth", "s3"];
+const ONLY: [&str; 6] = [
+    "contention",
+    "deployed",
+    "shared",
+    "readers",
+    "growth",
+    "s3",
+];
 
 fn main() {
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
