@@ -4,7 +4,8 @@
 //! full server at first contact, a long line on few connections, a line
 //! that moves without notifications (as behind a transaction-pooling
 //! pgbouncer), the statements of an uncontended run, a granted waiter that
-//! starts at its wake-up, readers woken together, and an older schema read as it is.
+//! starts at its wake-up and a wake-up for another name that starts nothing,
+//! readers woken together, and an older schema read as it is.
 
 use std::fs;
 use std::process::Stdio;
@@ -851,4 +852,71 @@ fn a_password_in_the_url_is_blanked_in_ps() {
         return;
     };
     crate::core::no_password_stays_in_ps(&store, PASSWORD);
+}
+
+/// A run with several names listens for each name's wake-ups on that name's
+/// own channel: a grant that comes on the first name's channel while it waits
+/// for the second (as a late one would, for a slot it took by a look) starts
+/// nothing. Before, it listened on the first name's channel alone and took
+/// such a grant for the second name's: its command ran without that lock.
+#[test]
+fn a_wake_up_for_another_name_of_the_run_starts_nothing() {
+    let Some(server) = PostgresServer::start().map(Arc::new) else {
+        return;
+    };
+    let store = Store::on_postgres(&server);
+    let (first, second) = (Scratch::new(), Scratch::new());
+    let mut holds_a = holder(&store, &first, "a", &[]);
+    let mut holds_b = holder(&store, &second, "b", &[]);
+    let ran = first.path("ran");
+    let mut run_both = store
+        .lockrun()
+        .args([
+            "--name",
+            "a",
+            "--name",
+            "b",
+            "-w",
+            "60",
+            "--initial-delay",
+            "20",
+        ])
+        .args(["touch", ran.to_str().unwrap()])
+        .start();
+    let mut admin = server.client();
+    let mut waiting_for = |name: &str| {
+        let rows = admin
+            .query(
+                "SELECT count(*) FROM lockrun.waiters WHERE name = $1",
+                &[&name],
+            )
+            .unwrap();
+        rows[0].get::<_, i64>(0) > 0
+    };
+    wait_until("the run in line for a", || waiting_for("a"));
+    fs::write(first.path("release"), "").unwrap();
+    assert_eq!(wait(&mut holds_a).code(), Some(0));
+    wait_until("the run in line for b", || waiting_for("b"));
+    let token: String = admin
+        .query_one("SELECT token FROM lockrun.holders WHERE name = 'a'", &[])
+        .unwrap()
+        .get(0);
+    admin
+        .execute(
+            "SELECT pg_notify('lockrun:' || $1, 'granted 0 999')",
+            &[&token],
+        )
+        .unwrap();
+    // The run looks again only after its first backoff step (20 s): what it
+    // does before then, it does on the wake-up.
+    let told = Instant::now();
+    while told.elapsed() < Duration::from_secs(2) {
+        assert!(!ran.exists(), "the command ran while b was held");
+        assert!(run_both.try_wait().unwrap().is_none(), "the run ended");
+        thread::sleep(Duration::from_millis(20));
+    }
+    fs::write(second.path("release"), "").unwrap();
+    assert_eq!(wait(&mut holds_b).code(), Some(0));
+    assert_eq!(wait(&mut run_both).code(), Some(0));
+    assert!(ran.exists());
 }

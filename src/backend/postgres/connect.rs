@@ -327,9 +327,9 @@ impl Session {
         .map_err(|trouble| describe(&self.target, what, &trouble))
     }
 
-    /// Drops the notifications that arrived so far, unread.
-    pub fn forget_notifications(&mut self) {
-        self.notifications.clear();
+    /// How many notifications arrived so far, unread.
+    pub fn queued_notifications(&self) -> usize {
+        self.notifications.len()
     }
 
     /// Waits up to `within` for a notification on a channel this session

@@ -10,7 +10,7 @@ use tokio_postgres::Row;
 
 use super::connect::{Connector, Session, Statement};
 use super::schema::{Schema, create_or_check};
-use super::sql::CHANNEL_PREFIX;
+use super::sql::{CHANNEL_PREFIX, GRANTED};
 use crate::backend::net::{Deadline, Failure};
 use crate::error::Result;
 use crate::platform::clock::Moment;
@@ -30,6 +30,11 @@ pub struct PostgresLink {
     /// new session listens on none). A run with several names listens on each
     /// in turn; a wake-up on another's channel is from an acquisition over.
     listening: Option<String>,
+    /// How many of the wake-ups queued now came before the last join of the
+    /// line: a grant among them may be for the place that join replaced, or
+    /// for the new one (sent the moment the join committed), so it is claimed,
+    /// not trusted.
+    doubted: usize,
 }
 
 impl PostgresLink {
@@ -42,6 +47,7 @@ impl PostgresLink {
             looked: false,
             tables: None,
             listening: None,
+            doubted: 0,
         }
     }
 
@@ -70,18 +76,20 @@ impl PostgresLink {
         self.listening = Some(token.to_owned());
     }
 
-    /// Drops the wake-ups that came before now: a look that just joined the
-    /// line starts a new place, and a grant can only come after it.
-    pub fn forget_wakeups(&mut self) {
-        if let Some(session) = self.session.as_mut() {
-            session.forget_notifications();
-        }
+    /// Doubts the wake-ups queued now (see [`PostgresLink::woken`]): a look
+    /// that just joined the line starts a new place.
+    pub fn doubt_wakeups(&mut self) {
+        self.doubted = self
+            .session
+            .as_ref()
+            .map_or(0, Session::queued_notifications);
     }
 
     /// Gives the connection up, until the next call.
     pub fn disconnect(&mut self) {
         self.session = None;
         self.listening = None;
+        self.doubted = 0;
     }
 
     /// Runs `statements` in one transaction and one round trip (see
@@ -109,7 +117,8 @@ impl PostgresLink {
     }
 
     /// Waits up to `within` for a wake-up on the channel of `token`: its
-    /// payload, when one came. Without a session listening there, it only sleeps.
+    /// payload, when one came (a doubted grant's without its slot and fence).
+    /// Without a session listening there, it only sleeps.
     pub fn woken(&mut self, token: &str, within: Duration) -> Result<Option<String>> {
         if !self.listening(token) {
             std::thread::sleep(within);
@@ -119,16 +128,25 @@ impl PostgresLink {
         let channel = format!("{CHANNEL_PREFIX}{token}");
         let session = self.session.as_mut().expect("a listening session");
         let woken = loop {
-            match session.notification(until.remaining()) {
-                Ok(Some(notification)) if notification.channel() != channel => {
-                    // For another name of this run, whose acquisition is over.
-                }
-                other => break other,
+            let notification = match session.notification(until.remaining()) {
+                Ok(Some(notification)) => notification,
+                other => break other.map(|_| None),
+            };
+            let doubted = self.doubted > 0;
+            self.doubted = self.doubted.saturating_sub(1);
+            if notification.channel() != channel {
+                // For another name of this run, whose acquisition is over.
+                continue;
             }
+            let payload = notification.payload();
+            // A doubted grant says no slot: it is claimed, which a lapsed one fails.
+            break Ok(Some(if doubted && payload.starts_with(GRANTED) {
+                GRANTED.to_owned()
+            } else {
+                payload.to_owned()
+            }));
         };
-        woken
-            .map(|notification| notification.map(|n| n.payload().to_owned()))
-            .map_err(|failure| self.failed(failure))
+        woken.map_err(|failure| self.failed(failure))
     }
 
     /// The session, connected within `within` (and the target's

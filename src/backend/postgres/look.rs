@@ -195,8 +195,7 @@ impl LookReport {
         };
         let results = link.transact(what, link.patience(), &statements)?;
         if join {
-            // A wake-up that came before is for a place this look replaced.
-            link.forget_wakeups();
+            link.doubt_wakeups();
         }
         if began_listening {
             link.listens(&request.owner.token);
