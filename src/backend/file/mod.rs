@@ -592,7 +592,8 @@ fn holder_entry(
     }
 }
 
-/// Lets go of a free slot's lock that a newcomer got but must leave to the line.
+/// Lets go of a free slot's lock that a run got but must leave (to the line,
+/// or for another `-p`, or a slot kept by `--min-hold`).
 fn give_back(file: &File) {
     let _ = file.unlock();
     // The head of the line may be watching this very file.

@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 
 use super::dir::LockDir;
 use super::wait::LockMode;
-use super::{NoSlot, admit, fence, share};
+use super::{NoSlot, admit, fence, give_back, share};
 use crate::backend::boot_date::BootDate;
 use crate::backend::record::HolderRecord;
 use crate::backend::{Mode, Released, Renewal, Request, Slot};
@@ -157,9 +157,7 @@ pub fn take(
         None => None,
     };
     if let Some(no_slot) = refused {
-        let _ = file.unlock();
-        // Touched, so that a waiter watching the directory looks again.
-        let _ = file.set_modified(SystemTime::now());
+        give_back(&file);
         if let Some(gate) = gate {
             let _ = gate.unlock();
         }
