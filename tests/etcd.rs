@@ -269,7 +269,8 @@ fn readers_let_in_after_one_ahead_left_hold_distinct_slots() {
             .stderr(std::process::Stdio::piped())
             .start()
     };
-    let leaving = reader("1");
+    // It gives up after 3 s: time for the second to join behind it on a loaded host.
+    let leaving = reader("3");
     wait_until("the first reader to join", || waiting(&store, "shelf") == 1);
     let second = reader("60");
     wait_until("the second reader to join", || {
