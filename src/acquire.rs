@@ -141,7 +141,7 @@ impl WaitLoop<'_> {
             if let Some(slot) = self.wait_for_change(&line)? {
                 return Ok(slot);
             }
-            if line.position > 0 && self.progress.redraw_due().is_some_and(Moment::has_passed) {
+            if self.progress.redraw_due().is_some_and(Moment::has_passed) {
                 let holders = self.holders();
                 self.progress.draw(&holders, line.position);
             }
@@ -215,12 +215,7 @@ impl WaitLoop<'_> {
 
     /// The first look says that we wait and who holds the slots; later ones, when our place changed.
     fn report(&mut self, line: &Line) {
-        // At place 0 a run waits without a place in line yet (the file
-        // backend's first 100 ms in the kernel): it is not waiting in line.
-        if !self.reporter.wants_details()
-            || line.position == 0
-            || self.reported == Some(line.position)
-        {
+        if !self.reporter.wants_details() || self.reported == Some(line.position) {
             return;
         }
         let holders = if self.reported.is_none() {

@@ -330,8 +330,7 @@ pub enum Attempt {
 /// Where a waiter stands.
 #[derive(Debug, Default)]
 pub struct Line {
-    /// Our place among the waiters, from 1; 0 when we are not in line (`--no-wait`, or
-    /// a run that waits without a place in line yet).
+    /// Our place among the waiters, from 1; 0 when we are not in line (`--no-wait`).
     pub position: u32,
     /// Entries ahead of us (holders and waiters) whose owners run on this host:
     /// when one's process is gone, it can be dropped at once.

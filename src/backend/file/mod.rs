@@ -355,8 +355,10 @@ impl Store for FileStore {
                 }));
             }
             if self.arrives_unseen(request, &stem, &no_slot)? {
-                // Not in line yet: no place, and nothing to report until it takes one.
-                return Ok(Attempt::Waiting(Line::default()));
+                return Ok(Attempt::Waiting(Line {
+                    position: 1,
+                    ..Line::default()
+                }));
             }
             // Let into the line under the counter's lock, as into a slot.
             let counter = fence::Counter::lock(&self.dir, &stem, request.deadline)?;
