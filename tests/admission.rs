@@ -21,7 +21,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use Mode::{Exclusive as X, Shared as S};
-use lockrun::backend::{self, Attempt, Mode, Owner, Request, Slot, Waited};
+use lockrun::backend::{self, Attempt, Mode, Owner, Request, Slot};
 use lockrun::identity::{Process, new_token};
 use lockrun::name::Name;
 use lockrun::platform::clock::Moment;
@@ -426,12 +426,9 @@ impl Planted {
                     }
                     in_line(&mut *waiter, name) <= place
                 } {
-                    let until = Moment::now() + Duration::from_secs(1);
-                    match waiter.wait(&request, until) {
-                        Ok(Waited::Taken(_)) => panic!("{name}: waiter {place} was let in"),
-                        Ok(_) => {}
-                        Err(err) => panic!("{name}: waiter {place}: {err}"),
-                    }
+                    // Not by `wait`: a run not yet in line waits in the kernel, and
+                    // the timer that ends it may wake another of this process's threads.
+                    std::thread::sleep(Duration::from_millis(10));
                 }
                 waiter
             })
