@@ -196,11 +196,7 @@ fn a_writers_release_lets_every_reader_behind_it_in_at_once() {
     let together = scratch.path("together");
     fs::create_dir(&together).unwrap();
     // Each reader runs until all eight do (for 10 s at most).
-    let script = format!(
-        "echo $LOCKRUN_SLOT > '{dir}'/$$; n=0; while [ $(ls '{dir}' | wc -l) -lt 8 ]; do \
-         n=$((n+1)); [ $n -lt 1000 ] || exit 1; sleep 0.01; done",
-        dir = together.display()
-    );
+    let script = together_script(&together, 8);
     let readers: Vec<Running> = (0..8)
         .map(|joined| {
             // A TTL long enough that no reader looks to keep its place.
@@ -242,6 +238,16 @@ fn a_writers_release_lets_every_reader_behind_it_in_at_once() {
     assert_eq!(slots, (0..8).collect::<Vec<u32>>());
 }
 
+/// A reader's command: writes its `LOCKRUN_SLOT` into `dir`, then runs until
+/// `count` readers have (for 10 s at most), so that they are seen together.
+fn together_script(dir: &std::path::Path, count: usize) -> String {
+    format!(
+        "echo $LOCKRUN_SLOT > '{dir}'/$$; n=0; while [ $(ls '{dir}' | wc -l) -lt {count} ]; do \
+         n=$((n+1)); [ $n -lt 1000 ] || exit 1; sleep 0.01; done",
+        dir = dir.display()
+    )
+}
+
 /// Readers let in together by a writer's release hold distinct slots even
 /// when a reader ahead of them left the line while they waited, and another
 /// joined behind (docs/guide.md: "Shared locks"): each counts its slot from
@@ -255,11 +261,7 @@ fn readers_let_in_after_one_ahead_left_hold_distinct_slots() {
     let mut writer = hold_recording(&store, &scratch, "shelf", &[]);
     let together = scratch.path("together");
     fs::create_dir(&together).unwrap();
-    let script = format!(
-        "echo $LOCKRUN_SLOT > '{dir}'/$$; n=0; while [ $(ls '{dir}' | wc -l) -lt 2 ]; do \
-         n=$((n+1)); [ $n -lt 1000 ] || exit 1; sleep 0.01; done",
-        dir = together.display()
-    );
+    let script = together_script(&together, 2);
     let reader = |wait: &str| {
         // A TTL long enough that no reader looks to keep its place meanwhile.
         store
