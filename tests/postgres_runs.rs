@@ -584,6 +584,43 @@ fn an_uncontended_run_takes_few_round_trips() {
 }
 
 #[test]
+fn a_busy_no_wait_run_names_the_holder_from_its_one_look() {
+    let Some(server) = PostgresServer::start() else {
+        return;
+    };
+    let proxy = Proxy::start(&server, true);
+    let scratch = Scratch::new();
+    let lockrun_at = |url: &str| {
+        let mut command = lockrun();
+        command.args(["-b", "postgres", "--postgres-url", url, "--name", "busy"]);
+        command
+    };
+    let holder_script = format!(
+        "touch '{ready}'; while [ ! -e '{release}' ]; do sleep 0.02; done",
+        ready = scratch.path("ready").display(),
+        release = scratch.path("release").display(),
+    );
+    let mut holder = lockrun_at(&server.url())
+        .args(["-c", &holder_script])
+        .start();
+    wait_for_file(&scratch.path("ready"));
+    let before = proxy.turns();
+    let busy = run(lockrun_at(&proxy.url()).args(["--no-wait", "true"]));
+    let turns = proxy.turns() - before;
+    assert_status(&busy, 75);
+    let said = stderr(&busy);
+    assert!(
+        // The program's name, not the `command` column's packed JSON.
+        said.contains(&format!("held by pid {}", holder.id())) && said.contains("sh)\n"),
+        "the message names the holder: {said}"
+    );
+    // Startup and SCRAM (3), the schema check and the look, whose holders the message names.
+    assert!(turns <= 5, "{turns} round trips");
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(wait(&mut holder).code(), Some(0));
+}
+
+#[test]
 fn an_uncontended_run_has_the_server_read_no_line() {
     let Some(server) = PostgresServer::start_with(&[
         "shared_preload_libraries=pg_stat_statements",

@@ -6,15 +6,16 @@
 use std::time::Duration;
 
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
 
 use super::connect::Statement;
 use super::link::PostgresLink;
-use super::millis;
 use super::sql::{CHANNEL_PREFIX, Sql};
+use super::{holder_entry, millis};
 use crate::backend::record::{Ahead, line};
-use crate::backend::{Line, Mode, Request};
+use crate::backend::{Entry, Line, Mode, Request};
 use crate::error::{Error, Result};
 use crate::identity::Process;
 use crate::platform::clock::Moment;
@@ -37,7 +38,7 @@ pub struct LookReport {
     pub afar: bool,
     /// Another `-p` that a holder or waiter has: we were let in neither as a holder nor as a waiter.
     other_parallelism: Option<u32>,
-    holders: Vec<Neighbour>,
+    holders: Vec<Holder>,
     /// The waiters of the place just ahead of ours.
     just_ahead: Vec<Neighbour>,
     /// The waiter nearest ahead of us on our host (boot and host name), if any.
@@ -54,6 +55,18 @@ struct Neighbour {
     kept: bool,
     /// Milliseconds until its lease or place ends, by the server's clock.
     left_ms: i64,
+}
+
+/// A holder, as the report gives it.
+#[derive(Deserialize)]
+struct Holder {
+    #[serde(flatten)]
+    neighbour: Neighbour,
+    slot: u32,
+    fence: u64,
+    /// When it took the slot and when its lease ends, in epoch milliseconds.
+    since_ms: u64,
+    expires_ms: u64,
 }
 
 impl Neighbour {
@@ -210,19 +223,19 @@ impl LookReport {
     /// us in, the holders, the waiters just ahead, another `-p` and the
     /// waiter of our host nearest ahead.
     fn report(row: &Row) -> Result<Self> {
-        let neighbours = |column: usize| -> Result<Vec<Neighbour>> {
+        fn listed<T: DeserializeOwned>(row: &Row, column: usize) -> Result<Vec<T>> {
             row.get::<_, Option<String>>(column)
                 .map_or(Ok(Vec::new()), |json| serde_json::from_str(&json))
                 .map_err(|err| Error::internal("reading the line", err))
-        };
+        }
         Ok(Self {
             taken: None,
             position: row.get::<_, i32>(0).cast_unsigned(),
             place: row.get::<_, i32>(1).cast_unsigned(),
             admitted: row.get(2),
             began_listening: false,
-            holders: neighbours(3)?,
-            just_ahead: neighbours(4)?,
+            holders: listed(row, 3)?,
+            just_ahead: listed(row, 4)?,
             nearest_local: row
                 .get::<_, Option<String>>(6)
                 .map(|json| serde_json::from_str(&json))
@@ -235,6 +248,24 @@ impl LookReport {
         })
     }
 
+    /// The live holders of `name` the look saw, as `status` lists them.
+    pub fn holders(&self, name: &str) -> Vec<Entry> {
+        self.holders
+            .iter()
+            .filter_map(|h| {
+                let Neighbour { owner, kept, .. } = &h.neighbour;
+                holder_entry(
+                    name,
+                    h.slot,
+                    owner,
+                    *kept,
+                    h.fence,
+                    (h.since_ms, h.expires_ms),
+                )
+            })
+            .collect()
+    }
+
     /// Where `me` stands, for the waiting loop.
     pub fn line(&self, me: &Process) -> Line {
         if let Some(theirs) = self.other_parallelism {
@@ -243,7 +274,7 @@ impl LookReport {
         let holders: Vec<Ahead> = self
             .holders
             .iter()
-            .map(|h| h.ahead(self.answered))
+            .map(|h| h.neighbour.ahead(self.answered))
             .collect();
         let just_ahead: Vec<Ahead> = self
             .just_ahead

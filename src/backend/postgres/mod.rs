@@ -86,6 +86,7 @@ impl Options {
             place_kept_at: None,
             look_again: false,
             refresh_due: None,
+            seen: None,
             location,
         }))
     }
@@ -103,6 +104,16 @@ const MAX_LISTENERS: u32 = 64;
 /// line of a thousand that stands still costs a few dozen more looks a second
 /// than the looks every TTL/3 that keep the places.
 const PACE_FROM_AFAR: Duration = Duration::from_millis(100);
+/// How long the holders a look saw stand for the name's holders: a busy
+/// run's message, right after its look, then costs no transaction of its own.
+const SEEN_HOLDERS_FOR: Duration = Duration::from_millis(200);
+
+/// The holders of `name` a look saw, and until when they stand for them.
+struct SeenHolders {
+    name: String,
+    until: Moment,
+    holders: Vec<Entry>,
+}
 
 struct PostgresStore {
     link: Rc<RefCell<PostgresLink>>,
@@ -122,6 +133,8 @@ struct PostgresStore {
     look_again: bool,
     /// When our place in line must be kept for another TTL, lest it lapse.
     refresh_due: Option<Moment>,
+    /// The holders the last look saw, for a message that follows it.
+    seen: Option<SeenHolders>,
     /// The server, its password redacted, and the schema.
     location: String,
 }
@@ -138,6 +151,12 @@ impl PostgresStore {
         let mut link = self.link.borrow_mut();
         let sent = Moment::now();
         let mut look = LookReport::take(&mut link, &self.sql, request, join, refresh)?;
+        let name = request.name.as_str();
+        self.seen = Some(SeenHolders {
+            name: name.to_owned(),
+            until: Moment::now() + SEEN_HOLDERS_FOR,
+            holders: look.holders(name),
+        });
         if refresh {
             self.refresh_due = Some(Moment::now() + request.plan.keep_place_every());
             if look.position > 0 {
@@ -332,6 +351,19 @@ impl Store for PostgresStore {
         Ok(entries(&rows))
     }
 
+    fn holders(&mut self, name: &Name) -> Result<Vec<Entry>> {
+        let seen = self
+            .seen
+            .take()
+            .filter(|seen| seen.name == name.as_str() && !seen.until.has_passed());
+        if let Some(seen) = seen {
+            return Ok(seen.holders);
+        }
+        let mut entries = self.list(Some(name))?;
+        entries.retain(Entry::is_holder);
+        Ok(entries)
+    }
+
     fn break_slots(&mut self, name: &Name, slot: Option<u32>) -> Result<Vec<Entry>> {
         let Some(version) = self.link.borrow_mut().tables()? else {
             return Ok(Vec::new());
@@ -354,6 +386,23 @@ impl Store for PostgresStore {
         .unwrap_or_default();
         Ok(entries(&rows))
     }
+}
+
+/// A holder's `status` entry, from when it took the slot to when its lease
+/// ends (epoch milliseconds): none when its process is gone and its slot not kept.
+fn holder_entry(
+    name: &str,
+    slot: u32,
+    owner: &Owner,
+    kept: bool,
+    fence: u64,
+    (since_ms, expires_ms): (u64, u64),
+) -> Option<Entry> {
+    (kept || !owner.process.is_gone()).then(|| {
+        Entry::holder(name, slot, owner, Some(since_ms))
+            .fenced(fence)
+            .expiring(Some(expires_ms))
+    })
 }
 
 /// `status` entries from rows of `list` (or `break_slots`): the holders
@@ -383,16 +432,14 @@ fn entries(rows: &[Row]) -> Vec<Entry> {
     for row in rows {
         let name: String = row.get("name");
         match row.get::<_, Option<i32>>("slot") {
-            Some(slot) => {
-                let owner = owner(row);
-                if row.get("kept") || !owner.process.is_gone() {
-                    holders.push(
-                        Entry::holder(&name, slot as u32, &owner, Some(millis(row, "since_ms")))
-                            .fenced(row.get::<_, i64>("fence") as u64)
-                            .expiring(Some(millis(row, "expires_ms"))),
-                    );
-                }
-            }
+            Some(slot) => holders.extend(holder_entry(
+                &name,
+                slot as u32,
+                &owner(row),
+                row.get("kept"),
+                row.get::<_, i64>("fence") as u64,
+                (millis(row, "since_ms"), millis(row, "expires_ms")),
+            )),
             None => waiters.push((
                 name,
                 owner(row),

@@ -95,7 +95,8 @@ pub struct Sql {
     /// $1 name, $2 token, $3 parallelism, $7 boot id, $8 host, $11 mode. Where we stand: our
     /// position (0: not in line) and place, whether the line lets us take a
     /// slot, the live holders and the waiters of the place just ahead as JSON
-    /// (owner, `kept`, `left_ms` until the lease or place ends), and another
+    /// (owner, `kept`, `left_ms` until the lease or place ends; a holder's
+    /// `slot`, `fence`, `since_ms` and `expires_ms` too), and another
     /// `-p` that a holder or waiter has, if one does, and the waiter nearest
     /// ahead of us on our boot and host, as JSON like those.
     pub report: String,
@@ -187,6 +188,9 @@ impl Sql {
              WHERE name = $1 AND token = $2 AND NOT kept AND expires_at > now()
              RETURNING slot, fence"
         );
+        // When a holder took its slot and when its lease ends, in epoch milliseconds.
+        let holder_times = "'since_ms', (extract(epoch FROM acquired_at) * 1000)::bigint, \
+                            'expires_ms', (extract(epoch FROM expires_at) * 1000)::bigint";
         let list_columns = format!(
             "token, pid, start_time, boot_id, host, command, {mode} AS mode,
              (extract(epoch FROM expires_at) * 1000)::bigint AS expires_ms"
@@ -305,7 +309,8 @@ impl Sql {
                         coalesce((SELECT place FROM mine), 0)::integer,
                         {admitted},
                         (SELECT json_agg(json_build_object({owner_json}, 'kept', kept,
-                                                           'left_ms', {LEFT_MS}))
+                                                           'left_ms', {LEFT_MS}, 'slot', slot,
+                                                           'fence', fence, {holder_times}))
                          FROM live)::text,
                         (SELECT json_agg(json_build_object({owner_json}, 'kept', false,
                                                            'left_ms', {LEFT_MS}))
