@@ -585,7 +585,7 @@ fn an_uncontended_run_takes_few_round_trips() {
 
 #[test]
 fn a_busy_no_wait_run_names_the_holder_from_its_one_look() {
-    let Some(server) = PostgresServer::start() else {
+    let Some(server) = statements_counted() else {
         return;
     };
     let proxy = Proxy::start(&server, true);
@@ -605,8 +605,13 @@ fn a_busy_no_wait_run_names_the_holder_from_its_one_look() {
         .start();
     wait_for_file(&scratch.path("ready"));
     let before = proxy.turns();
+    server
+        .client()
+        .batch_execute("SELECT pg_stat_statements_reset()")
+        .unwrap();
     let busy = run(lockrun_at(&proxy.url()).args(["--no-wait", "true"]));
     let turns = proxy.turns() - before;
+    let (calls, statements) = statements_run(&server);
     assert_status(&busy, 75);
     let said = stderr(&busy);
     assert!(
@@ -616,22 +621,47 @@ fn a_busy_no_wait_run_names_the_holder_from_its_one_look() {
     );
     // Startup and SCRAM (3), the schema check and the look, whose holders the message names.
     assert!(turns <= 5, "{turns} round trips");
+    // The schema check; the name's lock, the take and the report: nothing that tidies or
+    // wakes a line it does not stand in.
+    assert!(calls <= 4, "{calls} statements: {statements:#?}");
     fs::write(scratch.path("release"), "").unwrap();
     assert_eq!(wait(&mut holder).code(), Some(0));
 }
 
-#[test]
-fn an_uncontended_run_has_the_server_read_no_line() {
-    let Some(server) = PostgresServer::start_with(&[
+/// A server that counts the statements it runs (`pg_stat_statements`), utility ones aside.
+fn statements_counted() -> Option<PostgresServer> {
+    let server = PostgresServer::start_with(&[
         "shared_preload_libraries=pg_stat_statements",
         "pg_stat_statements.track_utility=off",
-    ]) else {
-        return;
-    };
-    let mut admin = server.client();
-    admin
+    ])?;
+    server
+        .client()
         .batch_execute("CREATE EXTENSION pg_stat_statements")
         .unwrap();
+    Some(server)
+}
+
+/// How many statements `server` ran since its count was reset, and each with its calls.
+fn statements_run(server: &PostgresServer) -> (i64, Vec<(String, i64)>) {
+    let statements: Vec<(String, i64)> = server
+        .client()
+        .query(
+            "SELECT query, calls FROM pg_stat_statements
+              WHERE query NOT LIKE '%pg_stat_statements%' ORDER BY query",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    (statements.iter().map(|(_, calls)| calls).sum(), statements)
+}
+
+#[test]
+fn an_uncontended_run_has_the_server_read_no_line() {
+    let Some(server) = statements_counted() else {
+        return;
+    };
     let run_true = || {
         run(lockrun().args([
             "-b",
@@ -645,21 +675,12 @@ fn an_uncontended_run_has_the_server_read_no_line() {
     };
     // The first run makes the schema and the name's row.
     assert_status(&run_true(), 0);
-    admin
+    server
+        .client()
         .batch_execute("SELECT pg_stat_statements_reset()")
         .unwrap();
     assert_status(&run_true(), 0);
-    let statements: Vec<(String, i64)> = admin
-        .query(
-            "SELECT query, calls FROM pg_stat_statements
-              WHERE query NOT LIKE '%pg_stat_statements%' ORDER BY query",
-            &[],
-        )
-        .unwrap()
-        .iter()
-        .map(|row| (row.get(0), row.get(1)))
-        .collect();
-    let calls: i64 = statements.iter().map(|(_, calls)| calls).sum();
+    let (calls, statements) = statements_run(&server);
     // The schema check; the name's lock and the take; the lock, the release and the wake.
     assert!(calls <= 6, "{calls} statements: {statements:#?}");
 }

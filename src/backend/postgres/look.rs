@@ -188,8 +188,9 @@ impl LookReport {
             statements.push((&listen, &[]));
         }
         // Where the take's rows are, when there is one.
-        let take = statements.len() + 2;
-        if join {
+        let mut take = None;
+        if join && request.queue {
+            take = Some(statements.len() + 2);
             statements.extend([
                 (sql.lock_new.as_str(), &all[..1]),
                 (&sql.purge, &all[..1]),
@@ -197,6 +198,12 @@ impl LookReport {
                 (&sql.join, &all[..]),
                 (&sql.wake, &wake[..]),
             ]);
+        } else if join {
+            // A --no-wait run takes a free slot or goes: it frees none and
+            // stands in no line, so it neither tidies the line nor wakes it
+            // (a herd of them is mostly busy, and this is all the server plans for each).
+            take = Some(statements.len() + 1);
+            statements.extend([(sql.lock_new.as_str(), &all[..1]), (&sql.take, &all[..])]);
         } else if refresh {
             statements.push((&sql.keep_place, &all[..4]));
         }
@@ -214,7 +221,7 @@ impl LookReport {
             link.listens(&request.owner.token);
         }
         let mut look = Self::report(&results[results.len() - 1][0])?;
-        look.taken = join.then(|| taken(&results[take])).flatten();
+        look.taken = take.and_then(|take| taken(&results[take]));
         look.began_listening = began_listening;
         Ok(look)
     }
