@@ -68,7 +68,7 @@ impl Name {
 const MAX_STEM: usize = 200;
 const KEPT_PREFIX: usize = 160;
 
-fn fnv1a_128(bytes: &[u8]) -> u128 {
+pub(crate) fn fnv1a_128(bytes: &[u8]) -> u128 {
     const OFFSET: u128 = 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d;
     const PRIME: u128 = 0x0000_0000_0100_0000_0000_0000_0000_013b;
     bytes.iter().fold(OFFSET, |hash, byte| {

@@ -144,6 +144,21 @@ fn transaction_pooling_serialises_and_the_line_moves_by_polling() {
 }
 
 #[test]
+fn a_pooler_that_resets_its_sessions_loses_no_release() {
+    let Some((_server, bouncer)) = behind_pgbouncer(PoolMode::TransactionReset) else {
+        return;
+    };
+    // A waiter readies its release in its session (docs/backends/postgres.md:
+    // "The line and wake-ups"); here no later transaction finds it, and every
+    // release is made again as a plain one: none waits for a lease to lapse.
+    a_line_through(
+        &bouncer,
+        &["-w", "60", "--initial-delay", "0.2", "--max-delay", "0.5"],
+        Duration::from_millis(1750),
+    );
+}
+
+#[test]
 fn session_pooling_keeps_the_wake_ups() {
     let Some((_server, bouncer)) = behind_pgbouncer(PoolMode::Session) else {
         return;

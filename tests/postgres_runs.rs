@@ -726,6 +726,45 @@ fn a_waiter_granted_the_slot_starts_its_command_without_asking_the_server_again(
 }
 
 #[test]
+fn a_waiter_readies_its_release_while_it_waits() {
+    let Some(server) = PostgresServer::start_with(&["log_min_duration_statement=0"]) else {
+        return;
+    };
+    let scratch = Scratch::new();
+    let lockrun_on = || {
+        let mut command = lockrun();
+        let url = server.url();
+        command.args(["-b", "postgres", "--postgres-url", &url, "--name", "ready"]);
+        command
+    };
+    let holder_script = format!(
+        "touch '{ready}'; while [ ! -e '{release}' ]; do sleep 0.02; done",
+        ready = scratch.path("ready").display(),
+        release = scratch.path("release").display(),
+    );
+    let mut holder = lockrun_on().args(["-c", &holder_script]).start();
+    wait_for_file(&scratch.path("ready"));
+    let mut waiter = lockrun_on()
+        .args(["-w", "30", "-v", "true"])
+        .stderr(Stdio::piped())
+        .start();
+    wait_for_stderr(&mut waiter, "waiting");
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(wait(&mut holder).code(), Some(0));
+    assert_eq!(wait(&mut waiter).code(), Some(0));
+    let log = server.log();
+    let said = |what: &str| {
+        log.matches(&format!("execute <unnamed>: {what} lockrun_wake_"))
+            .count()
+    };
+    // The waiter prepared and planned the wake while it waited, and its release ran it so;
+    // the holder, which nobody was behind when it took the slot, released the plain way.
+    assert_eq!(said("PREPARE"), 1, "{log}");
+    assert_eq!(said("EXPLAIN EXECUTE"), 1, "{log}");
+    assert_eq!(said("EXECUTE"), 1, "{log}");
+}
+
+#[test]
 fn waiters_too_far_back_to_listen_come_in_before_the_line_reaches_them() {
     let Some(store) = Store::postgres() else {
         return;

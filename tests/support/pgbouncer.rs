@@ -24,6 +24,9 @@ const DATABASE: &str = "postgres";
 pub enum PoolMode {
     /// A server connection for each transaction: `LISTEN` is lost.
     Transaction,
+    /// The same, each server session reset (`DISCARD ALL`) after every
+    /// transaction: what one transaction prepared, the next never finds.
+    TransactionReset,
     /// A server connection for each client's whole session.
     Session,
 }
@@ -31,9 +34,13 @@ pub enum PoolMode {
 impl PoolMode {
     fn setting(self) -> &'static str {
         match self {
-            Self::Transaction => "transaction",
+            Self::Transaction | Self::TransactionReset => "transaction",
             Self::Session => "session",
         }
+    }
+
+    fn resets_always(self) -> u8 {
+        u8::from(matches!(self, Self::TransactionReset))
     }
 }
 
@@ -110,6 +117,7 @@ impl Pgbouncer {
                      auth_type = scram-sha-256\n\
                      auth_file = {auth}\n\
                      pool_mode = {mode}\n\
+                     server_reset_query_always = {reset}\n\
                      max_client_conn = 5000\n\
                      listen_backlog = 4096\n\
                      default_pool_size = 20\n\
@@ -120,6 +128,7 @@ impl Pgbouncer {
                     listen = bouncer.port,
                     auth = auth.display(),
                     mode = mode.setting(),
+                    reset = mode.resets_always(),
                     log = bouncer.log_path().display(),
                 ),
             )

@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio_postgres::Row;
 
 use super::connect::{Connector, Session, Statement};
+use super::prepared::PreparedWake;
 use super::schema::{Schema, create_or_check};
 use super::sql::{CHANNEL_PREFIX, GRANTED};
 use crate::backend::net::{Deadline, Failure};
@@ -35,6 +36,9 @@ pub struct PostgresLink {
     /// for the new one (sent the moment the join committed), so it is claimed,
     /// not trusted.
     doubted: usize,
+    /// Whether the session has the wake prepared and planned (see
+    /// [`PreparedWake`]); `None` until it was tried.
+    wake_ready: Option<bool>,
 }
 
 impl PostgresLink {
@@ -48,6 +52,7 @@ impl PostgresLink {
             tables: None,
             listening: None,
             doubted: 0,
+            wake_ready: None,
         }
     }
 
@@ -66,8 +71,7 @@ impl PostgresLink {
 
     /// Whether the session listens for the wake-ups of `token`.
     pub fn listening(&self, token: &str) -> bool {
-        self.listening.as_deref() == Some(token)
-            && self.session.as_ref().is_some_and(Session::is_usable)
+        self.listening.as_deref() == Some(token) && self.is_usable()
     }
 
     /// The session now listens for the wake-ups of `token` (a LISTEN it ran
@@ -83,6 +87,36 @@ impl PostgresLink {
             .session
             .as_ref()
             .map_or(0, Session::queued_notifications);
+    }
+
+    /// Whether the session has the wake ready: a release can run it as prepared.
+    pub fn wake_ready(&self) -> bool {
+        self.wake_ready == Some(true) && self.is_usable()
+    }
+
+    /// Whether there is a session that can take more calls.
+    pub fn is_usable(&self) -> bool {
+        self.session.as_ref().is_some_and(Session::is_usable)
+    }
+
+    /// Readies `wake` in the session, once: for a waiter whose release may
+    /// be a handoff. If that fails (a server before PostgreSQL 12), a release
+    /// runs the plain wake, which does the same.
+    pub fn ready_wake(&mut self, wake: &PreparedWake) {
+        if self.wake_ready.is_some() || !self.is_usable() {
+            return;
+        }
+        let readying = wake.readying().map(|sql| -> Statement { (sql, &[]) });
+        let ready = self
+            .transact("ready the release", FREE_CALL, &readying)
+            .is_ok();
+        self.wake_ready = Some(ready);
+    }
+
+    /// The session turned out not to have the wake ready (a pooler gave the
+    /// transaction another server session): the plain one from now on.
+    pub fn wake_missing(&mut self) {
+        self.wake_ready = Some(false);
     }
 
     /// Gives the connection up, until the next call.
@@ -158,6 +192,7 @@ impl PostgresLink {
         if self.session.is_none() {
             let deadline = Deadline::after(within);
             let mut session = self.connector.connect(within)?;
+            self.wake_ready = None;
             if !self.looked {
                 let left = deadline.remaining();
                 self.tables = create_or_check(&mut session, &self.schema, self.create, left)?;

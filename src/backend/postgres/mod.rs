@@ -14,6 +14,7 @@ pub mod connect;
 pub mod failure;
 mod link;
 mod look;
+mod prepared;
 mod resolve;
 pub mod schema;
 mod slot;
@@ -28,6 +29,7 @@ use std::time::Duration;
 use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
 
+use super::net::Deadline;
 use super::record::{sort, waiting};
 use super::{Abilities, Attempt, Common, Entry, Mode, Owner, Request, Store, Waited};
 use crate::error::Result;
@@ -178,6 +180,14 @@ impl PostgresStore {
         }
         // Without the name's lock, a wake-up may have gone out just before we listened.
         self.look_again = look.began_listening && !join && link.listening(&request.owner.token);
+        if look.position > 0
+            && link.listening(&request.owner.token)
+            && let Some(prepared) = &self.sql.prepared_wake
+        {
+            // Told when a slot is ours, we may take it over from a holder with
+            // waiters behind it: our release is then on the next handoff's path.
+            link.ready_wake(prepared);
+        }
         Ok(look)
     }
 
@@ -219,11 +229,29 @@ fn change(
     statements: &[Statement],
 ) -> Result<Vec<Vec<Row>>> {
     let locked: [(&(dyn ToSql + Sync), Type); 1] = [(&name, Type::TEXT)];
+    let mut link = link.borrow_mut();
+    let deadline = Deadline::after(within);
+    if let Some(prepared) = sql.prepared_wake.as_ref().filter(|_| link.wake_ready()) {
+        let (generic_plan, execute) = prepared.execute(name, moved);
+        let mut all: Vec<Statement> = vec![(generic_plan, &[]), (&sql.lock, &locked)];
+        all.extend_from_slice(statements);
+        all.push((&execute, &[]));
+        match link.transact(what, within, &all) {
+            Ok(mut results) => {
+                results.pop();
+                return Ok(results.split_off(2));
+            }
+            // Nothing was done: a pooler's other server session lacks the
+            // statement. The plain wake, in the time left.
+            Err(_) if link.is_usable() => link.wake_missing(),
+            Err(err) => return Err(err),
+        }
+    }
     let wake = wake_params(&name, &moved);
     let mut all: Vec<Statement> = vec![(&sql.lock, &locked)];
     all.extend_from_slice(statements);
     all.push((&sql.wake, &wake));
-    let mut results = link.borrow_mut().transact(what, within, &all)?;
+    let mut results = link.transact(what, deadline.remaining(), &all)?;
     results.pop();
     results.remove(0);
     Ok(results)

@@ -18,6 +18,7 @@
 //! lock. Times are the server's: `now()` (the transaction's start) dates
 //! leases and places, `clock_timestamp()` says how long they have left.
 
+use super::prepared::PreparedWake;
 use super::schema::{MODES_SINCE, Schema};
 use crate::backend::MAX_SHARERS;
 
@@ -92,6 +93,9 @@ pub struct Sql {
     /// this granted any), tells those of the next two places (`LINE_MOVED`),
     /// which watch what is ahead of them.
     pub wake: String,
+    /// The wake, ready to be prepared in a session ahead of its use; none for
+    /// tables older than modes.
+    pub prepared_wake: Option<PreparedWake>,
     /// $1 name, $2 token, $3 parallelism, $7 boot id, $8 host, $11 mode. Where we stand: our
     /// position (0: not in line) and place, whether the line lets us take a
     /// slot, the live holders and the waiters of the place just ahead as JSON
@@ -195,7 +199,7 @@ impl Sql {
             "token, pid, start_time, boot_id, host, command, {mode} AS mode,
              (extract(epoch FROM expires_at) * 1000)::bigint AS expires_ms"
         );
-        Self {
+        let mut sql = Self {
             lock_new: format!(
                 "INSERT INTO {locks} AS l (name) VALUES ($1)
                  ON CONFLICT (name) DO UPDATE SET fence = l.fence"
@@ -359,6 +363,11 @@ impl Sql {
                            (extract(epoch FROM acquired_at) * 1000)::bigint AS since_ms,
                            {list_columns}"
             ),
+            prepared_wake: None,
+        };
+        if version >= MODES_SINCE {
+            sql.prepared_wake = Some(PreparedWake::new(&sql));
         }
+        sql
     }
 }
