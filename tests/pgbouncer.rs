@@ -149,7 +149,7 @@ fn a_pooler_that_resets_its_sessions_loses_no_release() {
         return;
     };
     // A waiter readies its release in its session (docs/backends/postgres.md:
-    // "The line and wake-ups"); here no later transaction finds it, and every
+    // "PostgreSQL backend"); here no later transaction finds it, and every
     // release is made again as a plain one: none waits for a lease to lapse.
     a_line_through(
         &bouncer,
