@@ -207,7 +207,12 @@ impl LookReport {
         } else if refresh {
             statements.push((&sql.keep_place, &all[..4]));
         }
-        statements.push((&sql.report, &all[..]));
+        let report = if request.queue {
+            &sql.report
+        } else {
+            &sql.outside_report
+        };
+        statements.push((report, &all[..]));
         let what = if join {
             "join the line"
         } else {

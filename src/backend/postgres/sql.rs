@@ -104,6 +104,10 @@ pub struct Sql {
     /// `-p` that a holder or waiter has, if one does, and the waiter nearest
     /// ahead of us on our boot and host, as JSON like those.
     pub report: String,
+    /// The parameters of `report`. The report for a run that stands in no
+    /// line (`--no-wait`): its columns, with no position, place or neighbours
+    /// and not admitted, so that the server reads no line.
+    pub outside_report: String,
     /// $1 name, $2 tokens. Drops dead holders (not kept ones) and waiters.
     pub evict: String,
     /// $1 name, $2 slot, $3 token, $4 TTL ms. Renews a lease that has not
@@ -195,6 +199,12 @@ impl Sql {
         // When a holder took its slot and when its lease ends, in epoch milliseconds.
         let holder_times = "'since_ms', (extract(epoch FROM acquired_at) * 1000)::bigint, \
                             'expires_ms', (extract(epoch FROM expires_at) * 1000)::bigint";
+        // The live holders (`live`) as the report gives them.
+        let live_holders = format!(
+            "(SELECT json_agg(json_build_object({owner_json}, 'kept', kept, 'left_ms', {LEFT_MS},
+                                                'slot', slot, 'fence', fence, {holder_times}))
+              FROM live)::text"
+        );
         let list_columns = format!(
             "token, pid, start_time, boot_id, host, command, {mode} AS mode,
              (extract(epoch FROM expires_at) * 1000)::bigint AS expires_ms"
@@ -312,10 +322,7 @@ impl Sql {
                  SELECT coalesce((SELECT position FROM mine), 0)::integer,
                         coalesce((SELECT place FROM mine), 0)::integer,
                         {admitted},
-                        (SELECT json_agg(json_build_object({owner_json}, 'kept', kept,
-                                                           'left_ms', {LEFT_MS}, 'slot', slot,
-                                                           'fence', fence, {holder_times}))
-                         FROM live)::text,
+                        {live_holders},
                         (SELECT json_agg(json_build_object({owner_json}, 'kept', false,
                                                            'left_ms', {LEFT_MS}))
                          FROM line WHERE place = (SELECT place FROM mine) - 1)::text,
@@ -326,6 +333,11 @@ impl Sql {
                                      AND boot_id = $7 AND host = $8
                          ORDER BY position DESC LIMIT 1)::text",
                 line = line(&format!(" AND ticket <= {our_ticket}"))
+            ),
+            outside_report: format!(
+                "WITH live AS (SELECT * FROM {holders} WHERE name = $1 AND expires_at > now())
+                 SELECT 0::integer, 0::integer, false, {live_holders}, NULL::text,
+                        ({other_parallelism} LIMIT 1), NULL::text"
             ),
             evict: format!(
                 "WITH dead AS (
