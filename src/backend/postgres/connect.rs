@@ -238,6 +238,12 @@ impl Session {
         &self.target
     }
 
+    /// The server's major version, as it said when the session started.
+    pub fn server_major(&self) -> Option<u32> {
+        let version = self.connection.parameter("server_version")?;
+        version.split(['.', ' ']).next()?.parse().ok()
+    }
+
     /// Whether the session can take more calls; after a lost connection or a
     /// timed-out call it cannot, and the backend should connect anew.
     pub fn is_usable(&self) -> bool {

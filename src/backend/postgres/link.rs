@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio_postgres::Row;
 
 use super::connect::{Connector, Session, Statement};
-use super::prepared::PreparedWake;
+use super::prepared::{PreparedWake, SINCE_MAJOR};
 use super::schema::{Schema, create_or_check};
 use super::sql::{CHANNEL_PREFIX, GRANTED};
 use crate::backend::net::{Deadline, Failure};
@@ -100,16 +100,24 @@ impl PostgresLink {
     }
 
     /// Readies `wake` in the session, once: for a waiter whose release may
-    /// be a handoff. If that fails (a server before PostgreSQL 12), a release
-    /// runs the plain wake, which does the same.
+    /// be a handoff. Without it (a server before PostgreSQL 12, or a failure),
+    /// a release runs the plain wake, which does the same.
     pub fn ready_wake(&mut self, wake: &PreparedWake) {
-        if self.wake_ready.is_some() || !self.is_usable() {
+        if self.wake_ready.is_some() {
             return;
         }
-        let readying = wake.readying().map(|sql| -> Statement { (sql, &[]) });
-        let ready = self
-            .transact("ready the release", FREE_CALL, &readying)
-            .is_ok();
+        let Some(session) = self.session.as_mut().filter(|session| session.is_usable()) else {
+            return;
+        };
+        let able = session
+            .server_major()
+            .is_some_and(|major| major >= SINCE_MAJOR);
+        let ready = able
+            && session
+                .transaction("ready the release", FREE_CALL, async |client| {
+                    wake.ready(client).await
+                })
+                .is_ok();
         self.wake_ready = Some(ready);
     }
 
@@ -124,6 +132,19 @@ impl PostgresLink {
         self.session = None;
         self.listening = None;
         self.doubted = 0;
+    }
+
+    /// Runs `statements` as [`PostgresLink::transact`] does, on the session
+    /// there is, but never again on a new one: for statements that a new
+    /// session would not know.
+    pub fn transact_once(
+        &mut self,
+        what: &str,
+        within: Duration,
+        statements: &[Statement],
+    ) -> Result<Vec<Vec<Row>>> {
+        let result = self.session(within)?.transact(what, within, statements);
+        result.map_err(|failure| self.failed(failure))
     }
 
     /// Runs `statements` in one transaction and one round trip (see

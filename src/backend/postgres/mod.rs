@@ -236,15 +236,20 @@ fn change(
         let mut all: Vec<Statement> = vec![(generic_plan, &[]), (&sql.lock, &locked)];
         all.extend_from_slice(statements);
         all.push((&execute, &[]));
-        match link.transact(what, within, &all) {
+        match link.transact_once(what, within, &all) {
             Ok(mut results) => {
                 results.pop();
                 return Ok(results.split_off(2));
             }
-            // Nothing was done: a pooler's other server session lacks the
-            // statement. The plain wake, in the time left.
-            Err(_) if link.is_usable() => link.wake_missing(),
-            Err(err) => return Err(err),
+            // Rolled back: a pooler's other server session lacks the statement,
+            // or the session broke (a new one would lack it too). The plain
+            // wake, if enough time is left for it.
+            Err(err) => {
+                link.wake_missing();
+                if deadline.remaining() < within / 2 {
+                    return Err(err);
+                }
+            }
         }
     }
     let wake = wake_params(&name, &moved);

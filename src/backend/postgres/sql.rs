@@ -199,10 +199,11 @@ impl Sql {
         // When a holder took its slot and when its lease ends, in epoch milliseconds.
         let holder_times = "'since_ms', (extract(epoch FROM acquired_at) * 1000)::bigint, \
                             'expires_ms', (extract(epoch FROM expires_at) * 1000)::bigint";
-        // The live holders (`live`) as the report gives them.
+        // The live holders (`live`) as the report gives them, by slot.
         let live_holders = format!(
             "(SELECT json_agg(json_build_object({owner_json}, 'kept', kept, 'left_ms', {LEFT_MS},
-                                                'slot', slot, 'fence', fence, {holder_times}))
+                                                'slot', slot, 'fence', fence, {holder_times})
+                              ORDER BY slot)
               FROM live)::text"
         );
         let list_columns = format!(
