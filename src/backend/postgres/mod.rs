@@ -43,7 +43,7 @@ use look::{LookReport, wake_params};
 use schema::{MODES_SINCE, SCHEMA_VERSION, Schema};
 
 use slot::PostgresSlot;
-use sql::{Grant, Sql, granted};
+use sql::{Grant, Sql};
 use target::Target;
 
 /// The schema's version (the comment on `holders`); every older one is upgraded.
@@ -273,7 +273,14 @@ impl Store for PostgresStore {
 
     fn attempt(&mut self, request: &Request) -> Result<Attempt> {
         let me = &request.owner.process;
-        let granted = self.granted.take();
+        let mut granted = self.granted.take();
+        let ours = &request.owner.token;
+        if granted.is_none() && self.in_line && self.link.borrow().listening(ours) {
+            // The wait may have ended before a wake-up was read (to look at a
+            // process ahead, just gone: the holder that granted us its slot).
+            let woken = self.link.borrow_mut().woken(ours, Duration::ZERO)?;
+            granted = woken.as_deref().and_then(sql::granted);
+        }
         if let (Some(Grant::Said(slot, fence)), Some(kept), true) =
             (granted, self.place_kept_at, self.in_line)
         {
@@ -357,7 +364,7 @@ impl Store for PostgresStore {
             .borrow_mut()
             .woken(&request.owner.token, until.remaining())?;
         // Told only that the line moved, we look; a slot granted to us is ours.
-        self.granted = woken.as_deref().and_then(granted);
+        self.granted = woken.as_deref().and_then(sql::granted);
         Ok(Waited::told(woken.is_some()))
     }
 
