@@ -129,13 +129,13 @@ fn a_line_through(bouncer: &Pgbouncer, flags: &[&str], handoff: Duration) {
     }
 }
 
-#[test]
-fn transaction_pooling_serialises_and_the_line_moves_by_polling() {
-    let Some((_server, bouncer)) = behind_pgbouncer(PoolMode::Transaction) else {
+/// A line through transaction pooling, where `LISTEN` is lost: it moves by
+/// polling, with the README's advice there, a small --max-delay. A handoff
+/// waits for the head's next look: at most 1.5 × 0.5 s, and a second for a busy machine.
+fn a_polled_line_through(mode: PoolMode) {
+    let Some((_server, bouncer)) = behind_pgbouncer(mode) else {
         return;
     };
-    // The README's advice there: a small --max-delay. A handoff waits for the
-    // head's next look: at most 1.5 × 0.5 s, and a second for a busy machine.
     a_line_through(
         &bouncer,
         &["-w", "60", "--initial-delay", "0.2", "--max-delay", "0.5"],
@@ -144,18 +144,16 @@ fn transaction_pooling_serialises_and_the_line_moves_by_polling() {
 }
 
 #[test]
+fn transaction_pooling_serialises_and_the_line_moves_by_polling() {
+    a_polled_line_through(PoolMode::Transaction);
+}
+
+/// A waiter readies its release in its session (docs/backends/postgres.md:
+/// "PostgreSQL backend"); here no later transaction finds it, and every
+/// release is made again as a plain one: none waits for a lease to lapse.
+#[test]
 fn a_pooler_that_resets_its_sessions_loses_no_release() {
-    let Some((_server, bouncer)) = behind_pgbouncer(PoolMode::TransactionReset) else {
-        return;
-    };
-    // A waiter readies its release in its session (docs/backends/postgres.md:
-    // "PostgreSQL backend"); here no later transaction finds it, and every
-    // release is made again as a plain one: none waits for a lease to lapse.
-    a_line_through(
-        &bouncer,
-        &["-w", "60", "--initial-delay", "0.2", "--max-delay", "0.5"],
-        Duration::from_millis(1750),
-    );
+    a_polled_line_through(PoolMode::TransactionReset);
 }
 
 #[test]

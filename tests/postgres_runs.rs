@@ -585,31 +585,20 @@ fn an_uncontended_run_takes_few_round_trips() {
 
 #[test]
 fn a_busy_no_wait_run_names_the_holder_from_its_one_look() {
-    let Some(server) = statements_counted() else {
+    let Some(server) = statements_counted().map(Arc::new) else {
         return;
     };
     let proxy = Proxy::start(&server, true);
     let scratch = Scratch::new();
-    let lockrun_at = |url: &str| {
-        let mut command = lockrun();
-        command.args(["-b", "postgres", "--postgres-url", url, "--name", "busy"]);
-        command
-    };
-    let holder_script = format!(
-        "touch '{ready}'; while [ ! -e '{release}' ]; do sleep 0.02; done",
-        ready = scratch.path("ready").display(),
-        release = scratch.path("release").display(),
-    );
-    let mut holder = lockrun_at(&server.url())
-        .args(["-c", &holder_script])
-        .start();
-    wait_for_file(&scratch.path("ready"));
+    let mut holder = holder(&Store::on_postgres(&server), &scratch, "busy", &[]);
     let before = proxy.turns();
     server
         .client()
         .batch_execute("SELECT pg_stat_statements_reset()")
         .unwrap();
-    let busy = run(lockrun_at(&proxy.url()).args(["--no-wait", "true"]));
+    let busy = run(Store::on_postgres_at(&proxy.url(), Box::new(()))
+        .lockrun()
+        .args(["--name", "busy", "--no-wait", "true"]));
     let turns = proxy.turns() - before;
     let (calls, statements) = statements_run(&server);
     assert_status(&busy, 75);
@@ -687,7 +676,7 @@ fn an_uncontended_run_has_the_server_read_no_line() {
 
 #[test]
 fn a_waiter_granted_the_slot_starts_its_command_without_asking_the_server_again() {
-    let Some(server) = PostgresServer::start() else {
+    let Some(server) = PostgresServer::start().map(Arc::new) else {
         return;
     };
     let proxy = Proxy::start(&server, true);
@@ -697,15 +686,7 @@ fn a_waiter_granted_the_slot_starts_its_command_without_asking_the_server_again(
         command.args(["-b", "postgres", "--postgres-url", url, "--name", "told"]);
         command
     };
-    let holder_script = format!(
-        "touch '{ready}'; while [ ! -e '{release}' ]; do sleep 0.02; done",
-        ready = scratch.path("ready").display(),
-        release = scratch.path("release").display(),
-    );
-    let mut holder = lockrun_at(&server.url())
-        .args(["-c", &holder_script])
-        .start();
-    wait_for_file(&scratch.path("ready"));
+    let mut holder = holder(&Store::on_postgres(&server), &scratch, "told", &[]);
     // The waiter alone goes through the proxy; its backoff steps are long, so
     // it looks only when told.
     let mut waiter = lockrun_at(&proxy.url())
@@ -732,7 +713,8 @@ fn a_waiter_readies_its_release_while_it_waits() {
         "log_min_duration_statement=0",
         "backslash_quote=off",
         "standard_conforming_strings=off",
-    ]) else {
+    ])
+    .map(Arc::new) else {
         return;
     };
     let scratch = Scratch::new();
@@ -749,13 +731,7 @@ fn a_waiter_readies_its_release_while_it_waits() {
         ]);
         command
     };
-    let holder_script = format!(
-        "touch '{ready}'; while [ ! -e '{release}' ]; do sleep 0.02; done",
-        ready = scratch.path("ready").display(),
-        release = scratch.path("release").display(),
-    );
-    let mut holder = lockrun_on().args(["-c", &holder_script]).start();
-    wait_for_file(&scratch.path("ready"));
+    let mut holder = holder(&Store::on_postgres(&server), &scratch, r"it's \ready", &[]);
     let mut waiter = lockrun_on()
         .args(["-w", "30", "-v", "true"])
         .stderr(Stdio::piped())
