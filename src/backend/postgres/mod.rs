@@ -278,8 +278,9 @@ impl Store for PostgresStore {
         if granted.is_none() && self.in_line && self.link.borrow().listening(ours) {
             // The wait may have ended before a wake-up was read (to look at a
             // process ahead, just gone: the holder that granted us its slot).
-            let woken = self.link.borrow_mut().woken(ours, Duration::ZERO)?;
-            granted = woken.as_deref().and_then(sql::granted);
+            // A session found broken here is made anew by the look below.
+            let woken = self.link.borrow_mut().woken(ours, Duration::ZERO);
+            granted = woken.ok().flatten().as_deref().and_then(sql::granted);
         }
         if let (Some(Grant::Said(slot, fence)), Some(kept), true) =
             (granted, self.place_kept_at, self.in_line)

@@ -21,8 +21,7 @@ use crate::name::fnv1a_128;
 pub const SINCE_MAJOR: u32 = 12;
 
 /// Plans a statement once for any parameters, for the transaction: the plan
-/// `EXPLAIN EXECUTE` made is then the one used (PostgreSQL 12 and later; an
-/// older server refuses it, and the wake stays plain).
+/// `EXPLAIN EXECUTE` made is then the one used (PostgreSQL 12 and later).
 const GENERIC_PLAN: &str = "SET LOCAL plan_cache_mode = force_generic_plan";
 
 pub struct PreparedWake {
