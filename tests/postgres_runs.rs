@@ -740,13 +740,35 @@ fn a_waiter_readies_its_release_while_it_waits() {
     fs::write(scratch.path("release"), "").unwrap();
     assert_eq!(wait(&mut holder).code(), Some(0));
     assert_eq!(wait(&mut waiter).code(), Some(0));
+    // The slot is free again: the release, its values written in, found the waiter's row.
+    let after = lockrun_on().args(["--no-wait", "true"]).output().unwrap();
+    assert_eq!(after.status.code(), Some(0), "{after:?}");
     let log = server.log();
-    let said = |what: &str| log.matches(&format!("{what} lockrun_wake_")).count();
-    // The waiter prepared and planned the wake while it waited, and its release ran it so;
-    // the holder, which nobody was behind when it took the slot, released the plain way.
-    assert_eq!(said("PREPARE"), 1, "{log}");
-    assert_eq!(said("EXPLAIN EXECUTE"), 1, "{log}");
-    assert_eq!(said("execute <unnamed>: EXECUTE"), 1, "{log}");
+    // The statements the server logged, each whole (a statement's text runs over lines).
+    let mut entries: Vec<String> = Vec::new();
+    for line in log.lines() {
+        match (line.strip_prefix('\t'), entries.last_mut()) {
+            (Some(more), Some(entry)) => entry.push_str(more),
+            _ => entries.push(line.to_owned()),
+        }
+    }
+    let said = |what: &str| {
+        let what = format!("; {what} lockrun_wake_");
+        let said: Vec<&String> = entries
+            .iter()
+            .filter(|entry| entry.contains(" LOG: ") && entry.contains("statement: "))
+            .filter(|entry| entry.contains(&what))
+            .collect();
+        said
+    };
+    // The waiter prepared and planned the wake while it waited, and its release ran it
+    // so, in one message with the name's lock and the delete; the holder, which nobody
+    // was behind when it took the slot, released the plain way.
+    assert_eq!(said("PREPARE").len(), 1, "{log}");
+    assert_eq!(said("EXPLAIN EXECUTE").len(), 1, "{log}");
+    let released = said("EXECUTE");
+    assert_eq!(released.len(), 1, "{log}");
+    assert!(released[0].contains("FOR UPDATE; DELETE FROM"), "{log}");
     assert!(!log.contains("ERROR:"), "{log}");
 }
 

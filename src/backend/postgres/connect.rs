@@ -30,7 +30,9 @@ use tokio_postgres::config::{SslMode as WireSslMode, TargetSessionAttrs};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{AsyncMessage, Client, Config, Connection, Notification, Row, Socket};
+use tokio_postgres::{
+    AsyncMessage, Client, Config, Connection, Notification, Row, SimpleQueryMessage, Socket,
+};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::failure::{CallError, describe};
@@ -285,16 +287,54 @@ impl Session {
             client.batch_execute("COMMIT").await?;
             Ok(value)
         });
+        self.end_failed(&result, &deadline);
+        result.map_err(|trouble| describe(&self.target, what, &trouble))
+    }
+
+    /// Runs `statements`, their values written into their text, in one
+    /// transaction sent as one message (with BEGIN and COMMIT), within
+    /// `within`: the server answers them all at once, where [`Session::transact`]
+    /// has it answer each statement on its own. Returns how many rows each
+    /// returned or changed; a failing statement rolls the transaction back
+    /// and is the failure returned.
+    pub fn transact_written(
+        &mut self,
+        what: &str,
+        within: Duration,
+        statements: &[String],
+    ) -> Result<Vec<u64>, Failure> {
+        let deadline = Deadline::after(within);
+        let text = format!(
+            "{}; {}; COMMIT",
+            begin_with_limits(within),
+            statements.join("; ")
+        );
+        let result = self.drive(within, async |client: &Client| {
+            client.simple_query(&text).await
+        });
+        self.end_failed(&result, &deadline);
+        let messages = result.map_err(|trouble| describe(&self.target, what, &trouble))?;
+        let counts: Vec<u64> = messages
+            .iter()
+            .filter_map(|message| match message {
+                SimpleQueryMessage::CommandComplete(count) => Some(*count),
+                _ => None,
+            })
+            .collect();
+        // BEGIN and its limits come first, COMMIT last.
+        let ours = counts.len().saturating_sub(statements.len() + 1);
+        Ok(counts[ours..counts.len().saturating_sub(1)].to_vec())
+    }
+
+    /// A server error leaves a transaction aborted: ends it, in the time
+    /// left, so that the session stays usable. Failing that, the session is broken.
+    fn end_failed<T>(&mut self, result: &Result<T, CallError>, deadline: &Deadline) {
         if result.is_err() && !self.broken {
-            // A server error leaves the transaction aborted: end it, in the
-            // time left, so that the session stays usable. Failing that, the
-            // session is broken.
             let left = deadline.remaining();
             let _ = self.drive(left, async |client: &Client| {
                 client.batch_execute("ROLLBACK").await
             });
         }
-        result.map_err(|trouble| describe(&self.target, what, &trouble))
     }
 
     /// Runs `statements` in order in one transaction, in one round trip:

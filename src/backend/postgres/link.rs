@@ -134,16 +134,18 @@ impl PostgresLink {
         self.doubted = 0;
     }
 
-    /// Runs `statements` as [`PostgresLink::transact`] does, on the session
-    /// there is, but never again on a new one: for statements that a new
-    /// session would not know.
-    pub fn transact_once(
+    /// Runs `statements` as [`Session::transact_written`] does, on the
+    /// session there is, but never again on a new one: for statements that a
+    /// new session would not know.
+    pub fn transact_written_once(
         &mut self,
         what: &str,
         within: Duration,
-        statements: &[Statement],
-    ) -> Result<Vec<Vec<Row>>> {
-        let result = self.session(within)?.transact(what, within, statements);
+        statements: &[String],
+    ) -> Result<Vec<u64>> {
+        let result = self
+            .session(within)?
+            .transact_written(what, within, statements);
         result.map_err(|failure| self.failed(failure))
     }
 

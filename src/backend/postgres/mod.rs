@@ -29,7 +29,6 @@ use std::time::Duration;
 use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
 
-use super::net::Deadline;
 use super::record::{sort, waiting};
 use super::{Abilities, Attempt, Common, Entry, Mode, Owner, Request, Store, Waited};
 use crate::error::Result;
@@ -229,34 +228,11 @@ fn change(
     statements: &[Statement],
 ) -> Result<Vec<Vec<Row>>> {
     let locked: [(&(dyn ToSql + Sync), Type); 1] = [(&name, Type::TEXT)];
-    let mut link = link.borrow_mut();
-    let deadline = Deadline::after(within);
-    if let Some(prepared) = sql.prepared_wake.as_ref().filter(|_| link.wake_ready()) {
-        let (generic_plan, execute) = prepared.execute(name, moved);
-        let mut all: Vec<Statement> = vec![(generic_plan, &[]), (&sql.lock, &locked)];
-        all.extend_from_slice(statements);
-        all.push((&execute, &[]));
-        match link.transact_once(what, within, &all) {
-            Ok(mut results) => {
-                results.pop();
-                return Ok(results.split_off(2));
-            }
-            // Rolled back: a pooler's other server session lacks the statement,
-            // or the session broke (a new one would lack it too). The plain
-            // wake, if enough time is left for it.
-            Err(err) => {
-                link.wake_missing();
-                if deadline.remaining() < within / 2 {
-                    return Err(err);
-                }
-            }
-        }
-    }
     let wake = wake_params(&name, &moved);
     let mut all: Vec<Statement> = vec![(&sql.lock, &locked)];
     all.extend_from_slice(statements);
     all.push((&sql.wake, &wake));
-    let mut results = link.transact(what, deadline.remaining(), &all)?;
+    let mut results = link.borrow_mut().transact(what, within, &all)?;
     results.pop();
     results.remove(0);
     Ok(results)

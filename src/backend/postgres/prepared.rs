@@ -5,11 +5,14 @@
 //!
 //! It is an SQL `PREPARE` under a name made from its text, planned once for
 //! any parameters (a generic plan) by an `EXPLAIN EXECUTE`, which runs
-//! nothing. Behind a transaction-pooling pgbouncer a later transaction may
-//! reach a server session without it: the release then fails and is rolled
-//! back before it commits anything, and is made again with the plain
-//! statement. A server session that has one under the same name (prepared by
-//! another lockrun through the same pooler) has the same text, so it does the same.
+//! nothing. The release then goes as one message with its values written in
+//! (`EXECUTE` takes no bound parameters anyway), which the server answers at
+//! once rather than statement by statement. Behind a transaction-pooling
+//! pgbouncer a later transaction may reach a server session without it: the
+//! release then fails and is rolled back before it commits anything, and is
+//! made again with the plain statement. A server session that has one under
+//! the same name (prepared by another lockrun through the same pooler) has
+//! the same text, so it does the same.
 
 use tokio_postgres::Client;
 use tokio_postgres::types::Type;
@@ -19,6 +22,9 @@ use crate::name::fnv1a_128;
 
 /// The first server version that keeps one plan for any parameters on request (`plan_cache_mode`).
 pub const SINCE_MAJOR: u32 = 12;
+
+/// Where the delete stands among the statements of [`PreparedWake::release`].
+pub const DELETE_AT: usize = 2;
 
 /// Plans a statement once for any parameters, for the transaction: the plan
 /// `EXPLAIN EXECUTE` made is then the one used (PostgreSQL 12 and later).
@@ -60,19 +66,42 @@ impl PreparedWake {
             .await
     }
 
-    /// Runs it for `name`, telling the next two places when `moved`: the
-    /// statements that go before the name's lock, then the one that replaces
-    /// the plain wake. `EXECUTE` takes no bound parameters, so the name is
-    /// written in as a literal.
-    pub fn execute(&self, name: &str, moved: bool) -> (&'static str, String) {
-        let execute = format!(
-            "EXECUTE {}({}, {}, {moved})",
-            self.name,
-            literal(name),
-            literal(CHANNEL_PREFIX)
-        );
-        (GENERIC_PLAN, execute)
+    /// The release of `slot` of `name` by `token`, every value written in,
+    /// for one message: the generic plan, the name's lock, the delete (at
+    /// [`DELETE_AT`]) and this wake, which tells those it grants a slot.
+    pub fn release(&self, sql: &Sql, name: &str, slot: u32, token: &str) -> [String; 4] {
+        let name = literal(name);
+        [
+            GENERIC_PLAN.to_owned(),
+            written(&sql.lock, &[&name]),
+            written(&sql.release, &[&name, &slot.to_string(), &literal(token)]),
+            format!(
+                "EXECUTE {}({name}, {}, false)",
+                self.name,
+                literal(CHANNEL_PREFIX)
+            ),
+        ]
     }
+}
+
+/// `template` with each parameter `$n` replaced by `values[n - 1]` (one
+/// with no value stays as it is).
+fn written(template: &str, values: &[&str]) -> String {
+    let mut text = String::with_capacity(template.len());
+    let mut rest = template;
+    while let Some(at) = rest.find('$') {
+        text.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+        let value = after[..digits]
+            .parse::<usize>()
+            .ok()
+            .and_then(|n| values.get(n.checked_sub(1)?));
+        text.push_str(value.unwrap_or(&&rest[at..=at + digits]));
+        rest = &after[digits..];
+    }
+    text.push_str(rest);
+    text
 }
 
 /// `text` as an escape string literal, which reads the same whatever the
@@ -91,5 +120,13 @@ mod tests {
         assert_eq!(literal("plain"), "E'plain'");
         assert_eq!(literal(r"a'b\c"), r"E'a''b\\c'");
         assert_eq!(literal(r"\'); DROP"), r"E'\\''); DROP'");
+    }
+
+    #[test]
+    fn parameters_are_written_in_by_number() {
+        assert_eq!(
+            written("a = $1 AND b = $2 OR $1 < $10 AND c = '$'", &["x", "'y'"]),
+            "a = x AND b = 'y' OR x < $10 AND c = '$'"
+        );
     }
 }

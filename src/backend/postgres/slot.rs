@@ -9,8 +9,10 @@ use std::time::Duration;
 use tokio_postgres::types::{ToSql, Type};
 
 use super::link::PostgresLink;
+use super::prepared::DELETE_AT;
 use super::sql::Sql;
 use super::{change, millis};
+use crate::backend::net::Deadline;
 use crate::backend::{Released, Renewal, Slot};
 use crate::error::Result;
 use crate::platform::clock::Moment;
@@ -60,6 +62,11 @@ impl Slot for PostgresSlot {
     fn release(self: Box<Self>, keep_until: Option<Moment>) -> Result<Released> {
         // A duration from now, not a time: only the server's clock dates leases.
         let keep = keep_until.map_or(0, |until| millis(until.remaining()));
+        let within = self.plan.holder_call();
+        if keep == 0 {
+            return Ok(Released::ours(self.free(within)?));
+        }
+        // Kept taken, and nobody to wake: the slot is not free.
         let slot = self.slot.cast_signed();
         let params: [(&(dyn ToSql + Sync), Type); 4] = [
             (&self.name, Type::TEXT),
@@ -67,25 +74,55 @@ impl Slot for PostgresSlot {
             (&self.token, Type::TEXT),
             (&keep, Type::INT8),
         ];
-        let within = self.plan.holder_call();
-        let rows = if keep > 0 {
-            // Kept taken, and nobody to wake: the slot is not free.
-            let kept = [(self.sql.keep.as_str(), &params[..])];
-            self.link
-                .borrow_mut()
-                .transact("keep the slot", within, &kept)?
-        } else {
-            let freed = [(self.sql.release.as_str(), &params[..3])];
-            change(
-                &self.link,
-                &self.sql,
-                "release the slot",
-                within,
-                &self.name,
-                false,
-                &freed,
-            )?
-        };
+        let kept = [(self.sql.keep.as_str(), &params[..])];
+        let rows = self
+            .link
+            .borrow_mut()
+            .transact("keep the slot", within, &kept)?;
         Ok(Released::ours(rows[0].len() == 1))
+    }
+}
+
+impl PostgresSlot {
+    /// Frees the slot and grants it on, within `within`; whether it was still
+    /// ours. With the wake ready in the session, in one message.
+    fn free(&self, within: Duration) -> Result<bool> {
+        let deadline = Deadline::after(within);
+        let what = "release the slot";
+        let prepared =
+            (self.sql.prepared_wake.as_ref()).filter(|_| self.link.borrow().wake_ready());
+        if let Some(prepared) = prepared {
+            let release = prepared.release(&self.sql, &self.name, self.slot, &self.token);
+            let mut link = self.link.borrow_mut();
+            match link.transact_written_once(what, within, &release) {
+                Ok(counts) => return Ok(counts.get(DELETE_AT) == Some(&1)),
+                // Rolled back: a pooler's other server session lacks the statement,
+                // or the session broke (a new one would lack it too). The plain
+                // way, if enough time is left for it.
+                Err(err) => {
+                    link.wake_missing();
+                    if deadline.remaining() < within / 2 {
+                        return Err(err);
+                    }
+                }
+            }
+        }
+        let slot = self.slot.cast_signed();
+        let params: [(&(dyn ToSql + Sync), Type); 3] = [
+            (&self.name, Type::TEXT),
+            (&slot, Type::INT4),
+            (&self.token, Type::TEXT),
+        ];
+        let freed = [(self.sql.release.as_str(), &params[..])];
+        let rows = change(
+            &self.link,
+            &self.sql,
+            what,
+            deadline.remaining(),
+            &self.name,
+            false,
+            &freed,
+        )?;
+        Ok(rows[0].len() == 1)
     }
 }
