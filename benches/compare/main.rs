@@ -96,9 +96,10 @@ const WARMUP: usize = 20;
 /// (l): uncontended runs of `true` per contender, S3 against the file backend.
 const S3_RUNS: usize = 100;
 
-/// The families `LOCKRUN_BENCH_ONLY` runs alone: (b), (f), (j)/(k), (k), (iii) and (l).
-const ONLY: [&str; 6] = [
+/// The families `LOCKRUN_BENCH_ONLY` runs alone: (b), (c), (f), (j)/(k), (k), (iii) and (l).
+const ONLY: [&str; 7] = [
     "contention",
+    "handoff",
     "deployed",
     "shared",
     "readers",
@@ -154,6 +155,7 @@ impl Bench {
     fn alone(&mut self, only: &str, default: &Build) {
         match only {
             "contention" => self.contention(),
+            "handoff" => self.handoff(),
             "deployed" => self.deployed(default),
             "shared" => self.shared(),
             "readers" => self.readers(),
