@@ -708,7 +708,9 @@ fn a_waiter_granted_the_slot_starts_its_command_without_asking_the_server_again(
 
 #[test]
 fn a_waiter_readies_its_release_while_it_waits() {
-    // Settings under which a name is easily written in wrongly.
+    // Settings under which a name is easily written in wrongly, and a schema
+    // whose quoted name holds what a parameter would look like outside quotes.
+    const PREFIX: &str = r#"lr$1"$2"#;
     let Some(server) = PostgresServer::start_with(&[
         "log_min_duration_statement=0",
         "backslash_quote=off",
@@ -726,12 +728,19 @@ fn a_waiter_readies_its_release_while_it_waits() {
             "postgres",
             "--postgres-url",
             &url,
+            "--prefix",
+            PREFIX,
             "--name",
             r"it's \ready",
         ]);
         command
     };
-    let mut holder = holder(&Store::on_postgres(&server), &scratch, r"it's \ready", &[]);
+    let mut holder = holder(
+        &Store::on_postgres(&server),
+        &scratch,
+        r"it's \ready",
+        &["--prefix", PREFIX],
+    );
     let mut waiter = lockrun_on()
         .args(["-w", "30", "-v", "true"])
         .stderr(Stdio::piped())

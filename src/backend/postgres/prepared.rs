@@ -85,22 +85,43 @@ impl PreparedWake {
 }
 
 /// `template` with each parameter `$n` replaced by `values[n - 1]` (one
-/// with no value stays as it is).
+/// with no value stays as it is). A `$` within quotes is text, not a
+/// parameter: the schema's name, quoted, may hold one (`--prefix`).
 fn written(template: &str, values: &[&str]) -> String {
+    let bytes = template.as_bytes();
     let mut text = String::with_capacity(template.len());
-    let mut rest = template;
-    while let Some(at) = rest.find('$') {
-        text.push_str(&rest[..at]);
-        let after = &rest[at + 1..];
-        let digits = after.bytes().take_while(u8::is_ascii_digit).count();
-        let value = after[..digits]
-            .parse::<usize>()
-            .ok()
-            .and_then(|n| values.get(n.checked_sub(1)?));
-        text.push_str(value.unwrap_or(&&rest[at..=at + digits]));
-        rest = &after[digits..];
+    // The quote we are within, if any, and where the text not yet copied starts.
+    let mut quote = None;
+    let mut copied = 0;
+    let mut at = 0;
+    while at < bytes.len() {
+        let byte = bytes[at];
+        at += 1;
+        match quote {
+            // A doubled quote within quotes ends them and begins them again.
+            Some(open) if byte == open => quote = None,
+            None if byte == b'"' || byte == b'\'' => quote = Some(byte),
+            None if byte == b'$' => {
+                let digits = bytes[at..]
+                    .iter()
+                    .take_while(|b| b.is_ascii_digit())
+                    .count();
+                let value = template[at..at + digits]
+                    .parse::<usize>()
+                    .ok()
+                    .and_then(|n| values.get(n.checked_sub(1)?));
+                if let Some(value) = value {
+                    text.push_str(&template[copied..at - 1]);
+                    text.push_str(value);
+                    copied = at + digits;
+                }
+                at += digits;
+            }
+            // Within quotes, or outside them and no parameter.
+            _ => {}
+        }
     }
-    text.push_str(rest);
+    text.push_str(&template[copied..]);
     text
 }
 
@@ -114,6 +135,7 @@ fn literal(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::postgres::schema::{SCHEMA_VERSION, Schema};
 
     #[test]
     fn a_name_is_written_in_so_that_it_reads_back_as_itself() {
@@ -123,10 +145,28 @@ mod tests {
     }
 
     #[test]
-    fn parameters_are_written_in_by_number() {
+    fn parameters_are_written_in_by_number_and_never_within_quotes() {
         assert_eq!(
-            written("a = $1 AND b = $2 OR $1 < $10 AND c = '$'", &["x", "'y'"]),
-            "a = x AND b = 'y' OR x < $10 AND c = '$'"
+            written(
+                r#"a = $1 AND b = $2 OR $1 < $10 AND c = '$1''$2' AND "t$1""$2".d = $"#,
+                &["x", "'y'"]
+            ),
+            r#"a = x AND b = 'y' OR x < $10 AND c = '$1''$2' AND "t$1""$2".d = $"#
+        );
+    }
+
+    #[test]
+    fn a_release_keeps_a_schema_named_like_a_parameter() {
+        let schema = Schema::new(r#"lr$2"$1"#).unwrap();
+        let sql = Sql::new(&schema, SCHEMA_VERSION);
+        let release = PreparedWake::new(&sql).release(&sql, r#"n"'\"#, 7, "t");
+        assert_eq!(
+            release[1],
+            r#"SELECT FROM "lr$2""$1".locks WHERE name = E'n"''\\' FOR UPDATE"#
+        );
+        assert_eq!(
+            release[DELETE_AT],
+            r#"DELETE FROM "lr$2""$1".holders WHERE name = E'n"''\\' AND slot = 7 AND token = E't' RETURNING slot"#
         );
     }
 }

@@ -96,9 +96,10 @@ impl PostgresSlot {
             let mut link = self.link.borrow_mut();
             match link.transact_written_once(what, within, &release) {
                 Ok(counts) => return Ok(counts.get(DELETE_AT) == Some(&1)),
-                // Rolled back: a pooler's other server session lacks the statement,
-                // or the session broke (a new one would lack it too). The plain
-                // way, if enough time is left for it.
+                // Rolled back (a pooler's other server session lacks the statement),
+                // or the session broke: a new one would lack it too. The plain way,
+                // if enough time is left for it (after an answer lost with the
+                // session, it finds the slot freed already, as any repeated call would).
                 Err(err) => {
                     link.wake_missing();
                     if deadline.remaining() < within / 2 {
