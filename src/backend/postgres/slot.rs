@@ -62,11 +62,6 @@ impl Slot for PostgresSlot {
     fn release(self: Box<Self>, keep_until: Option<Moment>) -> Result<Released> {
         // A duration from now, not a time: only the server's clock dates leases.
         let keep = keep_until.map_or(0, |until| millis(until.remaining()));
-        let within = self.plan.holder_call();
-        if keep == 0 {
-            return Ok(Released::ours(self.free(within)?));
-        }
-        // Kept taken, and nobody to wake: the slot is not free.
         let slot = self.slot.cast_signed();
         let params: [(&(dyn ToSql + Sync), Type); 4] = [
             (&self.name, Type::TEXT),
@@ -74,6 +69,11 @@ impl Slot for PostgresSlot {
             (&self.token, Type::TEXT),
             (&keep, Type::INT8),
         ];
+        let within = self.plan.holder_call();
+        if keep == 0 {
+            return Ok(Released::ours(self.free(within, &params[..3])?));
+        }
+        // Kept taken, and nobody to wake: the slot is not free.
         let kept = [(self.sql.keep.as_str(), &params[..])];
         let rows = self
             .link
@@ -85,8 +85,9 @@ impl Slot for PostgresSlot {
 
 impl PostgresSlot {
     /// Frees the slot and grants it on, within `within`; whether it was still
-    /// ours. With the wake ready in the session, in one message.
-    fn free(&self, within: Duration) -> Result<bool> {
+    /// ours. With the wake ready in the session, in one message; else with
+    /// `params` ($1 name, $2 slot, $3 token) bound to the plain release.
+    fn free(&self, within: Duration, params: &[(&(dyn ToSql + Sync), Type)]) -> Result<bool> {
         let deadline = Deadline::after(within);
         let what = "release the slot";
         let prepared =
@@ -108,13 +109,7 @@ impl PostgresSlot {
                 }
             }
         }
-        let slot = self.slot.cast_signed();
-        let params: [(&(dyn ToSql + Sync), Type); 3] = [
-            (&self.name, Type::TEXT),
-            (&slot, Type::INT4),
-            (&self.token, Type::TEXT),
-        ];
-        let freed = [(self.sql.release.as_str(), &params[..])];
+        let freed = [(self.sql.release.as_str(), params)];
         let rows = change(
             &self.link,
             &self.sql,
