@@ -86,7 +86,8 @@ impl PreparedWake {
 
 /// `template` with each parameter `$n` replaced by `values[n - 1]` (one
 /// with no value stays as it is). A `$` within quotes is text, not a
-/// parameter: the schema's name, quoted, may hold one (`--prefix`).
+/// parameter: the schema's name, quoted, may hold one (`--prefix`). For
+/// lockrun's own templates, whose quotes are plain: no `E''` escapes, no comments.
 fn written(template: &str, values: &[&str]) -> String {
     let bytes = template.as_bytes();
     let mut text = String::with_capacity(template.len());
