@@ -584,23 +584,36 @@ fn an_uncontended_run_takes_few_round_trips() {
 }
 
 #[test]
-fn a_busy_no_wait_run_names_the_holder_from_its_one_look() {
+fn a_busy_no_wait_run_names_the_holder_from_one_look_without_the_names_lock() {
     let Some(server) = statements_counted().map(Arc::new) else {
         return;
     };
     let proxy = Proxy::start(&server, true);
     let scratch = Scratch::new();
     let mut holder = holder(&Store::on_postgres(&server), &scratch, "busy", &[]);
+    // Another session holds the name's lock the while: a run that took it
+    // would wait for it up to its lock_timeout (5 s, connect_timeout's default).
+    let mut other = server.client();
+    let mut locking = other.transaction().unwrap();
+    locking
+        .execute(
+            "SELECT FROM lockrun.locks WHERE name = 'busy' FOR UPDATE",
+            &[],
+        )
+        .unwrap();
     let before = proxy.turns();
     server
         .client()
         .batch_execute("SELECT pg_stat_statements_reset()")
         .unwrap();
+    let started = Instant::now();
     let busy = run(Store::on_postgres_at(&proxy.url(), Box::new(()))
         .lockrun()
         .args(["--name", "busy", "--no-wait", "true"]));
+    let took = started.elapsed();
     let turns = proxy.turns() - before;
     let (calls, statements) = statements_run(&server);
+    locking.rollback().unwrap();
     assert_status(&busy, 75);
     let said = stderr(&busy);
     assert!(
@@ -608,13 +621,30 @@ fn a_busy_no_wait_run_names_the_holder_from_its_one_look() {
         said.contains(&format!("held by pid {}", holder.id())) && said.contains("sh)\n"),
         "the message names the holder: {said}"
     );
+    assert!(took < Duration::from_secs(4), "answered after {took:?}");
     // Startup and SCRAM (3), the schema check and the look, whose holders the message names.
     assert!(turns <= 5, "{turns} round trips");
-    // The schema check; the name's lock, the take and the report: nothing that tidies or
-    // wakes a line it does not stand in.
-    assert!(calls <= 4, "{calls} statements: {statements:#?}");
+    // The schema check and the look: neither the name's lock nor a take, nothing
+    // that tidies or wakes a line it does not stand in.
+    assert!(calls <= 2, "{calls} statements: {statements:#?}");
     fs::write(scratch.path("release"), "").unwrap();
     assert_eq!(wait(&mut holder).code(), Some(0));
+}
+
+#[test]
+fn a_no_wait_run_takes_a_free_slot_after_its_look() {
+    let Some(server) = PostgresServer::start().map(Arc::new) else {
+        return;
+    };
+    let store = Store::on_postgres(&server);
+    // A name never used, whose row the take makes, then the same name, its slot freed.
+    for name in ["fresh", "fresh"] {
+        let ran = run(store
+            .lockrun()
+            .args(["--name", name, "--no-wait", "--", "echo", "ran"]));
+        assert_status(&ran, 0);
+        assert_eq!(String::from_utf8_lossy(&ran.stdout), "ran\n");
+    }
 }
 
 /// A server that counts the statements it runs (`pg_stat_statements`), utility ones aside.

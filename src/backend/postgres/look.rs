@@ -199,12 +199,12 @@ impl LookReport {
                 (&sql.wake, &wake[..]),
             ]);
         } else if join {
-            // A --no-wait run takes a free slot or goes: it frees none and
-            // stands in no line, so it neither tidies the line nor wakes it
-            // (a herd of them is mostly busy, and this is all the server plans for each).
+            // A --no-wait run that a look found a slot free for takes it or
+            // goes: it frees none and stands in no line, so it neither tidies
+            // the line nor wakes it.
             take = Some(statements.len() + 1);
             statements.extend([(sql.lock_new.as_str(), &all[..1]), (&sql.take, &all[..])]);
-        } else if refresh {
+        } else if refresh && request.queue {
             statements.push((&sql.keep_place, &all[..4]));
         }
         let report = if request.queue {

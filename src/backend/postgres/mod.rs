@@ -296,6 +296,15 @@ impl Store for PostgresStore {
         }
         // Not in line (the first look, --no-wait, or our place lapsed): join it.
         self.link.borrow_mut().tables()?;
+        if !request.queue {
+            // A --no-wait run that finds no slot free goes on a look alone: a
+            // herd of them is mostly busy, and would otherwise queue up on the
+            // name's lock and have the server plan a take for each.
+            let look = self.look(request, false)?;
+            if !look.admitted {
+                return Ok(Attempt::Waiting(look.line(me)));
+            }
+        }
         let sent = Moment::now();
         if !self.in_line && request.queue {
             // Most runs find a slot free: taking it alone spares the server reading and

@@ -105,8 +105,10 @@ pub struct Sql {
     /// ahead of us on our boot and host, as JSON like those.
     pub report: String,
     /// The parameters of `report`. The report for a run that stands in no
-    /// line (`--no-wait`): its columns, with no position, place or neighbours
-    /// and not admitted, so that the server reads no line.
+    /// line (`--no-wait`): its columns, with no position, place or neighbours,
+    /// so that the server reads only whether a waiter stands ahead; admitted
+    /// when a slot is free to a newcomer. Takes no lock: it can answer a busy
+    /// run alone.
     pub outside_report: String,
     /// $1 name, $2 tokens. Drops dead holders (not kept ones) and waiters.
     pub evict: String,
@@ -337,7 +339,7 @@ impl Sql {
             ),
             outside_report: format!(
                 "WITH live AS (SELECT * FROM {holders} WHERE name = $1 AND expires_at > now())
-                 SELECT 0::integer, 0::integer, false, {live_holders}, NULL::text,
+                 SELECT 0::integer, 0::integer, {admitted}, {live_holders}, NULL::text,
                         ({other_parallelism} LIMIT 1), NULL::text"
             ),
             evict: format!(
