@@ -164,7 +164,7 @@ fn postgres_gauge(server: Arc<crate::support::postgres::PostgresServer>) -> Gaug
             )
             .expect("PostgreSQL's activity");
         // The postmaster: the parent of this session's server process; its
-        // children's CPU time (reaped sessions included) counts as its own.
+        // children's CPU time (running and reaped sessions) counts as its own.
         let backend: i32 = row.get(1);
         let postmaster = parent_of(backend.unsigned_abs());
         Work {
@@ -251,18 +251,29 @@ fn parent_of(pid: u32) -> Option<u32> {
         .ok()
 }
 
-/// A process's CPU time with that of its reaped children (utime, stime, cutime, cstime).
+/// A process's CPU time with that of its children, reaped (cutime, cstime) and
+/// running: a pooler's server sessions live through the herd.
 fn cpu_time_with_children(pid: u32) -> Duration {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after_name = stat.rfind(')').map_or("", |end| &stat[end + 1..]);
-    let ticks: u64 = after_name
+    let running: u64 = fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
         .split_whitespace()
-        .skip(11)
-        .take(4)
-        .filter_map(|field| field.parse::<u64>().ok())
+        .filter_map(|child| child.parse().ok())
+        .map(|child| cpu_ticks(child, 2))
         .sum();
     // USER_HZ is 100 on Linux.
-    Duration::from_millis(ticks * 10)
+    Duration::from_millis((cpu_ticks(pid, 4) + running) * 10)
+}
+
+/// The first `fields` of utime, stime, cutime and cstime of `pid`, in ticks.
+fn cpu_ticks(pid: u32, fields: usize) -> u64 {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after_name = stat.rfind(')').map_or("", |end| &stat[end + 1..]);
+    after_name
+        .split_whitespace()
+        .skip(11)
+        .take(fields)
+        .filter_map(|field| field.parse::<u64>().ok())
+        .sum()
 }
 
 /// The `p`-th percentile of `values` (sorted here).
