@@ -653,6 +653,33 @@ fn a_no_wait_run_takes_a_free_slot_after_its_look() {
     }
 }
 
+#[test]
+fn a_no_wait_run_whose_take_was_made_but_never_answered_runs_its_command() {
+    let Some(server) = PostgresServer::start().map(Arc::new) else {
+        return;
+    };
+    let direct = Store::on_postgres(&server);
+    // The first run makes the schema.
+    assert_status(&run(direct.lockrun().args(["--name", "first", "true"])), 0);
+    // Connecting (3), the schema check, the look, then the take: made, its
+    // answer lost, and the next connection cut too, so the run rides it out.
+    let proxy = Proxy::losing_answer(&server, 6);
+    let ran = run(Store::on_postgres_at(&proxy.url(), Box::new(()))
+        .lockrun()
+        .args(["--name", "lost", "--no-wait", "--initial-delay", "0.1"])
+        .args(["--", "echo", "ran"]));
+    // Its look after the trouble finds the slot its own, not a holder's to wait for.
+    assert_status(&ran, 0);
+    assert_eq!(String::from_utf8_lossy(&ran.stdout), "ran\n");
+    // And it let the slot go.
+    assert_status(
+        &run(direct
+            .lockrun()
+            .args(["--name", "lost", "--no-wait", "true"])),
+        0,
+    );
+}
+
 /// A server that counts the statements it runs (`pg_stat_statements`), utility ones aside.
 fn statements_counted() -> Option<PostgresServer> {
     let server = PostgresServer::start_with(&[

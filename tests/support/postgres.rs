@@ -526,7 +526,7 @@ fn template(bin: &Path, user: Option<(Uid, Gid)>) -> PathBuf {
 
 /// A TCP proxy in front of a test server that counts round trips and can
 /// drop the server's notifications, as a transaction-pooling pgbouncer loses
-/// them. It reads the server's messages, so its clients must not use TLS
+/// them, or lose an answer (see [`Proxy::losing_answer`]). It reads the server's messages, so its clients must not use TLS
 /// (`sslmode=disable`: a TLS request's one-byte answer has no message frame).
 pub struct Proxy {
     port: u16,
@@ -537,17 +537,34 @@ pub struct Proxy {
 impl Proxy {
     /// A proxy to `server`; it forwards notifications only with `notify`.
     pub fn start(server: &PostgresServer, notify: bool) -> Self {
+        Self::relaying(server, notify, None)
+    }
+
+    /// A proxy to `server` that lets the first connection's `turn`-th turn
+    /// (round trip) be done but never answered: it takes in the server's
+    /// whole answer, then cuts the connection; and it cuts the next
+    /// connection at once. As a server that commits and then fails over, or a
+    /// network that loses the answer and then the next attempt.
+    pub fn losing_answer(server: &PostgresServer, turn: usize) -> Self {
+        Self::relaying(server, true, Some(turn))
+    }
+
+    fn relaying(server: &PostgresServer, notify: bool, lose: Option<usize>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
         let port = listener.local_addr().expect("the proxy's port").port();
         let upstream = (server.host.clone(), server.port);
         let turns = Arc::new(AtomicUsize::new(0));
         let counted = Arc::clone(&turns);
         thread::spawn(move || {
-            for client in listener.incoming().map_while(Result::ok) {
+            for (connection, client) in listener.incoming().map_while(Result::ok).enumerate() {
+                if lose.is_some() && connection == 1 {
+                    continue;
+                }
                 let Ok(server) = TcpStream::connect(upstream.clone()) else {
                     continue;
                 };
-                relay(client, server, notify, Arc::clone(&counted));
+                let lose = lose.filter(|_| connection == 0);
+                relay(client, server, notify, lose, Arc::clone(&counted));
             }
         });
         Self { port, turns }
@@ -571,9 +588,19 @@ impl Proxy {
 /// counts the client's turns: it speaks after the server did, with every
 /// answer it had asked for come. A transaction sent at once may reach the
 /// server in pieces that it starts answering before the last: the later
-/// pieces are the same turn.
-fn relay(client: TcpStream, server: TcpStream, notify: bool, turns: Arc<AtomicUsize>) {
+/// pieces are the same turn. The answer to the `lose`-th turn is taken in
+/// and not passed on, and the connection then cut.
+fn relay(
+    client: TcpStream,
+    server: TcpStream,
+    notify: bool,
+    lose: Option<usize>,
+    turns: Arc<AtomicUsize>,
+) {
     let answered = Arc::new(AtomicBool::new(true));
+    // This connection's turns so far.
+    let own_turns = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&own_turns);
     // `ReadyForQuery` messages asked for (a Query or a Sync each) and not come yet.
     let unanswered = Arc::new(AtomicUsize::new(0));
     let (mut from_client, mut to_server) =
@@ -588,6 +615,7 @@ fn relay(client: TcpStream, server: TcpStream, notify: bool, turns: Arc<AtomicUs
             }
             if asked.load(Ordering::SeqCst) == 0 && heard.swap(false, Ordering::SeqCst) {
                 turns.fetch_add(1, Ordering::SeqCst);
+                counted.fetch_add(1, Ordering::SeqCst);
             }
             // Counted before the server can answer them.
             asked.fetch_add(requests.answers_asked(&buffer[..read]), Ordering::SeqCst);
@@ -610,6 +638,13 @@ fn relay(client: TcpStream, server: TcpStream, notify: bool, turns: Arc<AtomicUs
             if header[0] == b'Z' {
                 let _ = unanswered
                     .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+            }
+            if lose.is_some_and(|turn| own_turns.load(Ordering::SeqCst) == turn) {
+                if unanswered.load(Ordering::SeqCst) == 0 {
+                    let _ = from_server.shutdown(std::net::Shutdown::Both);
+                    break;
+                }
+                continue;
             }
             answered.store(true, Ordering::SeqCst);
             // 'A': NotificationResponse.

@@ -14,8 +14,8 @@
 //! A change to a name's holders or waiters first locks the name's row in
 //! `locks`, so that changes to one name happen one at a time under READ
 //! COMMITTED; every statement after that lock sees everything committed
-//! before it. A look from a waiter that only keeps its place takes no such
-//! lock. Times are the server's: `now()` (the transaction's start) dates
+//! before it. A look from a waiter that only keeps its place, or from a
+//! `--no-wait` run before it takes a slot, takes no such lock. Times are the server's: `now()` (the transaction's start) dates
 //! leases and places, `clock_timestamp()` says how long they have left.
 
 use super::prepared::PreparedWake;
@@ -106,9 +106,10 @@ pub struct Sql {
     pub report: String,
     /// The parameters of `report`. The report for a run that stands in no
     /// line (`--no-wait`): its columns, with no position, place or neighbours,
-    /// so that the server reads only whether a waiter stands ahead; admitted
-    /// when a slot is free to a newcomer. Takes no lock: it can answer a busy
-    /// run alone.
+    /// so that of the line the server reads only whether a waiter stands
+    /// ahead; admitted when a slot is free to a newcomer, or is ours already
+    /// (a repeat after a lost reply: the take renews it). Takes no lock: it
+    /// can answer a busy run alone.
     pub outside_report: String,
     /// $1 name, $2 tokens. Drops dead holders (not kept ones) and waiters.
     pub evict: String,
@@ -339,7 +340,9 @@ impl Sql {
             ),
             outside_report: format!(
                 "WITH live AS (SELECT * FROM {holders} WHERE name = $1 AND expires_at > now())
-                 SELECT 0::integer, 0::integer, {admitted}, {live_holders}, NULL::text,
+                 SELECT 0::integer, 0::integer,
+                        ({admitted}) OR EXISTS (SELECT FROM live WHERE token = $2 AND NOT kept),
+                        {live_holders}, NULL::text,
                         ({other_parallelism} LIMIT 1), NULL::text"
             ),
             evict: format!(
