@@ -1,7 +1,8 @@
 //! One look at a name's line, in one transaction and one round trip: under
 //! the name's lock, taking a free slot when the line lets us or else joining
 //! it (an act); or, for a waiter already in line, keeping its place, which
-//! takes no lock. Either way the server reports where we stand.
+//! takes no lock, as a `--no-wait` run's first look, which only reads. Either
+//! way the server reports where we stand.
 
 use std::time::Duration;
 
@@ -168,8 +169,8 @@ pub fn claim(link: &mut PostgresLink, sql: &Sql, request: &Request) -> Result<Op
 impl LookReport {
     /// Looks at the line of `request.name`: with `join`, under the name's
     /// lock, takes a free slot when the line lets us, else joins it or keeps
-    /// our place; without, keeps our place (for another TTL if `refresh`) and
-    /// takes no lock. A look made while we queue listens for wake-ups on our
+    /// our place (`--no-wait`: only takes); without, takes no lock and keeps
+    /// our place (for another TTL if `refresh`), or for `--no-wait` only reads. A look made while we queue listens for wake-ups on our
     /// own channel, in the same transaction, if the session does not yet.
     pub fn take(
         link: &mut PostgresLink,

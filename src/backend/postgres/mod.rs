@@ -294,12 +294,13 @@ impl Store for PostgresStore {
                 }
             }
         }
-        // Not in line (the first look, --no-wait, or our place lapsed): join it.
+        // Not in line (the first look, or our place lapsed): join it; --no-wait: take a slot.
         self.link.borrow_mut().tables()?;
         if !request.queue {
-            // A --no-wait run that finds no slot free goes on a look alone: a
-            // herd of them is mostly busy, and would otherwise queue up on the
-            // name's lock and have the server plan a take for each.
+            // A --no-wait run that finds no slot free goes on a look alone, which
+            // reads and locks nothing: a herd of them is mostly busy, and would
+            // otherwise queue up on the name's lock and have the server plan a
+            // take for each. One that finds a slot free takes it below.
             let look = self.look(request, false)?;
             if !look.admitted {
                 return Ok(Attempt::Waiting(look.line(me)));
@@ -309,8 +310,6 @@ impl Store for PostgresStore {
         if !self.in_line && request.queue {
             // Most runs find a slot free: taking it alone spares the server reading and
             // waking the line (a name's first run, or a busy one, then joins it in a second).
-            // A --no-wait run looks once: a busy one needs the look's report, and a herd of
-            // them is mostly busy.
             if let Some(taken) = look::take(&mut self.link.borrow_mut(), &self.sql, request)? {
                 return Ok(self.slot(request, taken, sent));
             }
