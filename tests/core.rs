@@ -104,7 +104,9 @@ pub fn hold_after(
 /// it, the time (ns since the epoch) to `stopped` before it exits 1.
 pub fn hold_recording(store: &Store, scratch: &Scratch, name: &str, extra: &[&str]) -> Running {
     let first = format!(
-        "trap 'date +%s%N > {stopped}; exit 1' TERM; echo $LOCKRUN_FENCE > {fence}; ",
+        // Written whole, then named, so that a reader that sees the file sees its time.
+        "trap 'date +%s%N > {stopped}.tmp && mv {stopped}.tmp {stopped}; exit 1' TERM; \
+         echo $LOCKRUN_FENCE > {fence}; ",
         stopped = scratch.path("stopped").display(),
         fence = scratch.path("fence").display(),
     );
