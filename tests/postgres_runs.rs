@@ -668,6 +668,11 @@ fn a_no_wait_run_whose_take_was_made_but_never_answered_runs_its_command() {
         .lockrun()
         .args(["--name", "lost", "--no-wait", "--initial-delay", "0.1"])
         .args(["--", "echo", "ran"]));
+    let lost = proxy.lost_answer();
+    assert!(
+        lost.iter().any(|tag| tag == "COMMIT"),
+        "the take was made before its answer was lost: {lost:?}"
+    );
     // Its look after the trouble finds the slot its own, not a holder's to wait for.
     assert_status(&ran, 0);
     assert_eq!(String::from_utf8_lossy(&ran.stdout), "ran\n");

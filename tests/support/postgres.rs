@@ -526,12 +526,15 @@ fn template(bin: &Path, user: Option<(Uid, Gid)>) -> PathBuf {
 
 /// A TCP proxy in front of a test server that counts round trips and can
 /// drop the server's notifications, as a transaction-pooling pgbouncer loses
-/// them, or lose an answer (see [`Proxy::losing_answer`]). It reads the server's messages, so its clients must not use TLS
-/// (`sslmode=disable`: a TLS request's one-byte answer has no message frame).
+/// them, or lose an answer (see [`Proxy::losing_answer`]). It reads the
+/// server's messages, so its clients must not use TLS (`sslmode=disable`: a
+/// TLS request's one-byte answer has no message frame).
 pub struct Proxy {
     port: u16,
     /// Times a client spoke after the server had: round trips, connecting included.
     turns: Arc<AtomicUsize>,
+    /// The command tags of the answer it lost (see [`Proxy::losing_answer`]).
+    lost: Arc<Mutex<Vec<String>>>,
 }
 
 impl Proxy {
@@ -554,7 +557,8 @@ impl Proxy {
         let port = listener.local_addr().expect("the proxy's port").port();
         let upstream = (server.host.clone(), server.port);
         let turns = Arc::new(AtomicUsize::new(0));
-        let counted = Arc::clone(&turns);
+        let lost_tags = Arc::new(Mutex::new(Vec::new()));
+        let (counted, losing) = (Arc::clone(&turns), Arc::clone(&lost_tags));
         thread::spawn(move || {
             for (connection, client) in listener.incoming().map_while(Result::ok).enumerate() {
                 if lose.is_some() && connection == 1 {
@@ -564,10 +568,21 @@ impl Proxy {
                     continue;
                 };
                 let lose = lose.filter(|_| connection == 0);
+                let lose = lose.map(|turn| (turn, Arc::clone(&losing)));
                 relay(client, server, notify, lose, Arc::clone(&counted));
             }
         });
-        Self { port, turns }
+        Self {
+            port,
+            turns,
+            lost: lost_tags,
+        }
+    }
+
+    /// The command tags of the answer the proxy lost (`COMMIT` among them
+    /// when a transaction was made), once it has cut that connection.
+    pub fn lost_answer(&self) -> Vec<String> {
+        self.lost.lock().unwrap().clone()
     }
 
     /// The server's URL through the proxy, without TLS.
@@ -589,12 +604,12 @@ impl Proxy {
 /// answer it had asked for come. A transaction sent at once may reach the
 /// server in pieces that it starts answering before the last: the later
 /// pieces are the same turn. The answer to the `lose`-th turn is taken in
-/// and not passed on, and the connection then cut.
+/// and not passed on (its command tags kept), and the connection then cut.
 fn relay(
     client: TcpStream,
     server: TcpStream,
     notify: bool,
-    lose: Option<usize>,
+    lose: Option<(usize, Arc<Mutex<Vec<String>>>)>,
     turns: Arc<AtomicUsize>,
 ) {
     let answered = Arc::new(AtomicBool::new(true));
@@ -639,7 +654,17 @@ fn relay(
                 let _ = unanswered
                     .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
             }
-            if lose.is_some_and(|turn| own_turns.load(Ordering::SeqCst) == turn) {
+            if let Some((_, lost)) = lose
+                .as_ref()
+                .filter(|(turn, _)| own_turns.load(Ordering::SeqCst) == *turn)
+            {
+                // 'C': `CommandComplete`, its tag a C string.
+                if header[0] == b'C' {
+                    let tag = body.split(|byte| *byte == 0).next().unwrap_or_default();
+                    lost.lock()
+                        .unwrap()
+                        .push(String::from_utf8_lossy(tag).into_owned());
+                }
                 if unanswered.load(Ordering::SeqCst) == 0 {
                     let _ = from_server.shutdown(std::net::Shutdown::Both);
                     break;

@@ -170,8 +170,9 @@ impl LookReport {
     /// Looks at the line of `request.name`: with `join`, under the name's
     /// lock, takes a free slot when the line lets us, else joins it or keeps
     /// our place (`--no-wait`: only takes); without, takes no lock and keeps
-    /// our place (for another TTL if `refresh`), or for `--no-wait` only reads. A look made while we queue listens for wake-ups on our
-    /// own channel, in the same transaction, if the session does not yet.
+    /// our place (for another TTL if `refresh`), or for `--no-wait` only
+    /// reads. A look made while we queue listens for wake-ups on our own
+    /// channel, in the same transaction, if the session does not yet.
     pub fn take(
         link: &mut PostgresLink,
         sql: &Sql,

@@ -15,8 +15,9 @@
 //! `locks`, so that changes to one name happen one at a time under READ
 //! COMMITTED; every statement after that lock sees everything committed
 //! before it. A look from a waiter that only keeps its place, or from a
-//! `--no-wait` run before it takes a slot, takes no such lock. Times are the server's: `now()` (the transaction's start) dates
-//! leases and places, `clock_timestamp()` says how long they have left.
+//! `--no-wait` run before it takes a slot, takes no such lock. Times are the
+//! server's: `now()` (the transaction's start) dates leases and places,
+//! `clock_timestamp()` says how long they have left.
 
 use super::prepared::PreparedWake;
 use super::schema::{MODES_SINCE, Schema};
