@@ -1,8 +1,8 @@
 //! One look at a name's line, in one transaction and one round trip: under
 //! the name's lock, taking a free slot when the line lets us or else joining
 //! it (an act); or, for a waiter already in line, keeping its place, which
-//! takes no lock, as a `--no-wait` run's first look, which only reads. Either
-//! way the server reports where we stand.
+//! takes no lock; or, for a `--no-wait` run, only reading, which takes none
+//! either. Every way, the server reports where we stand.
 
 use std::time::Duration;
 
