@@ -349,10 +349,16 @@ fn a_schema_that_is_not_lockruns_is_refused_and_left_alone() {
         )
         .unwrap();
     let store = Store::on_postgres(&server);
+    // A user with no privilege on the schema is told the same.
+    admin
+        .batch_execute("CREATE ROLE stranger LOGIN PASSWORD 'stranger-pw'")
+        .unwrap();
+    let stranger = Store::on_postgres_at(&server.url_with("stranger", "stranger-pw"), Box::new(()));
     for output in [
         run(store.lockrun().args(["--name", "x", "true"])),
         run(&mut store.status()),
         run(store.release().args(["x", "--force"])),
+        run(stranger.lockrun().args(["--name", "x", "true"])),
     ] {
         assert_status(&output, 69);
         assert!(
