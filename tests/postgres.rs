@@ -313,6 +313,56 @@ fn the_schema_is_made_once_and_foreign_or_newer_ones_are_left_alone() {
     assert!(failure.to_string().contains(&newer), "{failure}");
 }
 
+/// Many lockruns using a schema for the first time at once, in rounds: each
+/// finds it missing, or made empty by an administrator, or made by another of
+/// them a moment before. None may take lockrun's own tables, caught half-seen
+/// while another commits them, for someone else's.
+#[test]
+fn first_uses_at_once_never_take_lockruns_own_schema_for_someone_elses() {
+    let Some(server) = PostgresServer::start() else {
+        return;
+    };
+    const AT_ONCE: usize = 6;
+    const ROUNDS: usize = 16;
+    const LOOKS: usize = 6;
+    let url = server.url();
+    let mut admin = server.client();
+    for round in 0..ROUNDS {
+        let name = format!("race{round}");
+        if round % 2 == 1 {
+            admin
+                .batch_execute(&format!("CREATE SCHEMA {name}"))
+                .unwrap();
+        }
+        let start = std::sync::Arc::new(std::sync::Barrier::new(AT_ONCE));
+        let first_uses: Vec<_> = (0..AT_ONCE)
+            .map(|_| {
+                let (url, name, start) = (url.clone(), name.clone(), start.clone());
+                thread::spawn(move || {
+                    start.wait();
+                    // Again and again, so that some look while another commits;
+                    // each in a fresh session, as every run is.
+                    (0..LOOKS)
+                        .map(|_| {
+                            let mut session = connect(&url).expect("connect");
+                            create_or_check(&mut session, &Schema::new(&name).unwrap(), true, CALL)
+                        })
+                        .find(Result::is_err)
+                        .unwrap_or(Ok(Some(SCHEMA_VERSION)))
+                })
+            })
+            .collect();
+        for first_use in first_uses {
+            let made = first_use.join().expect("a first use");
+            assert_eq!(
+                made.map_err(|e| e.to_string()),
+                Ok(Some(SCHEMA_VERSION)),
+                "round {round}"
+            );
+        }
+    }
+}
+
 #[test]
 fn a_version_1_schema_is_brought_up_to_date_by_a_run_only() {
     let Some(server) = PostgresServer::start() else {

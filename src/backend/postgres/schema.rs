@@ -112,11 +112,17 @@ pub fn create_or_check(
         } => Some(version),
         _ => None,
     };
-    if !create && (found == Found::Room || older.is_some()) {
+    let to_make = found == Found::Room || older.is_some();
+    if !create && to_make {
         return Ok(older);
     }
-    if found == Found::Room || older.is_some() {
+    // What the look above saw may be another lockrun's first use half done:
+    // the schema there, its tables not yet. So anything short of a complete
+    // schema of this version is looked at again under the lock that every
+    // maker holds, and made only if it is still as it was.
+    if create && (to_make || found == Found::Foreign) {
         let (what, sql) = match older {
+            None if !to_make => ("check the schema", String::new()),
             None => ("create the schema", TABLES.to_owned()),
             Some(version) => (
                 "bring the schema up to date",
@@ -135,7 +141,7 @@ pub fn create_or_check(
                 )
                 .await?;
             let found = inspect(client, schema).await?;
-            if found == before {
+            if to_make && found == before {
                 client.batch_execute(&sql).await?;
             }
             Ok(found)
@@ -189,13 +195,15 @@ pub fn create_or_check(
 }
 
 /// Reads the catalog: whether the schema exists, its mark and how many of
-/// lockrun's tables it has, in one statement that finds the schema by its
-/// quoted name (`to_regnamespace`, which needs no privilege on it) and its
+/// lockrun's tables it has, in one statement that finds the schema and its
 /// tables by index, which a session plans and runs in half the time of a join
 /// over the catalog (every run makes it); and, for a schema without
 /// lockrun's mark only, whether anything at all is in it, in another (a fresh
 /// session plans the search of every kind of object dearly, and the schema is
-/// nearly always lockrun's).
+/// nearly always lockrun's). The schema is found by a scan of `pg_namespace`,
+/// which needs no privilege on it, and not by `to_regnamespace`: that reads
+/// a later catalog than the statement's, and would see another lockrun's
+/// schema just committed while the tables in it are not yet seen.
 async fn inspect(client: &Client, schema: &Schema) -> Result<Found, tokio_postgres::Error> {
     let rows = client
         .query_typed(
@@ -208,9 +216,10 @@ async fn inspect(client: &Client, schema: &Schema) -> Result<Found, tokio_postgr
                         AND d.objsubid = 0),
                     (SELECT count(*) FROM pg_catalog.pg_class c
                       WHERE c.relnamespace = s.oid AND c.relname = ANY($2) AND c.relkind = 'r')
-               FROM (SELECT pg_catalog.to_regnamespace($1) AS oid) AS s",
+               FROM (SELECT (SELECT n.oid FROM pg_catalog.pg_namespace n
+                              WHERE n.nspname = $1) AS oid) AS s",
             &[
-                (&schema.quoted, Type::TEXT),
+                (&schema.name, Type::TEXT),
                 (&&TABLE_NAMES[..], Type::TEXT_ARRAY),
             ],
         )
