@@ -319,12 +319,12 @@ fn the_schema_is_made_once_and_foreign_or_newer_ones_are_left_alone() {
 /// while another commits them, for someone else's.
 #[test]
 fn first_uses_at_once_never_take_lockruns_own_schema_for_someone_elses() {
-    let Some(server) = PostgresServer::start() else {
-        return;
-    };
     const AT_ONCE: usize = 6;
     const ROUNDS: usize = 16;
     const LOOKS: usize = 6;
+    let Some(server) = PostgresServer::start() else {
+        return;
+    };
     let url = server.url();
     let mut admin = server.client();
     for round in 0..ROUNDS {
