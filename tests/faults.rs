@@ -640,6 +640,14 @@ macro_rules! paused_tests {
 
             #[test]
             #[ignore = "fault suite: cargo test --test integration -- --ignored faults --test-threads 1"]
+            fn with_its_watchdog_past_the_deadline_after_the_command_ended_exits_76() {
+                if let Some(store) = MaybeStore::into_store($store) {
+                    $crate::faults::paused_with_its_watchdog_after_the_command_ended(&store);
+                }
+            }
+
+            #[test]
+            #[ignore = "fault suite: cargo test --test integration -- --ignored faults --test-threads 1"]
             fn past_the_deadline_while_the_command_runs_exits_76() {
                 if let Some(store) = MaybeStore::into_store($store) {
                     $crate::faults::paused_while_the_command_runs(&store);
@@ -673,12 +681,9 @@ fn pause(lockrun: &Running, meanwhile: impl FnOnce()) {
     signal(pid, Signal::SIGCONT);
 }
 
-/// The case: lockrun is stopped while its command runs, the command
-/// ends 0.x s after the acquisition (long before the 2 s deadline), and
-/// lockrun wakes 3 s later: the command's status (0) and output, not 76.
-pub fn paused_after_the_command_ended(store: &Store) {
-    let scratch = Scratch::new();
-    // The command waits for `go` so that it surely ends while lockrun is stopped.
+/// lockrun under `--ttl 2s`, its command started and waiting for `go`, after
+/// which it prints "finished" and ends at once (writing `ended`).
+fn start_command_that_waits_for_go(store: &Store, scratch: &Scratch) -> Running {
     let script = format!(
         ": > '{started}'; while [ ! -e '{go}' ]; do sleep 0.01; done; echo finished; : > '{ended}'",
         started = scratch.path("started").display(),
@@ -698,6 +703,16 @@ pub fn paused_after_the_command_ended(store: &Store) {
         );
         scratch.path("started").exists()
     });
+    lockrun
+}
+
+/// The case: lockrun is stopped while its command runs, the command
+/// ends 0.x s after the acquisition (long before the 2 s deadline), and
+/// lockrun wakes 3 s later: the command's status (0) and output, not 76.
+pub fn paused_after_the_command_ended(store: &Store) {
+    let scratch = Scratch::new();
+    // The command waits for `go` so that it surely ends while lockrun is stopped.
+    let lockrun = start_command_that_waits_for_go(store, &scratch);
     let acquired = Instant::now();
     let mut ended_after = Duration::ZERO;
     pause(&lockrun, || {
@@ -719,6 +734,35 @@ pub fn paused_after_the_command_ended(store: &Store) {
         stderr(&output).trim()
     );
     assert_eq!(stdout(&output), "finished\n");
+}
+
+/// As above, but the watchdog is stopped too (the whole machine was, say)
+/// and looks only after the lease's end: nobody can tell that the command
+/// ended in time, so lockrun takes the worst, 76, and says that it cannot.
+pub fn paused_with_its_watchdog_after_the_command_ended(store: &Store) {
+    let scratch = Scratch::new();
+    let lockrun = start_command_that_waits_for_go(store, &scratch);
+    let acquired = Instant::now();
+    let watchdog = watchdog_of(lockrun.id());
+    pause(&lockrun, || {
+        signal(watchdog, Signal::SIGSTOP);
+        fs::write(scratch.path("go"), "").unwrap();
+        wait_for_file(&scratch.path("ended"));
+        // The watchdog goes on once the lease has ended, before lockrun does.
+        thread::sleep(Duration::from_millis(2500).saturating_sub(acquired.elapsed()));
+        signal(watchdog, Signal::SIGCONT);
+        wait_until("the watchdog to look and wait again", || {
+            process_state(watchdog.cast_signed()) == Some('S')
+        });
+    });
+    let output = finish(lockrun);
+    assert_eq!(output.status.code(), Some(76), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("its watchdog cannot say that the command ended in time"),
+        "{}",
+        stderr(&output)
+    );
+    assert_eq!(stdout(&output), "finished\n", "its output is kept");
 }
 
 /// lockrun is stopped while its command runs, and wakes past the deadline

@@ -240,22 +240,7 @@ fn a_killed_watchdog_is_said_even_without_verbose() {
     let store = Store::file();
     let scratch = Scratch::new();
     let mut holder = crate::core::hold(&store, &scratch, "guarded", &[]);
-    let lockrun = holder.id();
-    let mut watchdog = None;
-    wait_until("lockrun's watchdog", || {
-        watchdog = std::fs::read_dir("/proc")
-            .unwrap()
-            .flatten()
-            .find_map(|entry| {
-                let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
-                let (comm, rest) = stat.split_once(" (")?.1.rsplit_once(") ")?;
-                let parent: u32 = rest.split_whitespace().nth(1)?.parse().ok()?;
-                (comm == "lr-watchdog" && parent == lockrun)
-                    .then(|| entry.file_name().to_string_lossy().parse::<u32>().ok())?
-            });
-        watchdog.is_some()
-    });
-    signal(watchdog.unwrap(), nix::sys::signal::Signal::SIGKILL);
+    signal(watchdog_of(holder.id()), nix::sys::signal::Signal::SIGKILL);
     wait_for_stderr(&mut holder, "the watchdog (lr-watchdog, pid");
     std::fs::write(scratch.path("release"), "").unwrap();
     assert_eq!(

@@ -70,7 +70,10 @@ pub enum GroupEnd {
     /// When its moment came, before the lease's end, nothing in the group was
     /// running any more: the command ended on its own, in time.
     EndedInTime,
-    /// It stopped the group (or could not tell in time that it had ended).
+    /// It looked only after the lease's end (it was starved too), and the
+    /// group had ended by then: when, it cannot tell.
+    EndedUnseen,
+    /// It stopped the group.
     Stopped,
 }
 
@@ -79,14 +82,20 @@ impl GroupEnd {
         match self {
             Self::NotYet => b'n',
             Self::EndedInTime => b'e',
+            Self::EndedUnseen => b'u',
             Self::Stopped => b's',
         }
     }
 
     fn from_byte(byte: u8) -> Option<Self> {
-        [Self::NotYet, Self::EndedInTime, Self::Stopped]
-            .into_iter()
-            .find(|outcome| outcome.byte() == byte)
+        [
+            Self::NotYet,
+            Self::EndedInTime,
+            Self::EndedUnseen,
+            Self::Stopped,
+        ]
+        .into_iter()
+        .find(|outcome| outcome.byte() == byte)
     }
 }
 
@@ -241,8 +250,12 @@ fn guard(listen: &OwnedFd, answer: &OwnedFd) -> ! {
                 // Seen before the kill moment, itself before the lease's end,
                 // a group with nothing running ended in time on its own.
                 let in_time = kill_at.is_some_and(|kill_at| now <= kill_at);
-                if in_time && group.is_some_and(|group| !proc::group_has_live_process(group)) {
-                    outcome = GroupEnd::EndedInTime;
+                if group.is_some_and(|group| !proc::group_has_live_process(group)) {
+                    outcome = if in_time {
+                        GroupEnd::EndedInTime
+                    } else {
+                        GroupEnd::EndedUnseen
+                    };
                     kill_at = None;
                     continue;
                 }

@@ -447,14 +447,17 @@ impl Run<'_> {
             return;
         }
         let deadline_passed = self.held.deadline().is_some_and(Moment::has_passed);
-        let stopped = match self.watchdog.outcome() {
-            Some(GroupEnd::Stopped) => true,
-            Some(GroupEnd::EndedInTime) => false,
-            Some(GroupEnd::NotYet) | None => deadline_passed,
+        let lost = match self.watchdog.outcome() {
+            Some(GroupEnd::Stopped) => {
+                Some("lockrun was paused past its renewal, and its watchdog stopped the command")
+            }
+            Some(GroupEnd::EndedInTime) => None,
+            // Not known to have ended in time: the worst is taken.
+            Some(GroupEnd::NotYet | GroupEnd::EndedUnseen) | None => deadline_passed.then_some(
+                "lockrun was paused past its lease's end, and its watchdog cannot say that the command ended in time",
+            ),
         };
-        if stopped {
-            let reason =
-                "lockrun was paused past its renewal, and its watchdog stopped the command";
+        if let Some(reason) = lost {
             let name = self.held.ending_first().to_owned();
             self.reporter.about(&name).event(&Event::Lost { reason });
             self.ending = Some(Ending::LeaseLost(Lost { name, reason }));

@@ -750,6 +750,22 @@ pub fn usage_line(output: &Output) -> String {
     err.trim_end().to_owned()
 }
 
+/// The pid of `lockrun`'s watchdog (`lr-watchdog`, its child), once it is there.
+pub fn watchdog_of(lockrun: u32) -> u32 {
+    let mut watchdog = None;
+    wait_until("lockrun's watchdog", || {
+        watchdog = fs::read_dir("/proc").unwrap().flatten().find_map(|entry| {
+            let stat = fs::read_to_string(entry.path().join("stat")).ok()?;
+            let (comm, rest) = stat.split_once(" (")?.1.rsplit_once(") ")?;
+            let parent: u32 = rest.split_whitespace().nth(1)?.parse().ok()?;
+            (comm == "lr-watchdog" && parent == lockrun)
+                .then(|| entry.file_name().to_string_lossy().parse::<u32>().ok())?
+        });
+        watchdog.is_some()
+    });
+    watchdog.expect("found")
+}
+
 /// A process's state letter from `/proc/PID/stat` (`R`, `S`, `T` for stopped, `Z`...).
 pub fn process_state(pid: i32) -> Option<char> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
