@@ -25,7 +25,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
 use nix::sys::signal::Signal;
+use nix::unistd::Pid;
 
 use crate::support::*;
 
@@ -648,6 +650,14 @@ macro_rules! paused_tests {
 
             #[test]
             #[ignore = "fault suite: cargo test --test integration -- --ignored faults --test-threads 1"]
+            fn as_its_command_starts_has_the_command_stopped_within_the_lease() {
+                if let Some(store) = MaybeStore::into_store($store) {
+                    $crate::faults::paused_as_the_command_starts(&store);
+                }
+            }
+
+            #[test]
+            #[ignore = "fault suite: cargo test --test integration -- --ignored faults --test-threads 1"]
             fn past_the_deadline_while_the_command_runs_exits_76() {
                 if let Some(store) = MaybeStore::into_store($store) {
                     $crate::faults::paused_while_the_command_runs(&store);
@@ -798,6 +808,54 @@ pub fn paused_while_the_command_runs(store: &Store) {
     assert!(
         !scratch.path("ended").exists(),
         "the command ran on to its end"
+    );
+}
+
+/// The command stops lockrun (SIGSTOP) as its very first act, and so before
+/// lockrun could do anything after starting it: the watchdog knows the lease's
+/// moments already and stops the command before the lease ends; lockrun, let
+/// go on later, says 76.
+pub fn paused_as_the_command_starts(store: &Store) {
+    let scratch = Scratch::new();
+    let script = format!(
+        "kill -STOP $PPID; echo $$ > '{pid}.new' && mv '{pid}.new' '{pid}'; sleep 5; : > '{ended}'",
+        pid = scratch.path("pid").display(),
+        ended = scratch.path("ended").display(),
+    );
+    // On one CPU, as a loaded host may leave it, the command's first act comes
+    // before lockrun runs again after starting it. This thread's CPUs are
+    // what lockrun inherits; they are given back once it has started.
+    let cpus = sched_getaffinity(Pid::from_raw(0)).expect("this thread's CPUs");
+    let mut one = CpuSet::new();
+    let first = (0..CpuSet::count()).find(|&cpu| cpus.is_set(cpu).unwrap_or(false));
+    one.set(first.expect("a CPU")).unwrap();
+    sched_setaffinity(Pid::from_raw(0), &one).expect("one CPU");
+    let lockrun = store
+        .lockrun()
+        .args(["--ttl", "2s", "--name", "paused", "--", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .start();
+    sched_setaffinity(Pid::from_raw(0), &cpus).expect("the CPUs back");
+    let command = read_pid(&scratch.path("pid"));
+    let started = Instant::now();
+    assert_eq!(process_state(lockrun.id().cast_signed()), Some('T'));
+    wait_until_within(
+        "the watchdog to stop the command within its 2 s lease",
+        Duration::from_secs(4),
+        || !process_exists(command),
+    );
+    let stopped_after = started.elapsed();
+    signal(lockrun.id(), Signal::SIGCONT);
+    let output = finish(lockrun);
+    assert_eq!(output.status.code(), Some(76), "{}", stderr(&output));
+    assert!(
+        !scratch.path("ended").exists(),
+        "the command ran on to its end"
+    );
+    assert!(
+        stopped_after < Duration::from_secs(2),
+        "stopped {stopped_after:?} after it started: past its lease"
     );
 }
 

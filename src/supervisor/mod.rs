@@ -134,6 +134,19 @@ pub struct Supervised {
     pub watchdog: Option<Dismissed>,
 }
 
+/// When the watchdog must stop the command while lockrun keeps `held`'s
+/// lease: SIGTERM a little after lockrun itself would send it, SIGKILL a
+/// little before the lease ends (`None`s without a lease).
+fn lease_moments(held: &Held) -> (Option<Moment>, Option<Moment>) {
+    match (held.stop_at(), held.deadline()) {
+        (Some(stop_at), Some(deadline)) => {
+            let quarter = (deadline - stop_at) / 4;
+            (Some(stop_at + quarter), Some(deadline - quarter))
+        }
+        _ => (None, None),
+    }
+}
+
 /// Runs `program` to its end, keeping `held` (renewing its lease, if it has one).
 pub fn supervise(
     program: &Program,
@@ -164,6 +177,12 @@ pub fn supervise(
         Ok(watchdog) => watchdog,
         Err(err) => return unwatched(Err(Error::system(err))),
     };
+    // Told before the command starts: a lockrun stopped the moment after it
+    // (SIGSTOP, starved) must not leave a command the lease does not bound.
+    let told = lease_moments(held);
+    if told != (None, None) {
+        watchdog.hold(told.0, told.1);
+    }
     let child = match spawn(program, env, foreground, &watchdog) {
         Ok(child) => child,
         Err(err) => {
@@ -178,7 +197,7 @@ pub fn supervise(
         terminal,
         held,
         watchdog: &watchdog,
-        told: None,
+        told,
         reporter,
         kill_grace: limits.kill_grace,
         max_runtime_at: limits.max_runtime.map(|max| (Moment::now() + max, max)),
@@ -187,7 +206,6 @@ pub fn supervise(
         ending: None,
         watchdog_gone: false,
     };
-    run.tell_watchdog();
     let ending = run.until_exit(signals);
     // One that was killed is reaped already: its pid may be another's by now.
     let reaped = run.watchdog_gone;
@@ -276,7 +294,7 @@ struct Run<'a> {
     held: &'a mut Held,
     watchdog: &'a Watchdog,
     /// The moments the watchdog was last told to stop the command at.
-    told: Option<(Option<Moment>, Option<Moment>)>,
+    told: (Option<Moment>, Option<Moment>),
     reporter: &'a Reporter,
     kill_grace: Duration,
     max_runtime_at: Option<(Moment, Duration)>,
@@ -497,19 +515,13 @@ impl Run<'_> {
     /// once lockrun stops the command, its SIGKILL.
     fn tell_watchdog(&mut self) {
         let moments = match self.stop {
-            Stop::No => match (self.held.stop_at(), self.held.deadline()) {
-                (Some(stop_at), Some(deadline)) => {
-                    let quarter = (deadline - stop_at) / 4;
-                    (Some(stop_at + quarter), Some(deadline - quarter))
-                }
-                _ => (None, None),
-            },
+            Stop::No => lease_moments(self.held),
             Stop::Terminating { kill_at } => (None, Some(kill_at)),
             Stop::Killed => (None, None),
         };
-        if self.told != Some(moments) && (self.told.is_some() || moments != (None, None)) {
+        if self.told != moments {
             self.watchdog.hold(moments.0, moments.1);
-            self.told = Some(moments);
+            self.told = moments;
         }
     }
 
