@@ -859,6 +859,43 @@ pub fn paused_as_the_command_starts(store: &Store) {
     );
 }
 
+/// lockrun held up past its lease's end just before its command starts:
+/// strace delays the entry of its fork of the watchdog (the first `clone`),
+/// then, in a second run, of its spawn of the command (the second), by 2.5 s
+/// of a 2 s lease. The command never runs, and lockrun says 76.
+#[test]
+#[ignore = "fault suite: cargo test --test integration -- --ignored faults --test-threads 1"]
+fn held_up_past_the_lease_before_the_command_starts_never_runs_it() {
+    if !program_installed("strace", "lockrun held up in a system call") {
+        return;
+    }
+    let store = Store::sqlite();
+    for (clone, what) in [(1, "forking the watchdog"), (2, "spawning the command")] {
+        let scratch = Scratch::new();
+        let script = format!(": > '{}'", scratch.path("ran").display());
+        let argv = store.argv(&[
+            "--ttl", "2s", "--name", "held-up", "--", "sh", "-c", &script,
+        ]);
+        let output = without_lockrun_variables(Command::new("strace"))
+            .args(["-o", "/dev/null", "-e", "trace=clone", "-e"])
+            .arg(format!("inject=clone:delay_enter=2500000:when={clone}"))
+            .args(&argv)
+            .output()
+            .expect("strace");
+        assert_eq!(
+            output.status.code(),
+            Some(76),
+            "held up {what}: {}",
+            stderr(&output)
+        );
+        assert!(
+            !scratch.path("ran").exists(),
+            "held up {what}, the command ran after its lease's end: {}",
+            stderr(&output)
+        );
+    }
+}
+
 /// The suite's own checks find what they look for (they run with `cargo test`).
 #[test]
 fn the_checks_find_an_overlap_and_a_fence_going_back() {

@@ -12,8 +12,13 @@ pub struct Moment(Duration);
 impl Moment {
     pub fn now() -> Self {
         // CLOCK_BOOTTIME exists on every Linux this builds for; failure would mean a broken kernel.
-        let ts = clock_gettime(ClockId::CLOCK_BOOTTIME).expect("CLOCK_BOOTTIME is available");
-        Self(Duration::new(ts.tv_sec() as u64, ts.tv_nsec() as u32))
+        Self::try_now().expect("CLOCK_BOOTTIME is available")
+    }
+
+    /// [`Moment::now`] for a process that must not panic (a spawned child before exec).
+    pub fn try_now() -> nix::Result<Self> {
+        let ts = clock_gettime(ClockId::CLOCK_BOOTTIME)?;
+        Ok(Self(Duration::new(ts.tv_sec() as u64, ts.tv_nsec() as u32)))
     }
 
     /// Time since the machine booted (suspended time included).

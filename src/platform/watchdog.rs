@@ -8,11 +8,12 @@
 //! before the command, whose process names its group to it before executing,
 //! so the command never runs a moment unguarded. It keeps
 //! lockrun's open files, so a file lock stays held until the group has been
-//! killed. lockrun also tells it the lease's deadlines: should lockrun be
-//! stopped (SIGSTOP, a debugger) or starved past them, the watchdog stops the
-//! group itself, so the command never outlives its lease. When its moment to
-//! stop the group comes and nothing in the group is left running, the command
-//! ended in time on its own; lockrun asks which it was once it runs again, so
+//! killed. lockrun also tells it the lease's deadlines, before the command
+//! starts: should lockrun be stopped (SIGSTOP, a debugger) or starved past
+//! them, the watchdog stops the group itself, so the command never outlives
+//! its lease; a group named to it after they passed is killed at once. When
+//! its moment to stop the group comes and nothing in the group is left
+//! running, the command ended in time on its own; lockrun asks which it was once it runs again, so
 //! that a command that finished before its lease's end keeps its exit status
 //! (README: "Exit status").
 //!
@@ -299,6 +300,11 @@ fn guard(listen: &OwnedFd, answer: &OwnedFd) -> ! {
                     let id = i32::from_le_bytes(pending[1..GROUP_LEN].try_into().expect("4 bytes"));
                     group = Some(Pid::from_raw(id));
                     pending.drain(..GROUP_LEN);
+                    // Named after its moments passed (lockrun was stopped between
+                    // telling them and starting it): it must not run at all.
+                    if outcome == GroupEnd::Stopped {
+                        signal(group, Signal::SIGKILL);
+                    }
                 }
                 HOLD if pending.len() >= HOLD_LEN => {
                     let at =

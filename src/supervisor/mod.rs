@@ -160,11 +160,6 @@ pub fn supervise(
         ending,
         watchdog: None,
     };
-    // Never a command under a lease whose stop has passed (the watchdog would stop it at once).
-    if let LeaseVerdict::Stop { name, reason, .. } = held.confirm() {
-        reporter.about(&name).event(&Event::Lost { reason });
-        return unwatched(Ok(Ending::LostBeforeStart(Lost { name, reason })));
-    }
     if let Err(err) = spawn::adopt_orphans() {
         return unwatched(Err(Error::internal(
             "becoming the command's subreaper",
@@ -177,14 +172,34 @@ pub fn supervise(
         Ok(watchdog) => watchdog,
         Err(err) => return unwatched(Err(Error::system(err))),
     };
-    // Told before the command starts: a lockrun stopped the moment after it
-    // (SIGSTOP, starved) must not leave a command the lease does not bound.
+    // Never a command under a lease whose stop has passed: checked the moment
+    // before the spawn (forking the watchdog takes time too, and lockrun may
+    // be stopped meanwhile).
+    if let LeaseVerdict::Stop { name, reason, .. } = held.confirm() {
+        reporter.about(&name).event(&Event::Lost { reason });
+        return Supervised {
+            ending: Ok(Ending::LostBeforeStart(Lost { name, reason })),
+            watchdog: Some(watchdog.dismiss()),
+        };
+    }
+    // Told before the command starts: a lockrun stopped just after (SIGSTOP,
+    // starved) must not leave a command the lease does not bound; and one
+    // stopped just before, past these moments, has its command killed as soon
+    // as it names its group.
     let told = lease_moments(held);
     if told != (None, None) {
         watchdog.hold(told.0, told.1);
     }
-    let child = match spawn(program, env, foreground, &watchdog) {
-        Ok(child) => child,
+    let child = match spawn(program, env, foreground, &watchdog, held.stop_at()) {
+        Ok(Some(child)) => child,
+        Ok(None) => {
+            let (name, reason) = (held.ending_first().to_owned(), HELD_UP);
+            reporter.about(&name).event(&Event::Lost { reason });
+            return Supervised {
+                ending: Ok(Ending::LostBeforeStart(Lost { name, reason })),
+                watchdog: Some(watchdog.dismiss()),
+            };
+        }
         Err(err) => {
             return Supervised {
                 ending: Err(err),
@@ -232,21 +247,38 @@ fn signal_all(child: Pid, signal: Signal) {
     }
 }
 
+/// Why a command was not started although its lease was confirmed.
+const HELD_UP: &str = "lockrun was held up past its renewal while it started the command";
+
+/// Starts `program`, unless it would start at `stop_at` or later (`None`).
 fn spawn(
     program: &Program,
     env: &[(&str, String)],
     terminal: Option<&Terminal>,
     watchdog: &Watchdog,
-) -> Result<Pid> {
+    stop_at: Option<Moment>,
+) -> Result<Option<Pid>> {
     let exec =
         spawn::Exec::new(&program.argv(), env).map_err(|err| spawn_error(program, None, &err))?;
-    let pid = spawn::spawn(&exec, terminal.map(Terminal::raw_fd), &watchdog.announcer())
-        .map_err(|err| spawn_error(program, exec.found(), &err))?;
+    let pid = match spawn::spawn(
+        &exec,
+        terminal.map(Terminal::raw_fd),
+        &watchdog.announcer(),
+        stop_at,
+    ) {
+        Ok(pid) => pid,
+        Err(err)
+            if err.kind() == io::ErrorKind::TimedOut && stop_at.is_some_and(Moment::has_passed) =>
+        {
+            return Ok(None);
+        }
+        Err(err) => return Err(spawn_error(program, exec.found(), &err)),
+    };
     // The child has exec'd by now, so it is already in its own group and holds the terminal.
     if let Some(terminal) = terminal {
         terminal.give_to(pid);
     }
-    Ok(pid)
+    Ok(Some(pid))
 }
 
 /// `found` is the file exec found, if any: execve(2) says "not found" also for a

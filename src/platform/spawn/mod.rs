@@ -27,6 +27,7 @@ use nix::unistd::{Pid, getpid, getppid, setpgid};
 pub use exec::Exec;
 use stack::Stack;
 
+use super::clock::Moment;
 use super::watchdog::Announcer;
 use super::{signals, terminal};
 
@@ -42,16 +43,22 @@ pub fn adopt_orphans() -> io::Result<()> {
 /// when `tty` is given), with every signal unblocked, SIGPIPE at its default,
 /// and SIGKILL as its parent-death signal; the new group is announced to
 /// `watchdog` before exec. Returns once the child has called exec: an exec
-/// failure comes back as its error.
-pub fn spawn(exec: &Exec, tty: Option<i32>, watchdog: &Announcer) -> io::Result<Pid> {
+/// failure comes back as its error, and [`io::ErrorKind::TimedOut`] when the
+/// child found `start_before` passed, after announcing itself, and did not exec.
+pub fn spawn(
+    exec: &Exec,
+    tty: Option<i32>,
+    watchdog: &Announcer,
+    start_before: Option<Moment>,
+) -> io::Result<Pid> {
     let mut prepared = exec.prepare();
     let parent = getpid();
     // The child reports why it could not exec here: it shares this memory.
     let failure = AtomicI32::new(0);
     let mut stack = Stack::new()?;
     let child = || -> isize {
-        let errno =
-            setup(parent, tty, watchdog).map_or_else(|errno| errno as i32, |()| prepared.exec());
+        let errno = setup(parent, tty, watchdog, start_before)
+            .map_or_else(|errno| errno as i32, |()| prepared.exec());
         failure.store(errno, Ordering::Relaxed);
         127
     };
@@ -77,7 +84,12 @@ pub fn spawn(exec: &Exec, tty: Option<i32>, watchdog: &Announcer) -> io::Result<
 }
 
 /// The child's side, before exec.
-fn setup(parent: Pid, tty: Option<i32>, watchdog: &Announcer) -> nix::Result<()> {
+fn setup(
+    parent: Pid,
+    tty: Option<i32>,
+    watchdog: &Announcer,
+    start_before: Option<Moment>,
+) -> nix::Result<()> {
     setpgid(Pid::from_raw(0), Pid::from_raw(0))?;
     if let Some(fd) = tty {
         terminal::claim_foreground(fd)?;
@@ -89,6 +101,13 @@ fn setup(parent: Pid, tty: Option<i32>, watchdog: &Announcer) -> nix::Result<()>
     }
     // Guarded from now on, whatever happens to lockrun.
     watchdog.announce(getpid())?;
+    // lockrun may have been held up (stopped, starved) since it last checked
+    // the lease: a command must not start past the moment it is to be stopped.
+    if let Some(at) = start_before
+        && Moment::try_now()? >= at
+    {
+        return Err(nix::errno::Errno::ETIMEDOUT);
+    }
     // Rust ignores SIGPIPE; exec keeps ignored signals ignored, the command must not inherit that.
     // SAFETY: the default disposition has no handler; this child's handler table is its own copy.
     unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) }?;
