@@ -118,7 +118,10 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
     for failure in released.failed {
         // The command's run is over either way: its status stands, and a lease
         // that could not be released lapses by itself.
-        if matches!(ending, Ending::LeaseLost(_) | Ending::LostBeforeStart(_)) {
+        if matches!(
+            ending,
+            Ending::LeaseLost(_) | Ending::LostBeforeStart(_) | Ending::LapsedUnseen(_)
+        ) {
             reporter.event(&Event::Notice { message: &failure });
         } else {
             reporter.error(&format!("{failure}; its lease lapses within --ttl"));
@@ -272,6 +275,9 @@ fn report_ending(ending: &Ending, reporter: &Reporter) {
         )),
         Ending::FoundLost(FoundLost { name, code }) => reporter.error(&format!(
             "the lease on {name} was found lost when lockrun released it (broken or expired): another run may have held the slot meanwhile; the command exited with status {code}"
+        )),
+        Ending::LapsedUnseen(FoundLost { name, code }) => reporter.error(&format!(
+            "the lease on {name} ran out while lockrun was paused, and its watchdog cannot say that the command ended before; the command exited with status {code}"
         )),
         Ending::LostBeforeStart(Lost { name, reason }) => reporter.error(&format!(
             "did not start the command: the lease on {name} was lost ({reason})"

@@ -11,9 +11,9 @@
 //! killed. lockrun also tells it the lease's deadlines, before the command
 //! starts: should lockrun be stopped (SIGSTOP, a debugger) or starved past
 //! them, the watchdog stops the group itself, so the command never outlives
-//! its lease; a group named to it after they passed is killed at once. When
-//! its moment to stop the group comes and nothing in the group is left
-//! running, the command ended in time on its own; lockrun asks which it was once it runs again, so
+//! its lease (a command that would start past them does not start:
+//! `spawn`). When its moment to stop the group comes and nothing in the group
+//! is left running, the command ended in time on its own; lockrun asks which it was once it runs again, so
 //! that a command that finished before its lease's end keeps its exit status
 //! (README: "Exit status").
 //!
@@ -245,38 +245,46 @@ fn guard(listen: &OwnedFd, answer: &OwnedFd) -> ! {
     loop {
         let now = Moment::now().since_boot();
         let next = [terminate_at, kill_at].into_iter().flatten().min();
-        if next.is_some_and(|at: Duration| at <= now) {
-            // A deadline lockrun did not act on: it is stopped or starved.
-            if terminate_at.take().is_some() {
-                // Seen before the kill moment, itself before the lease's end,
-                // a group with nothing running ended in time on its own.
-                let in_time = kill_at.is_some_and(|kill_at| now <= kill_at);
-                if group.is_some_and(|group| !proc::group_has_live_process(group)) {
-                    outcome = if in_time {
-                        GroupEnd::EndedInTime
-                    } else {
-                        GroupEnd::EndedUnseen
-                    };
-                    kill_at = None;
-                    continue;
-                }
-                outcome = GroupEnd::Stopped;
-                signal(group, Signal::SIGTERM);
-                signal(group, Signal::SIGCONT);
-            } else if kill_at.take().is_some() {
-                outcome = GroupEnd::Stopped;
-                signal(group, Signal::SIGKILL);
-            }
-            continue;
-        }
-        let timeout = next.map_or(PollTimeout::NONE, |at| {
-            let left = at.saturating_sub(Moment::now().since_boot());
-            // Rounded up, so that the deadline has passed when the poll ends; a minute at most.
-            PollTimeout::try_from(left.min(Duration::from_secs(60)) + Duration::from_millis(1))
-                .unwrap_or(PollTimeout::MAX)
-        });
+        let due = next.is_some_and(|at: Duration| at <= now);
+        // What lockrun said comes first: a moment may have passed while the
+        // watchdog itself was held up, and lockrun, going on, told it newer
+        // moments or the group meanwhile.
+        let timeout = if due {
+            PollTimeout::ZERO
+        } else {
+            next.map_or(PollTimeout::NONE, |at| {
+                let left = at.saturating_sub(now);
+                // Rounded up, so that the deadline has passed when the poll ends; a minute at most.
+                PollTimeout::try_from(left.min(Duration::from_secs(60)) + Duration::from_millis(1))
+                    .unwrap_or(PollTimeout::MAX)
+            })
+        };
         let mut fds = [PollFd::new(listen.as_fd(), PollFlags::POLLIN)];
         match poll(&mut fds, timeout) {
+            Ok(0) if due => {
+                // A deadline lockrun did not act on: it is stopped or starved.
+                if terminate_at.take().is_some() {
+                    // Seen before the kill moment, itself before the lease's end,
+                    // a group with nothing running ended in time on its own.
+                    let in_time = kill_at.is_some_and(|kill_at| now <= kill_at);
+                    if group.is_some_and(|group| !proc::group_has_live_process(group)) {
+                        outcome = if in_time {
+                            GroupEnd::EndedInTime
+                        } else {
+                            GroupEnd::EndedUnseen
+                        };
+                        kill_at = None;
+                        continue;
+                    }
+                    outcome = GroupEnd::Stopped;
+                    signal(group, Signal::SIGTERM);
+                    signal(group, Signal::SIGCONT);
+                } else if kill_at.take().is_some() {
+                    outcome = GroupEnd::Stopped;
+                    signal(group, Signal::SIGKILL);
+                }
+                continue;
+            }
             Ok(0) | Err(Errno::EINTR) => continue,
             Ok(_) => {}
             Err(_) => lockrun_is_gone(group),
@@ -300,11 +308,6 @@ fn guard(listen: &OwnedFd, answer: &OwnedFd) -> ! {
                     let id = i32::from_le_bytes(pending[1..GROUP_LEN].try_into().expect("4 bytes"));
                     group = Some(Pid::from_raw(id));
                     pending.drain(..GROUP_LEN);
-                    // Named after its moments passed (lockrun was stopped between
-                    // telling them and starting it): it must not run at all.
-                    if outcome == GroupEnd::Stopped {
-                        signal(group, Signal::SIGKILL);
-                    }
                 }
                 HOLD if pending.len() >= HOLD_LEN => {
                     let at =

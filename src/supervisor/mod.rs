@@ -94,6 +94,9 @@ pub enum Ending {
     MaxRuntime(Duration),
     /// It exited with a status, but a lease was found lost at release.
     FoundLost(FoundLost),
+    /// It exited with a status, but only after its lease's end as far as
+    /// anyone can tell (lockrun and its watchdog were both held up past it).
+    LapsedUnseen(FoundLost),
 }
 
 /// Which lease was found lost at release, and the command's status.
@@ -114,9 +117,10 @@ impl Ending {
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::Exited(code) => *code,
-            Self::LeaseLost(_) | Self::LostBeforeStart(_) | Self::FoundLost(_) => {
-                status::LEASE_LOST
-            }
+            Self::LeaseLost(_)
+            | Self::LostBeforeStart(_)
+            | Self::FoundLost(_)
+            | Self::LapsedUnseen(_) => status::LEASE_LOST,
             Self::MaxRuntime(_) => status::MAX_RUNTIME,
         }
     }
@@ -343,7 +347,7 @@ impl Run<'_> {
     fn until_exit(&mut self, signals: &Signals) -> Result<Ending> {
         loop {
             if let Some(code) = self.check_child()? {
-                self.judge_late_exit();
+                self.judge_late_exit(code);
                 self.stop_leftovers(signals)?;
                 if let Some(terminal) = &self.terminal {
                     terminal.take_back_from(self.child);
@@ -492,25 +496,26 @@ impl Run<'_> {
     /// says whether it had to stop the command for the lease, or found it
     /// ended on its own in time. Only the first keeps the command's status
     /// from standing; without an answer, a passed deadline stands for the worst.
-    fn judge_late_exit(&mut self) {
+    fn judge_late_exit(&mut self, code: u8) {
         if self.ending.is_some() || !self.held.stop_at().is_some_and(Moment::has_passed) {
             return;
         }
         let deadline_passed = self.held.deadline().is_some_and(Moment::has_passed);
-        let lost = match self.watchdog.outcome() {
+        let name = self.held.ending_first().to_owned();
+        match self.watchdog.outcome() {
             Some(GroupEnd::Stopped) => {
-                Some("lockrun was paused past its renewal, and its watchdog stopped the command")
+                let reason =
+                    "lockrun was paused past its renewal, and its watchdog stopped the command";
+                self.reporter.about(&name).event(&Event::Lost { reason });
+                self.ending = Some(Ending::LeaseLost(Lost { name, reason }));
             }
-            Some(GroupEnd::EndedInTime) => None,
             // Not known to have ended in time: the worst is taken.
-            Some(GroupEnd::NotYet | GroupEnd::EndedUnseen) | None => deadline_passed.then_some(
-                "lockrun was paused past its lease's end, and its watchdog cannot say that the command ended in time",
-            ),
-        };
-        if let Some(reason) = lost {
-            let name = self.held.ending_first().to_owned();
-            self.reporter.about(&name).event(&Event::Lost { reason });
-            self.ending = Some(Ending::LeaseLost(Lost { name, reason }));
+            Some(GroupEnd::NotYet | GroupEnd::EndedUnseen) | None if deadline_passed => {
+                let reason = "it ran out while lockrun and its watchdog were held up";
+                self.reporter.about(&name).event(&Event::Lost { reason });
+                self.ending = Some(Ending::LapsedUnseen(FoundLost { name, code }));
+            }
+            Some(GroupEnd::EndedInTime | GroupEnd::NotYet | GroupEnd::EndedUnseen) | None => {}
         }
     }
 

@@ -88,6 +88,36 @@ enum Found {
     Foreign,
 }
 
+impl Found {
+    /// The version of lockrun's complete tables, older than this lockrun's.
+    fn older(&self) -> Option<i64> {
+        match *self {
+            Self::Lockrun {
+                version: version @ 1..SCHEMA_VERSION,
+                complete: true,
+            } => Some(version),
+            _ => None,
+        }
+    }
+}
+
+/// What makes `found` a complete schema of this version, and the SQL for it:
+/// the tables, where there is room for them, or the upgrades of older ones.
+fn work_for(found: &Found, schema: &Schema) -> Option<(&'static str, String)> {
+    let (what, sql) = match (found, found.older()) {
+        (Found::Room, _) => ("create the schema", TABLES.to_owned()),
+        (_, Some(version)) => (
+            "bring the schema up to date",
+            UPGRADES[usize::try_from(version - 1).expect("from 1")..].concat() + MARK_THEM,
+        ),
+        _ => return None,
+    };
+    let sql = sql
+        .replace("{schema}", &schema.quoted)
+        .replace("{marker}", &format!("{MARK}{SCHEMA_VERSION}"));
+    Some((what, sql))
+}
+
 /// Makes sure `schema` is lockrun's, of this version, and says which
 /// version its tables are, when they are there. When it is missing or empty,
 /// they are created if `create` (running a command), else left so (`status`
@@ -105,34 +135,16 @@ pub fn create_or_check(
     let mut found = session.call("check the schema", within, async |client: &Client| {
         inspect(client, schema).await
     })?;
-    let older = match found {
-        Found::Lockrun {
-            version: version @ 1..SCHEMA_VERSION,
-            complete: true,
-        } => Some(version),
-        _ => None,
-    };
-    let to_make = found == Found::Room || older.is_some();
-    if !create && to_make {
-        return Ok(older);
+    let work = work_for(&found, schema);
+    if !create && (work.is_some() || found == Found::Room) {
+        return Ok(found.older());
     }
     // What the look above saw may be another lockrun's first use half done:
     // the schema there, its tables not yet. So anything short of a complete
     // schema of this version is looked at again under the lock that every
-    // maker holds, and made only if it is still as it was.
-    if create && (to_make || found == Found::Foreign) {
-        let (what, sql) = match older {
-            None if !to_make => ("check the schema", String::new()),
-            None => ("create the schema", TABLES.to_owned()),
-            Some(version) => (
-                "bring the schema up to date",
-                UPGRADES[usize::try_from(version - 1).expect("from 1")..].concat() + MARK_THEM,
-            ),
-        };
-        let sql = sql
-            .replace("{schema}", &schema.quoted)
-            .replace("{marker}", &format!("{MARK}{SCHEMA_VERSION}"));
-        let before = found.clone();
+    // maker holds, and made (or brought up to date) as that look says.
+    if create && (work.is_some() || found == Found::Foreign) {
+        let what = work.map_or("check the schema", |(what, _)| what);
         found = session.transaction(what, within, async |client: &Client| {
             client
                 .query_typed(
@@ -141,18 +153,15 @@ pub fn create_or_check(
                 )
                 .await?;
             let found = inspect(client, schema).await?;
-            if to_make && found == before {
-                client.batch_execute(&sql).await?;
-            }
-            Ok(found)
-        })?;
-        if older.is_some() && found == before {
-            // Brought up to date above.
-            found = Found::Lockrun {
+            let Some((_, sql)) = work_for(&found, schema) else {
+                return Ok(found);
+            };
+            client.batch_execute(&sql).await?;
+            Ok(Found::Lockrun {
                 version: SCHEMA_VERSION,
                 complete: true,
-            };
-        }
+            })
+        })?;
     }
     let refuse = |why: String| {
         Failure::new(
@@ -165,8 +174,9 @@ pub fn create_or_check(
         )
     };
     match found {
-        Found::Room
-        | Found::Lockrun {
+        // Only a look (`create` false) leaves it so.
+        Found::Room => Ok(None),
+        Found::Lockrun {
             version: SCHEMA_VERSION,
             complete: true,
         } => Ok(Some(SCHEMA_VERSION)),

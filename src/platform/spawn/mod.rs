@@ -91,9 +91,6 @@ fn setup(
     start_before: Option<Moment>,
 ) -> nix::Result<()> {
     setpgid(Pid::from_raw(0), Pid::from_raw(0))?;
-    if let Some(fd) = tty {
-        terminal::claim_foreground(fd)?;
-    }
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
     // lockrun may have died before the death signal was armed.
     if getppid() != parent {
@@ -107,6 +104,10 @@ fn setup(
         && Moment::try_now()? >= at
     {
         return Err(nix::errno::Errno::ETIMEDOUT);
+    }
+    // After the checks, so that a child that does not exec leaves the terminal as it was.
+    if let Some(fd) = tty {
+        terminal::claim_foreground(fd)?;
     }
     // Rust ignores SIGPIPE; exec keeps ignored signals ignored, the command must not inherit that.
     // SAFETY: the default disposition has no handler; this child's handler table is its own copy.
