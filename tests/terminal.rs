@@ -103,3 +103,23 @@ fn ctrl_c_while_waiting_clears_the_live_line() {
     std::fs::write(scratch.path("release"), "").unwrap();
     assert_status(&finish(holder), 0);
 }
+
+/// A command that cannot be executed may have taken the terminal's foreground
+/// before its exec failed: lockrun takes it back, so that the rest of its
+/// pipeline (a pager, say) can still read the terminal.
+#[test]
+fn a_command_that_cannot_be_executed_leaves_the_terminal_to_the_pipeline() {
+    let scratch = Scratch::new();
+    let mut shell = Shell::bash();
+    shell.send(&format!(
+        "lockrun --dir {dir} --name tty /nonexistent/command | \
+         {{ cat >/dev/null; read line </dev/tty; echo \"got:$line\" > {out}; }}\n",
+        dir = scratch.path("locks").display(),
+        out = scratch.path("out").display(),
+    ));
+    shell.send("typed after the failure\n");
+    wait_until("the pipeline to read the line", || {
+        std::fs::read_to_string(scratch.path("out"))
+            .is_ok_and(|out| out == "got:typed after the failure\n")
+    });
+}

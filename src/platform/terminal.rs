@@ -55,9 +55,15 @@ impl Terminal {
     /// read stopped meanwhile.
     pub fn take_back_from(&self, command: Pid) {
         if self.foreground_is(command) {
-            self.give_to(getpgrp());
-            let _ = killpg(getpgrp(), Signal::SIGCONT);
+            self.take_back();
         }
+    }
+
+    /// Takes the foreground back for lockrun's group, which had it when the
+    /// command was started (a command that failed to execute may have taken it).
+    pub fn take_back(&self) {
+        self.give_to(getpgrp());
+        let _ = killpg(getpgrp(), Signal::SIGCONT);
     }
 }
 

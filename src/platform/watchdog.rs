@@ -71,8 +71,9 @@ pub enum GroupEnd {
     /// When its moment came, before the lease's end, nothing in the group was
     /// running any more: the command ended on its own, in time.
     EndedInTime,
-    /// It looked only after the lease's end (it was starved too), and the
-    /// group had ended by then: when, it cannot tell.
+    /// It looked only after its SIGKILL moment, shortly before the lease's
+    /// end (it was held up too), and the group had ended by then: when, it
+    /// cannot tell.
     EndedUnseen,
     /// It stopped the group.
     Stopped,
@@ -266,8 +267,10 @@ fn guard(listen: &OwnedFd, answer: &OwnedFd) -> ! {
                 if terminate_at.take().is_some() {
                     // Seen before the kill moment, itself before the lease's end,
                     // a group with nothing running ended in time on its own.
-                    let in_time = kill_at.is_some_and(|kill_at| now <= kill_at);
                     if group.is_some_and(|group| !proc::group_has_live_process(group)) {
+                        // Nothing was running when the search ended, which may be later than `now`.
+                        let looked = Moment::now().since_boot();
+                        let in_time = kill_at.is_some_and(|kill_at| looked <= kill_at);
                         outcome = if in_time {
                             GroupEnd::EndedInTime
                         } else {

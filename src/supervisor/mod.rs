@@ -187,9 +187,8 @@ pub fn supervise(
         };
     }
     // Told before the command starts: a lockrun stopped just after (SIGSTOP,
-    // starved) must not leave a command the lease does not bound; and one
-    // stopped just before, past these moments, has its command killed as soon
-    // as it names its group.
+    // starved) must not leave a command the lease does not bound (one held up
+    // just before, past them, does not start it: `spawn`).
     let told = lease_moments(held);
     if told != (None, None) {
         watchdog.hold(told.0, told.1);
@@ -205,6 +204,9 @@ pub fn supervise(
             };
         }
         Err(err) => {
+            if let Some(terminal) = foreground {
+                terminal.take_back();
+            }
             return Supervised {
                 ending: Err(err),
                 watchdog: Some(watchdog.dismiss()),

@@ -136,7 +136,7 @@ pub fn create_or_check(
         inspect(client, schema).await
     })?;
     let work = work_for(&found, schema);
-    if !create && (work.is_some() || found == Found::Room) {
+    if !create && work.is_some() {
         return Ok(found.older());
     }
     // What the look above saw may be another lockrun's first use half done:
@@ -174,7 +174,7 @@ pub fn create_or_check(
         )
     };
     match found {
-        // Only a look (`create` false) leaves it so.
+        // Not left so: a look returns above, a run makes the tables.
         Found::Room => Ok(None),
         Found::Lockrun {
             version: SCHEMA_VERSION,
