@@ -871,6 +871,38 @@ pub fn paused_as_the_command_starts(store: &Store) {
     );
 }
 
+/// The watchdog alone is held up (SIGSTOP) past the moments it was first told,
+/// while lockrun goes on renewing the lease and telling it newer ones: once it
+/// runs again it reads those before it acts, and leaves the command alone.
+#[test]
+#[ignore = "fault suite: cargo test --test integration -- --ignored faults --test-threads 1"]
+fn a_watchdog_held_up_while_lockrun_renews_leaves_the_command_alone() {
+    let store = Store::sqlite();
+    let scratch = Scratch::new();
+    let lockrun = start_command_that_waits_for_go(&store, &scratch);
+    let started = Instant::now();
+    let watchdog = watchdog_of(lockrun.id());
+    signal(watchdog, Signal::SIGSTOP);
+    wait_until("the watchdog to be stopped", || {
+        process_state(watchdog.cast_signed()) == Some('T')
+    });
+    assert!(
+        started.elapsed() < Duration::from_millis(1200),
+        "the watchdog must be stopped before its first moment (1.5 s) to test this; it took {:?}",
+        started.elapsed()
+    );
+    // Past the first lease's end: lockrun renewed it meanwhile (every 2/3 s).
+    thread::sleep(Duration::from_millis(2500).saturating_sub(started.elapsed()));
+    signal(watchdog, Signal::SIGCONT);
+    wait_until("the watchdog to read and wait again", || {
+        process_state(watchdog.cast_signed()) == Some('S')
+    });
+    fs::write(scratch.path("go"), "").unwrap();
+    let output = finish(lockrun);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(stdout(&output), "finished\n");
+}
+
 /// lockrun held up past its lease's end just before its command starts:
 /// strace delays the entry of its fork of the watchdog (the first `clone`),
 /// then, in a second run, of its spawn of the command (the second), by 2.5 s
