@@ -13,9 +13,9 @@
 //! them, the watchdog stops the group itself, so the command never outlives
 //! its lease (a command that would start past them does not start:
 //! `spawn`). When its moment to stop the group comes and nothing in the group
-//! is left running, the command ended in time on its own; lockrun asks which it was once it runs again, so
-//! that a command that finished before its lease's end keeps its exit status
-//! (README: "Exit status").
+//! is left running, the command ended in time on its own; lockrun asks which
+//! it was once it runs again, so that a command that finished before its
+//! lease's end keeps its exit status (README: "Exit status").
 //!
 //! It is a fork, not a clone sharing lockrun's memory: the kernel's OOM killer
 //! kills every process that shares its victim's memory, and a watchdog must
