@@ -755,15 +755,7 @@ pub fn paused_with_its_watchdog_after_the_command_ended(store: &Store) {
     let acquired = Instant::now();
     let watchdog = watchdog_of(lockrun.id());
     pause(&lockrun, || {
-        signal(watchdog, Signal::SIGSTOP);
-        wait_until("the watchdog to be stopped", || {
-            process_state(watchdog.cast_signed()) == Some('T')
-        });
-        assert!(
-            acquired.elapsed() < Duration::from_millis(1400),
-            "the watchdog must be stopped before its first moment (1.5 s) to test this; it took {:?}",
-            acquired.elapsed()
-        );
+        stop_before_its_first_moment(watchdog, acquired);
         fs::write(scratch.path("go"), "").unwrap();
         wait_for_file(&scratch.path("ended"));
         // The watchdog goes on once the lease has ended, before lockrun does.
@@ -783,6 +775,20 @@ pub fn paused_with_its_watchdog_after_the_command_ended(store: &Store) {
         stderr(&output)
     );
     assert_eq!(stdout(&output), "finished\n", "its output is kept");
+}
+
+/// Stops `watchdog` (SIGSTOP), which must happen before its first moment,
+/// 1.5 s into the 2 s lease of a command seen started at `started`.
+fn stop_before_its_first_moment(watchdog: u32, started: Instant) {
+    signal(watchdog, Signal::SIGSTOP);
+    wait_until("the watchdog to be stopped", || {
+        process_state(watchdog.cast_signed()) == Some('T')
+    });
+    assert!(
+        started.elapsed() < Duration::from_millis(1300),
+        "the watchdog must be stopped before its first moment (1.5 s) to test this; it took {:?}",
+        started.elapsed()
+    );
 }
 
 /// lockrun is stopped while its command runs, and wakes past the deadline
@@ -882,15 +888,7 @@ fn a_watchdog_held_up_while_lockrun_renews_leaves_the_command_alone() {
     let lockrun = start_command_that_waits_for_go(&store, &scratch);
     let started = Instant::now();
     let watchdog = watchdog_of(lockrun.id());
-    signal(watchdog, Signal::SIGSTOP);
-    wait_until("the watchdog to be stopped", || {
-        process_state(watchdog.cast_signed()) == Some('T')
-    });
-    assert!(
-        started.elapsed() < Duration::from_millis(1200),
-        "the watchdog must be stopped before its first moment (1.5 s) to test this; it took {:?}",
-        started.elapsed()
-    );
+    stop_before_its_first_moment(watchdog, started);
     // Past the first lease's end: lockrun renewed it meanwhile (every 2/3 s).
     thread::sleep(Duration::from_millis(2500).saturating_sub(started.elapsed()));
     signal(watchdog, Signal::SIGCONT);
