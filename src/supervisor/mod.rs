@@ -496,8 +496,9 @@ impl Run<'_> {
     /// A command that ended after its stop moment passed without lockrun
     /// acting (lockrun was paused or starved): its watchdog, which was not,
     /// says whether it had to stop the command for the lease, or found it
-    /// ended on its own in time. Only the first keeps the command's status
-    /// from standing; without an answer, a passed deadline stands for the worst.
+    /// ended on its own in time. Only the second lets the command's status
+    /// stand once the deadline has passed: a watchdog that cannot tell (it was
+    /// held up too, or does not answer) stands for the worst, `LapsedUnseen`.
     fn judge_late_exit(&mut self, code: u8) {
         if self.ending.is_some() || !self.held.stop_at().is_some_and(Moment::has_passed) {
             return;
