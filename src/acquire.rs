@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::lease::{Held, LeaseVerdict};
 use crate::platform::clock::Moment;
 use crate::platform::proc::ancestors;
+use crate::platform::watchdog::Watchdog;
 use crate::progress::Progress;
 use crate::report::{Event, Reporter, Retry, held_by};
 
@@ -37,13 +38,15 @@ pub struct WaitPolicy {
 }
 
 /// Waits for a slot of `request.name`, keeping the leases of the names
-/// `held` already (docs/guide.md: "Several names") alive meanwhile.
+/// `held` already (docs/guide.md: "Several names") alive meanwhile. A run
+/// that has to wait starts the command's `watchdog` before it does.
 pub fn acquire(
     store: &mut dyn Store,
     request: &Request,
     policy: &WaitPolicy,
     reporter: &Reporter,
     held: &mut Held,
+    watchdog: &mut Option<Watchdog>,
 ) -> Result<Box<dyn Slot>> {
     let started = Moment::now();
     let mut waiter = WaitLoop {
@@ -52,6 +55,7 @@ pub fn acquire(
         policy,
         reporter,
         held,
+        watchdog,
         progress: Progress::new(reporter.speaks_to_people(), request.name.as_str(), started),
         started,
         deadline: request.deadline,
@@ -85,6 +89,9 @@ struct WaitLoop<'a> {
     reporter: &'a Reporter,
     /// The slots of the names taken before this one, whose leases must not lapse while we wait.
     held: &'a mut Held,
+    /// The command's, started before the first wait: forking it then is not
+    /// on the way from the release that lets us in to the command's start.
+    watchdog: &'a mut Option<Watchdog>,
     progress: Progress,
     started: Moment,
     deadline: Option<Moment>,
@@ -155,6 +162,9 @@ impl WaitLoop<'_> {
         // Fixed once: the process checks below must not push back a look that
         // keeps our place in line alive.
         let look = self.next_look(line);
+        if self.watchdog.is_none() {
+            *self.watchdog = Some(Watchdog::start().map_err(Error::system)?);
+        }
         let ahead_gone = || line.local_ahead.iter().any(|owner| owner.process.is_gone());
         let every = if line.position <= 2 {
             LIVENESS_POLL

@@ -3,6 +3,7 @@
 //! renewal + TTL; the command told to stop `--kill-grace` before that) and the
 //! renewals themselves, so that the supervisor sees nothing but deadlines.
 
+use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
 use crate::backend::{Released, Renewal, Slot};
@@ -66,6 +67,15 @@ impl Held {
         self.locks
             .iter()
             .map(|lock| (lock.slot.number(), lock.slot.fence()))
+    }
+
+    /// The open files whose kernel locks hold the slots (the file
+    /// backend's), for the watchdog to keep until the command's group is gone.
+    pub fn lock_files(&self) -> Vec<BorrowedFd<'_>> {
+        self.locks
+            .iter()
+            .flat_map(|lock| lock.slot.lock_files())
+            .collect()
     }
 
     fn leases(&self) -> impl Iterator<Item = &LeaseClock> {

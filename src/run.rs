@@ -14,6 +14,7 @@ use crate::identity::{Process, new_token, user_name};
 use crate::lease::Held;
 use crate::name::Name;
 use crate::platform::clock::Moment;
+use crate::platform::watchdog::Watchdog;
 use crate::report::{Event, Reporter};
 use crate::supervisor::{self, Ending, FoundLost, Limits, Lost, Program, Signals, Supervised};
 use crate::timing::Plan;
@@ -49,6 +50,8 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
         queue: policy.timeout != Some(Duration::ZERO),
         deadline: policy.timeout.map(|timeout| Moment::now() + timeout),
     };
+    // Started while we wait, if we must (`acquire`); else before the command.
+    let mut watchdog = None;
     let (mut held, tokens) = take_all(
         store.as_mut(),
         &names,
@@ -56,6 +59,7 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
         &policy,
         reporter,
         kill_grace,
+        &mut watchdog,
     )?;
     drop(store);
     // On the boot clock: no step of the wall clock shortens a --min-hold.
@@ -82,12 +86,12 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
     };
 
     let Supervised { ending, watchdog } = match Signals::block() {
-        Ok(signals) => {
-            supervisor::supervise(&program, &env, &signals, &mut held, &limits, reporter)
-        }
+        Ok(signals) => supervisor::supervise(
+            &program, &env, &signals, &mut held, watchdog, &limits, reporter,
+        ),
         Err(err) => Supervised {
             ending: Err(Error::system(err)),
-            watchdog: None,
+            watchdog: watchdog.map(Watchdog::dismiss),
         },
     };
     let keep_until = (!args.min_hold.is_zero()).then(|| acquired_at + args.min_hold);
@@ -166,7 +170,8 @@ fn kill_grace(
 }
 
 /// Takes a slot of each of `names`, in that order, as `template` asks (one
-/// deadline for all): all or nothing. Returns them held, with their tokens.
+/// deadline for all): all or nothing. Returns them held, with their tokens;
+/// `watchdog` is the command's, if a wait started it (gone with a failure).
 fn take_all(
     store: &mut dyn Store,
     names: &[Name],
@@ -174,6 +179,7 @@ fn take_all(
     policy: &acquire::WaitPolicy,
     reporter: &Reporter,
     kill_grace: Duration,
+    watchdog: &mut Option<Watchdog>,
 ) -> Result<(Held, Vec<String>)> {
     let leases = store.abilities().leases;
     let mut held = Held::default();
@@ -183,12 +189,15 @@ fn take_all(
         request.name = name.clone();
         request.owner.token = new_token()?;
         let about = reporter.about(name.as_str());
-        match acquire(store, &request, policy, &about, &mut held) {
+        match acquire(store, &request, policy, &about, &mut held, watchdog) {
             Ok(slot) => held.push(slot, leases.then_some(request.plan), kill_grace, about),
             Err(err) => {
                 // All or nothing: a run that did not get every name holds none.
                 for failure in held.release(None).failed {
                     reporter.event(&Event::Notice { message: &failure });
+                }
+                if let Some(watchdog) = watchdog.take() {
+                    watchdog.dismiss().reap();
                 }
                 return Err(err);
             }

@@ -908,19 +908,7 @@ fn a_watchdog_held_up_while_lockrun_renews_leaves_the_command_alone() {
 #[test]
 #[ignore = "fault suite: cargo test --test integration -- --ignored faults --test-threads 1"]
 fn held_up_past_the_lease_before_the_command_starts_never_runs_it() {
-    if !program_installed("strace", "lockrun held up in a system call") {
-        return;
-    }
-    let traces = Command::new("strace")
-        .args(["-o", "/dev/null", "true"])
-        .status()
-        .is_ok_and(|status| status.success());
-    if !traces {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "strace cannot trace here (ptrace denied?); CI must run this test"
-        );
-        eprintln!("\n*** SKIPPED: strace cannot trace here, so this test did not run ***\n");
+    if !strace_traces("lockrun held up in a system call") {
         return;
     }
     let store = Store::sqlite();

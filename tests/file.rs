@@ -3,7 +3,7 @@
 
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
@@ -352,6 +352,61 @@ fn an_inherited_blocked_sigalrm_does_not_defeat_the_timeout() {
 }
 
 /// Runs lockrun on the file backend in `dir` with `args`.
+/// A lockrun killed (SIGKILL) while its command runs, after it waited for
+/// the slot (its watchdog was started then, before the slot was its): the
+/// slot stays taken while anything of the command's still runs, though strace
+/// holds the watchdog up for 3 s on its way to end it. An exclusive holder
+/// and a sharer, whose lock on slot 0's file keeps exclusive runs out.
+#[test]
+fn killed_after_waiting_it_keeps_the_slot_while_its_command_runs() {
+    if !strace_traces("watchdog held up") {
+        return;
+    }
+    for mode in [&[][..], &["--shared"][..]] {
+        let store = Store::file();
+        let scratch = Scratch::new();
+        let holder = hold(&store, &scratch, "k", &[]);
+        let script = format!(
+            "sleep 30 & echo $! > '{bg}'; wait",
+            bg = scratch.path("bg").display()
+        );
+        let mut waiter = store
+            .lockrun()
+            .args(["--name", "k"])
+            .args(mode)
+            .args(["-c", &script])
+            .start();
+        wait_until("the waiter in line", || {
+            !waiting_pids(&store, "k").is_empty()
+        });
+        fs::write(scratch.path("release"), "").unwrap();
+        assert_status(&finish(holder), 0);
+        let background = read_pid(&scratch.path("bg"));
+        let watchdog = watchdog_of(waiter.id());
+        let mut strace = Command::new("strace")
+            .args(["-o", "/dev/null", "-e", "trace=recvmsg"])
+            .args(["-e", "inject=recvmsg:delay_enter=3000000", "-p"])
+            .arg(watchdog.to_string())
+            .stderr(Stdio::piped())
+            .start();
+        wait_for_stderr(&mut strace, "attached");
+        signal(waiter.id(), Signal::SIGKILL);
+        wait(&mut waiter);
+        let output = run(store.lockrun().args(["--name", "k", "-n", "true"]));
+        assert!(
+            process_exists(background),
+            "{mode:?}: the command's child ended before the watchdog was let go"
+        );
+        assert_status(&output, 75);
+        wait_until("the watchdog to end the command", || {
+            !process_exists(background)
+        });
+        let output = run(store.lockrun().args(["--name", "k", "-w", "10", "true"]));
+        assert_status(&output, 0);
+        let _ = wait(&mut strace);
+    }
+}
+
 fn run_in(dir: &std::path::Path, args: &[&str]) -> std::process::Output {
     run(lockrun().arg("--dir").arg(dir).args(args))
 }

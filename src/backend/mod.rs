@@ -34,6 +34,7 @@ mod redis;
 mod s3;
 mod sqlite;
 
+use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
 use crate::error::Result;
@@ -392,6 +393,13 @@ pub trait Slot {
     /// request's TTL (etcd: whole seconds, at least its minimum).
     fn granted_ttl(&self) -> Option<Duration> {
         None
+    }
+
+    /// The open files whose kernel locks hold the slot, if the kernel holds
+    /// it so (the file backend): lockrun's watchdog keeps them open until the
+    /// command's group is gone, so the slot is not free while it may run.
+    fn lock_files(&self) -> Vec<BorrowedFd<'_>> {
+        Vec::new()
     }
 
     /// Extends the lease by its TTL; never re-creates a lapsed one.

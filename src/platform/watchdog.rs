@@ -2,13 +2,18 @@
 //! stalls.
 //!
 //! `PR_SET_PDEATHSIG` reaches only the command's first process (and not one
-//! that executed a set-uid program), so a forked watchdog waits on a pipe that
-//! only lockrun writes to; when the pipe closes without a word, lockrun died
+//! that executed a set-uid program), so a forked watchdog waits on a socket
+//! that only lockrun writes to; when it closes without a word, lockrun died
 //! and the watchdog kills the command's whole process group. It is started
 //! before the command, whose process names its group to it before executing,
-//! so the command never runs a moment unguarded. It keeps
-//! lockrun's open files, so a file lock stays held until the group has been
-//! killed. lockrun also tells it the lease's deadlines, before the command
+//! so the command never runs a moment unguarded; a run that has to wait
+//! starts it while it waits, so that the fork is not on the way from the
+//! release before it to its command's start. Of lockrun's open files it keeps
+//! only those lockrun hands it, the ones whose locks hold the slot
+//! ([`Watchdog::keep`]): so a file lock stays held until the group has been
+//! killed, and no other lock (a place in the file backend's line) outlives
+//! lockrun in it. It blocks every signal it can: only SIGKILL ends it.
+//! lockrun also tells it the lease's deadlines, before the command
 //! starts: should lockrun be stopped (SIGSTOP, a debugger) or starved past
 //! them, the watchdog stops the group itself, so the command never outlives
 //! its lease (a command that would start past them does not start:
@@ -25,14 +30,17 @@
 
 #![allow(unsafe_code)]
 
-use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::io::{self, IoSlice, IoSliceMut};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 use nix::errno::Errno;
 use nix::fcntl::{OFlag, open};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use nix::sys::signal::{Signal, killpg};
+use nix::sys::signal::{SigSet, SigmaskHow, Signal, killpg, sigprocmask};
+use nix::sys::socket::{
+    AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType, recvmsg, sendmsg, socketpair,
+};
 use nix::sys::stat::Mode;
 use nix::sys::wait::{WaitPidFlag, waitpid};
 use nix::unistd::{
@@ -58,6 +66,10 @@ const HOLD: u8 = b'h';
 const HOLD_LEN: usize = 1 + 2 * 8;
 /// ... or: say, on the answer pipe, whether you had to stop the group.
 const ASK: u8 = b'q';
+/// ... or: keep these files open until you exit; they come with the byte,
+/// at most [`KEEP_AT_ONCE`] of them.
+const KEEP: u8 = b'k';
+const KEEP_AT_ONCE: usize = 16;
 
 /// How long lockrun waits for the watchdog's answer: it is not paused with
 /// lockrun, so it answers at once unless it is gone.
@@ -103,6 +115,7 @@ impl GroupEnd {
 
 pub struct Watchdog {
     /// Closing it without a word is what tells the watchdog lockrun is gone.
+    /// A socket, not a pipe, so that it can carry open files.
     tell: OwnedFd,
     /// Where the watchdog answers [`Watchdog::outcome`].
     answers: OwnedFd,
@@ -116,7 +129,13 @@ impl Watchdog {
     /// when it runs unguarded. lockrun must be single-threaded here.
     pub fn start() -> io::Result<Self> {
         let failed = super::failed("starting the watchdog");
-        let (listen, tell) = pipe2(OFlag::O_CLOEXEC).map_err(failed)?;
+        let (listen, tell) = socketpair(
+            AddressFamily::Unix,
+            SockType::Stream,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .map_err(failed)?;
         let (answers, answer) = pipe2(OFlag::O_CLOEXEC).map_err(failed)?;
         // SAFETY: lockrun has one thread at this point, so the child may run any code.
         match unsafe { fork() }.map_err(failed)? {
@@ -147,6 +166,25 @@ impl Watchdog {
         Announcer { tell: &self.tell }
     }
 
+    /// Keeps `files` open until the watchdog exits, which is after the
+    /// command's group is gone should lockrun die: the files whose locks hold
+    /// the slot. Sent over the socket, they stay open while they are under
+    /// way too.
+    pub fn keep(&self, files: &[BorrowedFd<'_>]) -> io::Result<()> {
+        for some in files.chunks(KEEP_AT_ONCE) {
+            let raw: Vec<RawFd> = some.iter().map(AsRawFd::as_raw_fd).collect();
+            sendmsg::<()>(
+                self.tell.as_raw_fd(),
+                &[IoSlice::new(&[KEEP])],
+                &[ControlMessage::ScmRights(&raw)],
+                MsgFlags::MSG_NOSIGNAL,
+                None,
+            )
+            .map_err(super::failed("handing the watchdog the lock's files"))?;
+        }
+        Ok(())
+    }
+
     /// From now on the group must be gone by `kill_at`: unless told otherwise
     /// before, the watchdog sends it SIGTERM at `terminate_at` and SIGKILL at
     /// `kill_at` (`None`: never).
@@ -159,7 +197,7 @@ impl Watchdog {
         message[0] = HOLD;
         message[1..9].copy_from_slice(&nanos(terminate_at));
         message[9..].copy_from_slice(&nanos(kill_at));
-        // A pipe write this short is atomic. If the watchdog was killed, there is nobody left to tell.
+        // A write this short fits the socket's buffer whole. If the watchdog was killed, there is nobody left to tell.
         let _ = write(&self.tell, &message);
     }
 
@@ -213,8 +251,8 @@ impl Dismissed {
     }
 }
 
-/// The write end of the watchdog's pipe, as the command's process holds it
-/// between clone and exec (the pipe closes on exec).
+/// lockrun's end of the watchdog's socket, as the command's process holds it
+/// between clone and exec (it closes on exec).
 pub struct Announcer<'a> {
     tell: &'a OwnedFd,
 }
@@ -231,6 +269,9 @@ impl Announcer<'_> {
 }
 
 fn guard(listen: &OwnedFd, answer: &OwnedFd) -> ! {
+    // Whatever lockrun blocked or not when it forked (it may be waiting still).
+    let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::all()), None);
+    close_all_but([listen.as_raw_fd(), answer.as_raw_fd()]);
     // Out of lockrun's session too (unless lockrun made this a group leader first, which is enough).
     let _ = setsid();
     rename();
@@ -292,16 +333,19 @@ fn guard(listen: &OwnedFd, answer: &OwnedFd) -> ! {
             Ok(_) => {}
             Err(_) => lockrun_is_gone(group),
         }
-        let mut buffer = [0u8; 256];
-        match read(listen, &mut buffer) {
+        match receive(listen, &mut pending) {
             Ok(0) => lockrun_is_gone(group),
-            Ok(n) => pending.extend_from_slice(&buffer[..n]),
+            Ok(_) => {}
             Err(Errno::EINTR) => continue,
             Err(_) => lockrun_is_gone(group),
         }
         while let Some(&tag) = pending.first() {
             match tag {
                 DISMISS => exit(),
+                // Its files came with it, and stay open as they are.
+                KEEP => {
+                    pending.drain(..1);
+                }
                 ASK => {
                     // If lockrun is gone, its pipe's reader is too: nobody is left to tell.
                     let _ = write(answer, &[outcome.byte()]);
@@ -328,6 +372,66 @@ fn guard(listen: &OwnedFd, answer: &OwnedFd) -> ! {
                 _ => lockrun_is_gone(group),
             }
         }
+    }
+}
+
+/// Reads what lockrun sent into `pending`; the files that came with it are
+/// open in this process from now on, and stay so until it exits. Returns how
+/// many bytes came (0: lockrun is gone).
+fn receive(listen: &OwnedFd, pending: &mut Vec<u8>) -> nix::Result<usize> {
+    let mut buffer = [0u8; 256];
+    // Room for as many as one message brings: files that do not fit would be closed.
+    let mut files = nix::cmsg_space!([RawFd; KEEP_AT_ONCE]);
+    let mut slices = [IoSliceMut::new(&mut buffer)];
+    let got = recvmsg::<()>(
+        listen.as_raw_fd(),
+        &mut slices,
+        Some(&mut files),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )?
+    .bytes;
+    pending.extend_from_slice(&buffer[..got]);
+    Ok(got)
+}
+
+/// Closes every descriptor above stdio but `keep`: what lockrun had open
+/// when it forked (its place in line, locked) is not the watchdog's to hold.
+fn close_all_but(keep: [RawFd; 2]) {
+    let [low, high] = if keep[0] < keep[1] {
+        keep
+    } else {
+        [keep[1], keep[0]]
+    };
+    let ranges = [(3, low - 1), (low + 1, high - 1), (high + 1, RawFd::MAX)];
+    for (first, last) in ranges.into_iter().filter(|(first, last)| first <= last) {
+        // SAFETY: close_range(2) only closes descriptors, none of which this
+        // process uses but the two it keeps.
+        let closed = unsafe {
+            nix::libc::syscall(
+                nix::libc::SYS_close_range,
+                first,
+                last,
+                0 as nix::libc::c_uint,
+            )
+        };
+        if closed != 0 {
+            // Before Linux 5.9: one at a time, those /proc lists.
+            close_listed(first, last);
+        }
+    }
+}
+
+fn close_listed(first: RawFd, last: RawFd) {
+    let Ok(entries) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let open: Vec<RawFd> = entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
+        .filter(|fd| (first..=last).contains(fd))
+        .collect();
+    for fd in open {
+        let _ = nix::unistd::close(fd);
     }
 }
 

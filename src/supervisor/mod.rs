@@ -151,12 +151,14 @@ fn lease_moments(held: &Held) -> (Option<Moment>, Option<Moment>) {
     }
 }
 
-/// Runs `program` to its end, keeping `held` (renewing its lease, if it has one).
+/// Runs `program` to its end, keeping `held` (renewing its lease, if it has
+/// one), guarded by `watchdog` (started here if the wait did not start it).
 pub fn supervise(
     program: &Program,
     env: &[(&str, String)],
     signals: &Signals,
     held: &mut Held,
+    watchdog: Option<Watchdog>,
     limits: &Limits,
     reporter: &Reporter,
 ) -> Supervised {
@@ -164,27 +166,31 @@ pub fn supervise(
         ending,
         watchdog: None,
     };
-    if let Err(err) = spawn::adopt_orphans() {
-        return unwatched(Err(Error::internal(
-            "becoming the command's subreaper",
-            err,
-        )));
-    }
-    let terminal = Terminal::open();
-    let foreground = terminal.as_ref().filter(|terminal| terminal.is_ours());
-    let watchdog = match Watchdog::start() {
+    let watchdog = match watchdog.map_or_else(Watchdog::start, Ok) {
         Ok(watchdog) => watchdog,
         Err(err) => return unwatched(Err(Error::system(err))),
     };
+    // Before the command ran, or when it could not start.
+    let unstarted = |ending, watchdog: Watchdog| Supervised {
+        ending,
+        watchdog: Some(watchdog.dismiss()),
+    };
+    if let Err(err) = spawn::adopt_orphans() {
+        let err = Error::internal("becoming the command's subreaper", err);
+        return unstarted(Err(err), watchdog);
+    }
+    // Should lockrun die, the slot's file locks stay held until the watchdog has ended the group.
+    if let Err(err) = watchdog.keep(&held.lock_files()) {
+        return unstarted(Err(Error::system(err)), watchdog);
+    }
+    let terminal = Terminal::open();
+    let foreground = terminal.as_ref().filter(|terminal| terminal.is_ours());
     // Never a command under a lease whose stop has passed: checked the moment
     // before the spawn (forking the watchdog takes time too, and lockrun may
     // be stopped meanwhile).
     if let LeaseVerdict::Stop { name, reason, .. } = held.confirm() {
         reporter.about(&name).event(&Event::Lost { reason });
-        return Supervised {
-            ending: Ok(Ending::LostBeforeStart(Lost { name, reason })),
-            watchdog: Some(watchdog.dismiss()),
-        };
+        return unstarted(Ok(Ending::LostBeforeStart(Lost { name, reason })), watchdog);
     }
     // Told before the command starts: a lockrun stopped just after (SIGSTOP,
     // starved) must not leave a command the lease does not bound (one held up
@@ -198,19 +204,13 @@ pub fn supervise(
         Ok(None) => {
             let (name, reason) = (held.ending_first().to_owned(), HELD_UP);
             reporter.about(&name).event(&Event::Lost { reason });
-            return Supervised {
-                ending: Ok(Ending::LostBeforeStart(Lost { name, reason })),
-                watchdog: Some(watchdog.dismiss()),
-            };
+            return unstarted(Ok(Ending::LostBeforeStart(Lost { name, reason })), watchdog);
         }
         Err(err) => {
             if let Some(terminal) = foreground {
                 terminal.take_back();
             }
-            return Supervised {
-                ending: Err(err),
-                watchdog: Some(watchdog.dismiss()),
-            };
+            return unstarted(Err(err), watchdog);
         }
     };
     let mut run = Run {

@@ -790,6 +790,26 @@ pub fn program_installed(program: &str, what: &str) -> bool {
     found
 }
 
+/// Whether strace can trace here (ptrace may be denied); a loud notice when
+/// not, and under `CI=true` a failure: CI must run the tests that need it (`what`).
+pub fn strace_traces(what: &str) -> bool {
+    if !program_installed("strace", what) {
+        return false;
+    }
+    let traces = Command::new("strace")
+        .args(["-o", "/dev/null", "true"])
+        .status()
+        .is_ok_and(|status| status.success());
+    if !traces {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "strace cannot trace here (ptrace denied?); CI must run the {what} tests"
+        );
+        eprintln!("\n*** SKIPPED: strace cannot trace here, so this {what} test did not run ***\n");
+    }
+    traces
+}
+
 /// Waits (up to `PATIENCE`) for a server just started as `child` to answer;
 /// false as soon as it exits.
 pub fn answers_before_exiting(

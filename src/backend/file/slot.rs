@@ -6,6 +6,7 @@
 //! next holder.
 
 use std::fs::{self, File};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
@@ -229,6 +230,14 @@ impl Slot for FileSlot {
         self.taken_at
     }
 
+    fn lock_files(&self) -> Vec<BorrowedFd<'_>> {
+        [Some(&self.file), self.gate.as_ref()]
+            .into_iter()
+            .flatten()
+            .map(AsFd::as_fd)
+            .collect()
+    }
+
     fn renew(&mut self, _within: Duration) -> Result<Renewal> {
         // No lease: the kernel holds the lock for as long as we live.
         Ok(Renewal::Renewed)
@@ -250,7 +259,7 @@ impl Slot for FileSlot {
             self.record.owner.parallelism = None;
         }
         let written = write_record(&self.file, &self.record, &self.path);
-        // Unlocked rather than closed: the watchdog shares this open file until it exits.
+        // Unlocked rather than closed: the watchdog keeps this open file until it exits.
         let _ = self.file.unlock();
         // Touched, so that a waiter watching the directory for more than one slot wakes now.
         let _ = self.file.set_modified(SystemTime::now());
