@@ -781,13 +781,18 @@ pub fn program_installed(program: &str, what: &str) -> bool {
         .status()
         .is_ok();
     if !found {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "{program} is not on PATH; CI must run the {what} tests"
-        );
-        eprintln!("\n*** SKIPPED: {program} is not on PATH, so this {what} test did not run ***\n");
+        skipped(&format!("{program} is not on PATH"), what);
     }
     found
+}
+
+/// Says loudly that a `what` test did not run, and why; under `CI=true`, fails.
+fn skipped(why: &str, what: &str) {
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "{why}; CI must run the {what} tests"
+    );
+    eprintln!("\n*** SKIPPED: {why}, so this {what} test did not run ***\n");
 }
 
 /// Whether strace can trace here (ptrace may be denied); a loud notice when
@@ -801,11 +806,7 @@ pub fn strace_traces(what: &str) -> bool {
         .status()
         .is_ok_and(|status| status.success());
     if !traces {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "strace cannot trace here (ptrace denied?); CI must run the {what} tests"
-        );
-        eprintln!("\n*** SKIPPED: strace cannot trace here, so this {what} test did not run ***\n");
+        skipped("strace cannot trace here (ptrace denied?)", what);
     }
     traces
 }
