@@ -89,8 +89,8 @@ struct WaitLoop<'a> {
     reporter: &'a Reporter,
     /// The slots of the names taken before this one, whose leases must not lapse while we wait.
     held: &'a mut Held,
-    /// The command's, started before the first wait: forking it then is not
-    /// on the way from the release that lets us in to the command's start.
+    /// The command's, started before the first wait if it can be: forking it
+    /// then is not on the way from the release that lets us in to the command's start.
     watchdog: &'a mut Option<Watchdog>,
     progress: Progress,
     started: Moment,
@@ -163,7 +163,8 @@ impl WaitLoop<'_> {
         // keeps our place in line alive.
         let look = self.next_look(line);
         if self.watchdog.is_none() {
-            *self.watchdog = Some(Watchdog::start().map_err(Error::system)?);
+            // A fork refused now (a process limit reached) is tried again before the command.
+            *self.watchdog = Watchdog::start().ok();
         }
         let ahead_gone = || line.local_ahead.iter().any(|owner| owner.process.is_gone());
         let every = if line.position <= 2 {
