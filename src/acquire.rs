@@ -12,6 +12,7 @@ use crate::duration::display;
 use crate::error::{Error, Result};
 use crate::lease::{Held, LeaseVerdict};
 use crate::platform::clock::Moment;
+use crate::platform::interrupt;
 use crate::platform::proc::ancestors;
 use crate::platform::watchdog::Watchdog;
 use crate::progress::Progress;
@@ -164,7 +165,7 @@ impl WaitLoop<'_> {
         let look = self.next_look(line);
         if self.watchdog.is_none() {
             // A fork refused now (a process limit reached) is tried again before the command.
-            *self.watchdog = Watchdog::start().ok();
+            *self.watchdog = interrupt::start_watchdog().ok();
         }
         let ahead_gone = || line.local_ahead.iter().any(|owner| owner.process.is_gone());
         let every = if line.position <= 2 {

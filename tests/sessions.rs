@@ -223,6 +223,49 @@ exec sleep 60"#,
     assert!(zombies.is_empty(), "zombies left: {zombies:?}");
 }
 
+/// A waiting lockrun has its command's watchdog already; ended by a signal
+/// while it waits (SIGTERM, SIGHUP), it ends and reaps it first, so it leaves
+/// no zombie under a PID 1 that never reaps (a container), however often a
+/// job that waits is cancelled.
+#[test]
+fn a_waiter_ended_by_a_signal_leaves_no_zombie_under_a_pid_1_that_never_reaps() {
+    let Some(mut container) = in_a_pid_namespace() else {
+        return;
+    };
+    let store = Store::file();
+    let scratch = Scratch::new();
+    let script = format!(
+        r#"cd '{scratch}'
+( "$lockrun" --dir '{dir}' --name z -- sh -c ': > held; while [ ! -e release ]; do sleep 0.01; done' &
+  while [ ! -e held ]; do sleep 0.01; done
+  for signal in TERM HUP; do
+    "$lockrun" --dir '{dir}' --name z -- true & waiter=$!
+    until ps -o comm= --ppid $waiter | grep -q lr-watchdog; do sleep 0.01; done
+    kill -$signal $waiter; wait $waiter; echo $? >> statuses
+  done
+  : > release; wait
+  ps -eo stat=,args= > processes; : > done ) &
+exec sleep 60"#,
+        scratch = scratch.dir().display(),
+        dir = store.dir().display(),
+    );
+    let _container = container.args(["sh", "-c", &script]).start();
+    wait_until("the waiters and the holder", || {
+        scratch.path("done").exists()
+    });
+    assert_eq!(
+        scratch.lines("statuses"),
+        ["143", "129"],
+        "ended by the signals"
+    );
+    let processes = scratch.lines("processes");
+    let zombies: Vec<&String> = processes
+        .iter()
+        .filter(|line| line.starts_with('Z'))
+        .collect();
+    assert!(zombies.is_empty(), "zombies left: {zombies:?}");
+}
+
 /// Milliseconds since the epoch of an RFC 3339 time in UTC with milliseconds (`2026-11-21T13:09:17.402Z`).
 fn epoch_millis_of(ts: &str) -> u128 {
     let output = std::process::Command::new("date")

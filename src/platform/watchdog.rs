@@ -32,6 +32,7 @@
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
 use nix::errno::Errno;
@@ -70,6 +71,11 @@ const ASK: u8 = b'q';
 /// at most [`KEEP_AT_ONCE`] of them.
 const KEEP: u8 = b'k';
 const KEEP_AT_ONCE: usize = 16;
+
+/// The watchdog that a signal ending lockrun must end and reap first
+/// (`interrupt`), as raw numbers a signal handler can use: its socket, its
+/// answer pipe and its pid; -1 when there is none.
+static ENDED_ON_A_SIGNAL: [AtomicI32; 3] = [const { AtomicI32::new(-1) }; 3];
 
 /// How long lockrun waits for the watchdog's answer: it is not paused with
 /// lockrun, so it answers at once unless it is gone.
@@ -217,10 +223,24 @@ impl Watchdog {
         }
     }
 
+    /// Whether a signal that ends lockrun must end and reap this watchdog
+    /// first ([`end_on_a_signal`]): while lockrun waits, not once it reads its
+    /// signals itself.
+    pub fn end_on_signal(&self, on: bool) {
+        let raw = |fd: &OwnedFd| if on { fd.as_raw_fd() } else { -1 };
+        let [tell, answers, pid] = &ENDED_ON_A_SIGNAL;
+        // The pid last: the handler goes by it.
+        pid.store(-1, Ordering::SeqCst);
+        tell.store(raw(&self.tell), Ordering::SeqCst);
+        answers.store(raw(&self.answers), Ordering::SeqCst);
+        pid.store(if on { self.pid.as_raw() } else { -1 }, Ordering::SeqCst);
+    }
+
     /// The command's group is gone: the watchdog exits without killing anything.
     /// lockrun reaps it later ([`Dismissed::reap`]), once the lock is released,
     /// so that the next holder does not wait for it.
     pub fn dismiss(self) -> Dismissed {
+        self.end_on_signal(false);
         let _ = write(&self.tell, &[DISMISS]);
         Dismissed {
             answers: self.answers,
@@ -248,6 +268,36 @@ impl Dismissed {
         let gone = matches!(poll(&mut fds, within), Ok(1));
         let flags = (!gone).then_some(WaitPidFlag::WNOHANG);
         while waitpid(self.pid, flags) == Err(Errno::EINTR) {}
+    }
+}
+
+/// Ends and reaps the watchdog marked by [`Watchdog::end_on_signal`], if any:
+/// for a signal handler, so only async-signal-safe calls (a write, a poll of a
+/// second at most, waitpid).
+pub fn end_on_a_signal() {
+    let [tell, answers, pid] = ENDED_ON_A_SIGNAL
+        .each_ref()
+        .map(|n| n.load(Ordering::SeqCst));
+    if pid < 0 {
+        return;
+    }
+    // SAFETY: the numbers are the marked watchdog's open socket and pipe and
+    // its pid (unmarked before they are closed or reaped); write, poll and
+    // waitpid are async-signal-safe.
+    unsafe {
+        nix::libc::write(tell, [DISMISS].as_ptr().cast(), 1);
+        let mut gone = nix::libc::pollfd {
+            fd: answers,
+            events: nix::libc::POLLHUP,
+            revents: 0,
+        };
+        let within = ANSWER_WITHIN.as_millis() as i32;
+        let flags = if nix::libc::poll(&raw mut gone, 1, within) == 1 {
+            0
+        } else {
+            nix::libc::WNOHANG
+        };
+        nix::libc::waitpid(pid, std::ptr::null_mut(), flags);
     }
 }
 

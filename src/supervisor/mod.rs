@@ -18,6 +18,7 @@ use crate::lease::{Held, LeaseVerdict};
 use crate::platform::clock::Moment;
 use crate::report::{Event, Reporter};
 
+use crate::platform::interrupt;
 pub use crate::platform::signals::{Signals, reset_inherited};
 use crate::platform::spawn;
 use crate::platform::terminal::Terminal;
@@ -170,6 +171,8 @@ pub fn supervise(
         Ok(watchdog) => watchdog,
         Err(err) => return unwatched(Err(Error::system(err))),
     };
+    // Signals are read here from now on (`signals` blocked them): the wait's handler goes.
+    interrupt::supervising(&watchdog);
     // Before the command ran, or when it could not start.
     let unstarted = |ending, watchdog: Watchdog| Supervised {
         ending,
