@@ -200,27 +200,38 @@ exec sleep 60"#,
 /// otherwise leave one a minute.
 #[test]
 fn runs_leave_no_zombie_under_a_pid_1_that_never_reaps() {
-    let Some(mut container) = in_a_pid_namespace() else {
-        return;
-    };
     let store = Store::file();
     let scratch = Scratch::new();
-    let script = format!(
-        r#"cd '{scratch}'
-( for i in $(seq 20); do "$lockrun" --dir '{dir}' --name z -- true; done
-  ps -eo stat=,args= > processes; touch done ) &
-exec sleep 60"#,
-        scratch = scratch.dir().display(),
+    let runs = format!(
+        r#"for i in $(seq 20); do "$lockrun" --dir '{dir}' --name z -- true; done"#,
         dir = store.dir().display(),
     );
+    if let Some(zombies) = zombies_under_a_pid_1_that_never_reaps(&scratch, &runs) {
+        assert!(zombies.is_empty(), "zombies left: {zombies:?}");
+    }
+}
+
+/// The zombies that the shell code `lines`, run in `scratch` by a child of a
+/// PID 1 that never reaps (a container), leaves behind (`$lockrun` is lockrun);
+/// `None` where no pid namespace can be made.
+fn zombies_under_a_pid_1_that_never_reaps(scratch: &Scratch, lines: &str) -> Option<Vec<String>> {
+    let mut container = in_a_pid_namespace()?;
+    let script = format!(
+        r"cd '{scratch}'
+( {lines}
+  ps -eo stat=,args= > processes; : > done ) &
+exec sleep 60",
+        scratch = scratch.dir().display(),
+    );
     let _container = container.args(["sh", "-c", &script]).start();
-    wait_until("the twenty runs", || scratch.path("done").exists());
+    wait_until("the runs", || scratch.path("done").exists());
     let processes = scratch.lines("processes");
-    let zombies: Vec<&String> = processes
-        .iter()
-        .filter(|line| line.starts_with('Z'))
-        .collect();
-    assert!(zombies.is_empty(), "zombies left: {zombies:?}");
+    Some(
+        processes
+            .into_iter()
+            .filter(|line| line.starts_with('Z'))
+            .collect(),
+    )
 }
 
 /// A waiting lockrun has its command's watchdog already; ended by a signal
@@ -229,41 +240,27 @@ exec sleep 60"#,
 /// job that waits is cancelled.
 #[test]
 fn a_waiter_ended_by_a_signal_leaves_no_zombie_under_a_pid_1_that_never_reaps() {
-    let Some(mut container) = in_a_pid_namespace() else {
-        return;
-    };
     let store = Store::file();
     let scratch = Scratch::new();
-    let script = format!(
-        r#"cd '{scratch}'
-( "$lockrun" --dir '{dir}' --name z -- sh -c ': > held; while [ ! -e release ]; do sleep 0.01; done' &
+    let runs = format!(
+        r#""$lockrun" --dir '{dir}' --name z -- sh -c ': > held; while [ ! -e release ]; do sleep 0.01; done' &
   while [ ! -e held ]; do sleep 0.01; done
   for signal in TERM HUP; do
     "$lockrun" --dir '{dir}' --name z -- true & waiter=$!
     until ps -o comm= --ppid $waiter | grep -q lr-watchdog; do sleep 0.01; done
     kill -$signal $waiter; wait $waiter; echo $? >> statuses
   done
-  : > release; wait
-  ps -eo stat=,args= > processes; : > done ) &
-exec sleep 60"#,
-        scratch = scratch.dir().display(),
+  : > release; wait"#,
         dir = store.dir().display(),
     );
-    let _container = container.args(["sh", "-c", &script]).start();
-    wait_until("the waiters and the holder", || {
-        scratch.path("done").exists()
-    });
-    assert_eq!(
-        scratch.lines("statuses"),
-        ["143", "129"],
-        "ended by the signals"
-    );
-    let processes = scratch.lines("processes");
-    let zombies: Vec<&String> = processes
-        .iter()
-        .filter(|line| line.starts_with('Z'))
-        .collect();
-    assert!(zombies.is_empty(), "zombies left: {zombies:?}");
+    if let Some(zombies) = zombies_under_a_pid_1_that_never_reaps(&scratch, &runs) {
+        assert_eq!(
+            scratch.lines("statuses"),
+            ["143", "129"],
+            "ended by the signals"
+        );
+        assert!(zombies.is_empty(), "zombies left: {zombies:?}");
+    }
 }
 
 /// Milliseconds since the epoch of an RFC 3339 time in UTC with milliseconds (`2026-11-21T13:09:17.402Z`).
