@@ -351,7 +351,6 @@ fn an_inherited_blocked_sigalrm_does_not_defeat_the_timeout() {
     assert_eq!(wait(&mut holder).code(), Some(0));
 }
 
-/// Runs lockrun on the file backend in `dir` with `args`.
 /// A lockrun killed (SIGKILL) while its command runs, after it waited for
 /// the slot (its watchdog was started then, before the slot was its): the
 /// slot stays taken while anything of the command's still runs, though strace
@@ -407,6 +406,7 @@ fn killed_after_waiting_it_keeps_the_slot_while_its_command_runs() {
     }
 }
 
+/// Runs lockrun on the file backend in `dir` with `args`.
 fn run_in(dir: &std::path::Path, args: &[&str]) -> std::process::Output {
     run(lockrun().arg("--dir").arg(dir).args(args))
 }
