@@ -90,9 +90,8 @@ extern "C" fn tidy_and_end(signal: i32) {
         // SAFETY: write(2) is async-signal-safe.
         unsafe { nix::libc::write(2, ERASE_LINE.as_ptr().cast(), ERASE_LINE.len()) };
     }
-    if tidy & END_WATCHDOG != 0 {
-        watchdog::end_on_a_signal();
-    }
+    // A no-op unless a wait's watchdog is marked.
+    watchdog::end_on_a_signal();
     // SAFETY: raise(3) is async-signal-safe. SA_RESETHAND put the default
     // action back on entry, and the signal stays blocked until the handler
     // returns: then the raised one ends lockrun as the first would have.

@@ -203,7 +203,8 @@ impl Watchdog {
         message[0] = HOLD;
         message[1..9].copy_from_slice(&nanos(terminate_at));
         message[9..].copy_from_slice(&nanos(kill_at));
-        // A write this short fits the socket's buffer whole. If the watchdog was killed, there is nobody left to tell.
+        // A write this short fits the socket's buffer whole. If the watchdog
+        // was killed, there is nobody left to tell.
         let _ = write(&self.tell, &message);
     }
 
@@ -453,32 +454,36 @@ fn close_all_but(keep: [RawFd; 2]) {
         [keep[1], keep[0]]
     };
     let ranges = [(3, low - 1), (low + 1, high - 1), (high + 1, RawFd::MAX)];
-    for (first, last) in ranges.into_iter().filter(|(first, last)| first <= last) {
-        // SAFETY: close_range(2) only closes descriptors, none of which this
-        // process uses but the two it keeps.
-        let closed = unsafe {
-            nix::libc::syscall(
-                nix::libc::SYS_close_range,
-                first,
-                last,
-                0 as nix::libc::c_uint,
-            )
-        };
-        if closed != 0 {
-            // Before Linux 5.9: one at a time, those /proc lists.
-            close_listed(first, last);
-        }
+    let closed = ranges
+        .into_iter()
+        .filter(|(first, last)| first <= last)
+        .all(|(first, last)| {
+            // SAFETY: close_range(2) only closes descriptors, none of which
+            // this process uses but the two it keeps.
+            let done = unsafe {
+                nix::libc::syscall(
+                    nix::libc::SYS_close_range,
+                    first,
+                    last,
+                    0 as nix::libc::c_uint,
+                )
+            };
+            done == 0
+        });
+    if !closed {
+        // Before Linux 5.9: one at a time, those /proc lists.
+        close_listed(keep);
     }
 }
 
-fn close_listed(first: RawFd, last: RawFd) {
+fn close_listed(keep: [RawFd; 2]) {
     let Ok(entries) = std::fs::read_dir("/proc/self/fd") else {
         return;
     };
     let open: Vec<RawFd> = entries
         .flatten()
         .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
-        .filter(|fd| (first..=last).contains(fd))
+        .filter(|fd| *fd > 2 && !keep.contains(fd))
         .collect();
     for fd in open {
         let _ = nix::unistd::close(fd);

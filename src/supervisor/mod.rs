@@ -163,13 +163,14 @@ pub fn supervise(
     limits: &Limits,
     reporter: &Reporter,
 ) -> Supervised {
-    let unwatched = |ending| Supervised {
-        ending,
-        watchdog: None,
-    };
     let watchdog = match watchdog.map_or_else(Watchdog::start, Ok) {
         Ok(watchdog) => watchdog,
-        Err(err) => return unwatched(Err(Error::system(err))),
+        Err(err) => {
+            return Supervised {
+                ending: Err(Error::system(err)),
+                watchdog: None,
+            };
+        }
     };
     // Signals are read here from now on (`signals` blocked them): the wait's handler goes.
     interrupt::supervising(&watchdog);
