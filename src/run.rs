@@ -91,7 +91,7 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
         ),
         Err(err) => Supervised {
             ending: Err(Error::system(err)),
-            watchdog: watchdog.map(Watchdog::dismiss),
+            watchdog,
         },
     };
     let keep_until = (!args.min_hold.is_zero()).then(|| acquired_at + args.min_hold);
@@ -103,9 +103,9 @@ pub fn run(args: RunArgs, reporter: &Reporter) -> Result<u8> {
         report_ending(ending, reporter);
     }
     let released = held.release(keep_until);
-    // Once released, so that the next holder does not wait for it.
+    // Once released: its wake and exit are then not on the next holder's way.
     if let Some(watchdog) = watchdog {
-        watchdog.reap();
+        watchdog.dismiss().reap();
     }
     let mut ending = ending?;
     if let (Some(name), Ending::Exited(code), false) = (&released.lost, &ending, lapsed) {

@@ -263,6 +263,57 @@ fn a_waiter_ended_by_a_signal_leaves_no_zombie_under_a_pid_1_that_never_reaps() 
     }
 }
 
+/// Told at the end of the command's group, a watchdog that outlives lockrun
+/// stops nothing, however long the release takes: not even a process that has
+/// the command's pid, and so its group's id, by then. A holder whose release
+/// strace holds up for 3 s is killed meanwhile, after a new process group took
+/// the command's id (the pid namespace's next pid set to it); it must live on.
+#[test]
+fn a_holder_killed_in_its_release_leaves_a_new_owner_of_its_commands_pid_alone() {
+    if !strace_traces("a release held up") {
+        return;
+    }
+    let Some(mut container) = in_a_pid_namespace() else {
+        return;
+    };
+    let store = Store::file();
+    let scratch = Scratch::new();
+    let script = format!(
+        r#"cd '{scratch}'
+"$lockrun" --dir '{dir}' --name r -- sh -c 'echo $$ > command; while [ ! -e end ]; do sleep 0.01; done' & holder=$!
+while [ ! -s command ]; do sleep 0.01; done
+command=$(cat command)
+strace -o /dev/null -e trace=flock -e inject=flock:delay_enter=3000000 -p $holder 2> strace & tracer=$!
+until grep -q attached strace; do sleep 0.01; done
+: > end
+while [ -e /proc/$command ]; do sleep 0.01; done
+echo $((command - 1)) > /proc/sys/kernel/ns_last_pid
+setsid sleep 60 & stranger=$!
+[ "$stranger" = "$command" ] && echo took > taken
+kill -KILL $holder; wait $holder $tracer
+while ps -eo stat=,comm= | grep -v '^Z' | grep -q lr-watchdog; do sleep 0.01; done
+kill -0 $stranger && echo alive > stranger
+: > done
+exec sleep 60"#,
+        scratch = scratch.dir().display(),
+        dir = store.dir().display(),
+    );
+    let _container = container.args(["sh", "-c", &script]).start();
+    wait_until("the holder killed and its watchdog gone", || {
+        scratch.path("done").exists()
+    });
+    assert_eq!(
+        scratch.lines("taken"),
+        ["took"],
+        "a new process had the command's pid"
+    );
+    assert_eq!(
+        scratch.lines("stranger"),
+        ["alive"],
+        "the watchdog killed the group that took the command's id"
+    );
+}
+
 /// Milliseconds since the epoch of an RFC 3339 time in UTC with milliseconds (`2026-11-21T13:09:17.402Z`).
 fn epoch_millis_of(ts: &str) -> u128 {
     let output = std::process::Command::new("date")

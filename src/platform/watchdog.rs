@@ -4,7 +4,12 @@
 //! `PR_SET_PDEATHSIG` reaches only the command's first process (and not one
 //! that executed a set-uid program), so a forked watchdog waits on a socket
 //! that only lockrun writes to; when it closes without a word, lockrun died
-//! and the watchdog kills the command's whole process group. It is started
+//! and the watchdog kills the command's whole process group. It wakes only
+//! for what it must act on (lockrun's death, the lease's deadlines, a
+//! question, its dismissal): what it needs only when it acts (the group, the
+//! files to keep, the group's end) goes over a second, quiet socket that it
+//! reads then, so that telling it costs lockrun no switch to it on the way to
+//! the command or to the release. It is started
 //! before the command, whose process names its group to it before executing,
 //! so the command never runs a moment unguarded; a run that has to wait
 //! starts it while it waits, so that the fork is not on the way from the
@@ -45,8 +50,7 @@ use nix::sys::socket::{
 use nix::sys::stat::Mode;
 use nix::sys::wait::{WaitPidFlag, waitpid};
 use nix::unistd::{
-    ForkResult, Pid, dup2_stderr, dup2_stdin, dup2_stdout, fork, pipe2, read, setpgid, setsid,
-    write,
+    ForkResult, Pid, dup2_stderr, dup2_stdin, dup2_stdout, fork, read, setpgid, setsid, write,
 };
 
 use super::clock::Moment;
@@ -55,27 +59,29 @@ use super::proc;
 /// The watchdog's name, which contains nothing a search for "lockrun" matches.
 const NAME: &std::ffi::CStr = c"lr-watchdog";
 
-/// What lockrun tells the watchdog: the command's group is gone, stand down.
+/// What lockrun tells the watchdog on the socket it wakes for: exit.
 const DISMISS: u8 = b'x';
-/// ... or, from the command's own process before it executes: the group to
-/// guard is this one. An `i32` follows, its id.
-const GROUP: u8 = b'g';
-const GROUP_LEN: usize = 1 + 4;
 /// ... or: stop the group at these moments, unless told otherwise before. Two
 /// `u64`s follow, nanoseconds since boot (`u64::MAX`: never): SIGTERM, SIGKILL.
 const HOLD: u8 = b'h';
 const HOLD_LEN: usize = 1 + 2 * 8;
-/// ... or: say, on the answer pipe, whether you had to stop the group.
+/// ... or: answer on this socket whether you had to stop the group.
 const ASK: u8 = b'q';
-/// ... or: keep these files open until you exit; they come with the byte,
-/// at most [`KEEP_AT_ONCE`] of them.
+/// What goes on the quiet socket, from the command's own process before it
+/// executes: the group to guard is this one. An `i32` follows, its id.
+const GROUP: u8 = b'g';
+const GROUP_LEN: usize = 1 + 4;
+/// ... or from lockrun: keep these files open until you exit; they come with
+/// the byte, at most [`KEEP_AT_ONCE`] of them.
 const KEEP: u8 = b'k';
 const KEEP_AT_ONCE: usize = 16;
+/// ... or: the command's group is gone; there is nothing left to stop.
+const ENDED: u8 = b'e';
 
 /// The watchdog that a signal ending lockrun must end and reap first
-/// (`interrupt`), as raw numbers a signal handler can use: its socket, its
-/// answer pipe and its pid; -1 when there is none.
-static ENDED_ON_A_SIGNAL: [AtomicI32; 3] = [const { AtomicI32::new(-1) }; 3];
+/// (`interrupt`), as raw numbers a signal handler can use: its socket and its
+/// pid; -1 when there is none.
+static ENDED_ON_A_SIGNAL: [AtomicI32; 2] = [const { AtomicI32::new(-1) }; 2];
 
 /// How long lockrun waits for the watchdog's answer: it is not paused with
 /// lockrun, so it answers at once unless it is gone.
@@ -120,11 +126,13 @@ impl GroupEnd {
 }
 
 pub struct Watchdog {
-    /// Closing it without a word is what tells the watchdog lockrun is gone.
-    /// A socket, not a pipe, so that it can carry open files.
+    /// What the watchdog wakes for, and where it answers. Closing it without
+    /// a word is what tells the watchdog lockrun is gone; its other end
+    /// closes when the watchdog exits.
+    talk: OwnedFd,
+    /// What the watchdog reads only when it acts. A socket, not a pipe, so
+    /// that it can carry open files.
     tell: OwnedFd,
-    /// Where the watchdog answers [`Watchdog::outcome`].
-    answers: OwnedFd,
     /// Its pid: lockrun's child, whose end before it was dismissed is worth saying.
     pid: Pid,
 }
@@ -135,19 +143,22 @@ impl Watchdog {
     /// when it runs unguarded. lockrun must be single-threaded here.
     pub fn start() -> io::Result<Self> {
         let failed = super::failed("starting the watchdog");
-        let (listen, tell) = socketpair(
-            AddressFamily::Unix,
-            SockType::Stream,
-            None,
-            SockFlag::SOCK_CLOEXEC,
-        )
-        .map_err(failed)?;
-        let (answers, answer) = pipe2(OFlag::O_CLOEXEC).map_err(failed)?;
+        let pair = || {
+            socketpair(
+                AddressFamily::Unix,
+                SockType::Stream,
+                None,
+                SockFlag::SOCK_CLOEXEC,
+            )
+            .map_err(failed)
+        };
+        let (listen, talk) = pair()?;
+        let (quiet, tell) = pair()?;
         // SAFETY: lockrun has one thread at this point, so the child may run any code.
         match unsafe { fork() }.map_err(failed)? {
             ForkResult::Child => {
-                drop((tell, answers));
-                guard(&listen, &answer)
+                drop((talk, tell));
+                guard(&listen, &quiet)
             }
             ForkResult::Parent { child } => {
                 // Out of lockrun's process group before lockrun goes on: a signal to that
@@ -155,8 +166,8 @@ impl Watchdog {
                 // The guard leaves the session too, when it gets to run first.
                 let _ = setpgid(child, child);
                 Ok(Self {
+                    talk,
                     tell,
-                    answers,
                     pid: child,
                 })
             }
@@ -205,20 +216,27 @@ impl Watchdog {
         message[9..].copy_from_slice(&nanos(kill_at));
         // A write this short fits the socket's buffer whole. If the watchdog
         // was killed, there is nobody left to tell.
-        let _ = write(&self.tell, &message);
+        let _ = write(&self.talk, &message);
+    }
+
+    /// The command's group is gone: should lockrun die or a deadline pass
+    /// before the watchdog is dismissed (after the release), it stops
+    /// nothing. Said on the quiet socket: the watchdog does not wake for it.
+    pub fn group_ended(&self) {
+        let _ = write(&self.tell, &[ENDED]);
     }
 
     /// What the watchdog did about the group; `None` when it does not answer
     /// (it was killed). Asked only after lockrun was late to act itself.
     pub fn outcome(&self) -> Option<GroupEnd> {
-        write(&self.tell, &[ASK]).ok()?;
-        let mut fds = [PollFd::new(self.answers.as_fd(), PollFlags::POLLIN)];
+        write(&self.talk, &[ASK]).ok()?;
+        let mut fds = [PollFd::new(self.talk.as_fd(), PollFlags::POLLIN)];
         let within = PollTimeout::try_from(ANSWER_WITHIN).unwrap_or(PollTimeout::MAX);
         if poll(&mut fds, within).ok()? == 0 {
             return None;
         }
         let mut byte = [0u8; 1];
-        match read(&self.answers, &mut byte) {
+        match read(&self.talk, &mut byte) {
             Ok(1) => GroupEnd::from_byte(byte[0]),
             _ => None,
         }
@@ -228,23 +246,24 @@ impl Watchdog {
     /// first ([`end_on_a_signal`]): while lockrun waits, not once it reads its
     /// signals itself.
     pub fn end_on_signal(&self, on: bool) {
-        let raw = |fd: &OwnedFd| if on { fd.as_raw_fd() } else { -1 };
-        let [tell, answers, pid] = &ENDED_ON_A_SIGNAL;
+        let [talk, pid] = &ENDED_ON_A_SIGNAL;
         // The pid last: the handler goes by it.
         pid.store(-1, Ordering::SeqCst);
-        tell.store(raw(&self.tell), Ordering::SeqCst);
-        answers.store(raw(&self.answers), Ordering::SeqCst);
+        talk.store(
+            if on { self.talk.as_raw_fd() } else { -1 },
+            Ordering::SeqCst,
+        );
         pid.store(if on { self.pid.as_raw() } else { -1 }, Ordering::SeqCst);
     }
 
-    /// The command's group is gone: the watchdog exits without killing anything.
-    /// lockrun reaps it later ([`Dismissed::reap`]), once the lock is released,
-    /// so that the next holder does not wait for it.
+    /// The watchdog exits without stopping anything (the group is gone, or
+    /// never ran), to be reaped ([`Dismissed::reap`]). Told once the lock is
+    /// released: the switch to it is then not on the way to the next holder.
     pub fn dismiss(self) -> Dismissed {
         self.end_on_signal(false);
-        let _ = write(&self.tell, &[DISMISS]);
+        let _ = write(&self.talk, &[DISMISS]);
         Dismissed {
-            answers: self.answers,
+            talk: self.talk,
             pid: self.pid,
         }
     }
@@ -253,7 +272,7 @@ impl Watchdog {
 /// A watchdog told to go, still to be reaped.
 pub struct Dismissed {
     /// Its other end closes when the watchdog exits.
-    answers: OwnedFd,
+    talk: OwnedFd,
     pid: Pid,
 }
 
@@ -263,8 +282,8 @@ impl Dismissed {
     /// stay a zombie for every run (docs/guide.md: "What the command gets"). Only
     /// for a watchdog not reaped yet.
     pub fn reap(self) {
-        // Its end of the answer pipe closes when it exits: then waiting cannot block for long.
-        let mut fds = [PollFd::new(self.answers.as_fd(), PollFlags::POLLHUP)];
+        // Its end of the socket closes when it exits: then waiting cannot block for long.
+        let mut fds = [PollFd::new(self.talk.as_fd(), PollFlags::POLLHUP)];
         let within = PollTimeout::try_from(ANSWER_WITHIN).unwrap_or(PollTimeout::MAX);
         let gone = matches!(poll(&mut fds, within), Ok(1));
         let flags = (!gone).then_some(WaitPidFlag::WNOHANG);
@@ -276,19 +295,19 @@ impl Dismissed {
 /// for a signal handler, so only async-signal-safe calls (a write, a poll of a
 /// second at most, waitpid).
 pub fn end_on_a_signal() {
-    let [tell, answers, pid] = ENDED_ON_A_SIGNAL
+    let [talk, pid] = ENDED_ON_A_SIGNAL
         .each_ref()
         .map(|n| n.load(Ordering::SeqCst));
     if pid < 0 {
         return;
     }
-    // SAFETY: the numbers are the marked watchdog's open socket and pipe and
-    // its pid (unmarked before they are closed or reaped); write, poll and
-    // waitpid are async-signal-safe.
+    // SAFETY: the numbers are the marked watchdog's open socket and its pid
+    // (unmarked before it is closed or reaped); write, poll and waitpid are
+    // async-signal-safe.
     unsafe {
-        nix::libc::write(tell, [DISMISS].as_ptr().cast(), 1);
+        nix::libc::write(talk, [DISMISS].as_ptr().cast(), 1);
         let mut gone = nix::libc::pollfd {
-            fd: answers,
+            fd: talk,
             events: nix::libc::POLLHUP,
             revents: 0,
         };
@@ -319,10 +338,10 @@ impl Announcer<'_> {
     }
 }
 
-fn guard(listen: &OwnedFd, answer: &OwnedFd) -> ! {
+fn guard(listen: &OwnedFd, quiet: &OwnedFd) -> ! {
     // Whatever lockrun blocked or not when it forked (it may be waiting still).
     let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::all()), None);
-    close_all_but([listen.as_raw_fd(), answer.as_raw_fd()]);
+    close_all_but([listen.as_raw_fd(), quiet.as_raw_fd()]);
     // Out of lockrun's session too (unless lockrun made this a group leader first, which is enough).
     let _ = setsid();
     rename();
@@ -330,7 +349,7 @@ fn guard(listen: &OwnedFd, answer: &OwnedFd) -> ! {
     if let Ok(null) = open(c"/dev/null", OFlag::O_RDWR, Mode::empty()) {
         let _ = (dup2_stdin(&null), dup2_stdout(&null), dup2_stderr(&null));
     }
-    let mut group = None;
+    let mut heard = Heard::default();
     let mut terminate_at = None;
     let mut kill_at = None;
     let mut outcome = GroupEnd::NotYet;
@@ -356,6 +375,7 @@ fn guard(listen: &OwnedFd, answer: &OwnedFd) -> ! {
         match poll(&mut fds, timeout) {
             Ok(0) if due => {
                 // A deadline lockrun did not act on: it is stopped or starved.
+                let group = heard.group(quiet);
                 if terminate_at.take().is_some() {
                     // Seen before the kill moment, itself before the lease's end,
                     // a group with nothing running ended in time on its own.
@@ -382,30 +402,22 @@ fn guard(listen: &OwnedFd, answer: &OwnedFd) -> ! {
             }
             Ok(0) | Err(Errno::EINTR) => continue,
             Ok(_) => {}
-            Err(_) => lockrun_is_gone(group),
+            Err(_) => lockrun_is_gone(heard.group(quiet)),
         }
-        match receive(listen, &mut pending) {
-            Ok(0) => lockrun_is_gone(group),
-            Ok(_) => {}
+        let mut buffer = [0u8; 64];
+        match read(listen, &mut buffer) {
+            Ok(0) => lockrun_is_gone(heard.group(quiet)),
+            Ok(got) => pending.extend_from_slice(&buffer[..got]),
             Err(Errno::EINTR) => continue,
-            Err(_) => lockrun_is_gone(group),
+            Err(_) => lockrun_is_gone(heard.group(quiet)),
         }
         while let Some(&tag) = pending.first() {
             match tag {
                 DISMISS => exit(),
-                // Its files came with it, and stay open as they are.
-                KEEP => {
-                    pending.drain(..1);
-                }
                 ASK => {
-                    // If lockrun is gone, its pipe's reader is too: nobody is left to tell.
-                    let _ = write(answer, &[outcome.byte()]);
+                    // If lockrun is gone, nobody is left to tell.
+                    let _ = write(listen, &[outcome.byte()]);
                     pending.drain(..1);
-                }
-                GROUP if pending.len() >= GROUP_LEN => {
-                    let id = i32::from_le_bytes(pending[1..GROUP_LEN].try_into().expect("4 bytes"));
-                    group = Some(Pid::from_raw(id));
-                    pending.drain(..GROUP_LEN);
                 }
                 HOLD if pending.len() >= HOLD_LEN => {
                     let at =
@@ -419,26 +431,62 @@ fn guard(listen: &OwnedFd, answer: &OwnedFd) -> ! {
                     pending.drain(..HOLD_LEN);
                 }
                 // A message not whole yet: the rest comes with the next read.
-                HOLD | GROUP => break,
-                _ => lockrun_is_gone(group),
+                HOLD => break,
+                _ => lockrun_is_gone(heard.group(quiet)),
             }
         }
     }
 }
 
-/// Reads what lockrun sent into `pending`; the files that came with it are
-/// open in this process from now on, and stay so until it exits. Returns how
-/// many bytes came (0: lockrun is gone).
-fn receive(listen: &OwnedFd, pending: &mut Vec<u8>) -> nix::Result<usize> {
+/// What the quiet socket said so far.
+#[derive(Default)]
+struct Heard {
+    group: Option<Pid>,
+    ended: bool,
+    pending: Vec<u8>,
+}
+
+impl Heard {
+    /// The group to stop, once what came on the quiet socket is read: none
+    /// before the command named it, nor once lockrun said it ended.
+    fn group(&mut self, quiet: &OwnedFd) -> Option<Pid> {
+        while matches!(receive(quiet, &mut self.pending), Ok(1..)) {}
+        while let Some(&tag) = self.pending.first() {
+            match tag {
+                // Its files came with it, and stay open as they are.
+                KEEP => drop(self.pending.drain(..1)),
+                ENDED => {
+                    self.ended = true;
+                    self.pending.drain(..1);
+                }
+                GROUP if self.pending.len() >= GROUP_LEN => {
+                    let id = self.pending[1..GROUP_LEN].try_into().expect("4 bytes");
+                    self.group = Some(Pid::from_raw(i32::from_le_bytes(id)));
+                    self.pending.drain(..GROUP_LEN);
+                }
+                // Not whole yet: the rest is read at the next look.
+                GROUP => break,
+                // Nothing lockrun says: whatever it is, the group is not known to be over.
+                _ => lockrun_is_gone(self.group),
+            }
+        }
+        self.group.filter(|_| !self.ended)
+    }
+}
+
+/// Reads, without waiting, what came on the quiet socket into `pending`; the
+/// files that came with it are open in this process from now on, and stay so
+/// until it exits. Returns how many bytes came (0: nothing more will).
+fn receive(quiet: &OwnedFd, pending: &mut Vec<u8>) -> nix::Result<usize> {
     let mut buffer = [0u8; 256];
     // Room for as many as one message brings: files that do not fit would be closed.
     let mut files = nix::cmsg_space!([RawFd; KEEP_AT_ONCE]);
     let mut slices = [IoSliceMut::new(&mut buffer)];
     let got = recvmsg::<()>(
-        listen.as_raw_fd(),
+        quiet.as_raw_fd(),
         &mut slices,
         Some(&mut files),
-        MsgFlags::MSG_CMSG_CLOEXEC,
+        MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_DONTWAIT,
     )?
     .bytes;
     pending.extend_from_slice(&buffer[..got]);

@@ -22,7 +22,7 @@ use crate::platform::interrupt;
 pub use crate::platform::signals::{Signals, reset_inherited};
 use crate::platform::spawn;
 use crate::platform::terminal::Terminal;
-use crate::platform::watchdog::{Dismissed, GroupEnd, Watchdog};
+use crate::platform::watchdog::{GroupEnd, Watchdog};
 
 mod shebang;
 
@@ -132,11 +132,12 @@ pub struct Limits {
     pub kill_grace: Duration,
 }
 
-/// How the command's run ended, and its watchdog, which the caller reaps once
-/// the lock is released (`None` when none was started).
+/// How the command's run ended, and its watchdog, told that the group ended,
+/// which the caller dismisses and reaps once the lock is released (`None` when
+/// none was started, or it was killed and reaped already).
 pub struct Supervised {
     pub ending: Result<Ending>,
-    pub watchdog: Option<Dismissed>,
+    pub watchdog: Option<Watchdog>,
 }
 
 /// When the watchdog must stop the command while lockrun keeps `held`'s
@@ -175,9 +176,12 @@ pub fn supervise(
     // Signals are read here from now on (`signals` blocked them): the wait's handler goes.
     interrupt::supervising(&watchdog);
     // Before the command ran, or when it could not start.
-    let unstarted = |ending, watchdog: Watchdog| Supervised {
-        ending,
-        watchdog: Some(watchdog.dismiss()),
+    let unstarted = |ending, watchdog: Watchdog| {
+        watchdog.group_ended();
+        Supervised {
+            ending,
+            watchdog: Some(watchdog),
+        }
     };
     if let Err(err) = spawn::adopt_orphans() {
         let err = Error::internal("becoming the command's subreaper", err);
@@ -237,9 +241,10 @@ pub fn supervise(
     if ending.is_err() {
         abandon(child);
     }
+    watchdog.group_ended();
     Supervised {
         ending,
-        watchdog: (!reaped).then(|| watchdog.dismiss()),
+        watchdog: (!reaped).then_some(watchdog),
     }
 }
 
