@@ -193,7 +193,7 @@ impl WaitLoop<'_> {
     fn next_look(&mut self, line: &Line) -> Moment {
         let abilities = self.store.abilities();
         let mut looks = vec![self.deadline, line.moves_by, self.progress.redraw_due()];
-        if abilities.wakeup == Wakeup::Told {
+        if abilities.wakeup == Wakeup::Told && !line.watched {
             // A notice can be lost: a backoff step bounds how long that keeps us asleep.
             let step_until =
                 if let Some(until) = self.step_until.filter(|until| !until.has_passed()) {

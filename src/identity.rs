@@ -7,6 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::platform::pidfd::ProcessEnd;
 use crate::platform::proc::{Seen, boot_id, look_up};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -54,8 +55,7 @@ impl Process {
     /// True when this process certainly no longer exists: it ran on this boot of
     /// this machine and its pid is gone or now belongs to a younger process.
     pub fn is_gone(&self) -> bool {
-        // Another boot, another pid namespace or another host: its pids mean nothing here.
-        if self.boot_id.is_empty() || self.boot_id != boot_id() || self.host != host_name() {
+        if !self.runs_here() {
             return false;
         }
         match look_up(self.pid) {
@@ -64,6 +64,19 @@ impl Process {
             Seen::Dead => true,
             Seen::Unknown => false,
         }
+    }
+
+    /// Watches this process for its end, if it runs here and can be watched.
+    pub fn watch_end(&self) -> Option<ProcessEnd> {
+        self.runs_here()
+            .then(|| ProcessEnd::watch(self.pid, self.start_time))
+            .flatten()
+    }
+
+    /// Whether it ran on this boot of this machine, in our pid namespace:
+    /// otherwise its pids mean nothing here.
+    fn runs_here(&self) -> bool {
+        !self.boot_id.is_empty() && self.boot_id == boot_id() && self.host == host_name()
     }
 }
 

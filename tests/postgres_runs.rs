@@ -895,6 +895,70 @@ fn waiters_too_far_back_to_listen_come_in_before_the_line_reaches_them() {
     );
 }
 
+/// Far back in line, a waiter waits for the end of the waiter of its host
+/// that stands among the listening places ahead of it (once that one has
+/// run, it is among them itself), not for a timer: each of the 13 behind the
+/// 17 that listen connects once more, to listen, though the line moves a place
+/// every 150 ms or so, slower than the 100 ms a place that paces the looks of
+/// a far waiter with nobody of its host to wait for; and none comes in late.
+#[test]
+fn waiters_too_far_back_to_listen_come_in_when_one_of_their_host_among_the_listeners_ends() {
+    let Some(server) = PostgresServer::start_with(&["log_connections=on"]).map(Arc::new) else {
+        return;
+    };
+    let store = Store::on_postgres(&server);
+    let scratch = Scratch::new();
+    let mut holder = hold(&store, &scratch, "slow", &[]);
+    let stamps = scratch.path("served");
+    let mut waiters: Vec<Running> = (0..30)
+        .map(|place| {
+            let script = format!(
+                "echo {place} $(date +%s%N) >> '{}'; sleep 0.15",
+                stamps.display()
+            );
+            let waiter = store
+                .lockrun()
+                .args(["--name", "slow", "-w", "60", "--initial-delay", "30"])
+                .args(["-c", &script])
+                .start();
+            wait_until("a waiter in line", || {
+                waiting_pids(&store, "slow").len() > place
+            });
+            waiter
+        })
+        .collect();
+    let connected = || server.log().matches("connection authorized").count();
+    let before = connected();
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(wait(&mut holder).code(), Some(0));
+    for waiter in &mut waiters {
+        assert_eq!(wait(waiter).code(), Some(0));
+    }
+    let opened = connected() - before;
+    eprintln!("the 13 far waiters opened {opened} sessions while the line moved");
+    let starts = served(&scratch);
+    let order: Vec<usize> = starts.iter().map(|(place, _)| *place).collect();
+    assert_eq!(
+        order,
+        (0..30).collect::<Vec<_>>(),
+        "first come, first served"
+    );
+    let longest = starts
+        .windows(2)
+        .map(|pair| pair[1].1 - pair[0].1)
+        .max()
+        .unwrap();
+    assert!(
+        longest < 1_000_000_000,
+        "the line stood still for {} ms",
+        longest / 1_000_000
+    );
+    assert!(
+        opened <= 13 + 2,
+        "the 13 far waiters opened {opened} sessions while the line moved"
+    );
+}
+
 #[test]
 fn a_waiter_too_far_back_to_listen_sleeps_between_its_looks() {
     let Some(store) = Store::postgres() else {

@@ -338,6 +338,10 @@ pub struct Line {
     pub local_ahead: Vec<Owner>,
     /// When the line moves by itself at the latest (a lease running out), without anyone telling us.
     pub moves_by: Option<Moment>,
+    /// The store's wait ends when the line has moved for us, though nobody
+    /// tells it (a process of this host ahead of us ended): no backoff step
+    /// needs to bound a lost notice.
+    pub watched: bool,
     /// The `-p` of the name's holders or waiters, when it is not ours: then
     /// we neither hold a slot nor stand in line (docs/guide.md: "Slots").
     pub other_parallelism: Option<u32>,

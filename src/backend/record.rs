@@ -372,6 +372,7 @@ pub fn line(
             nearest_local,
         ),
         moves_by,
+        watched: false,
         other_parallelism: None,
     }
 }

@@ -1,7 +1,7 @@
 //! Everything that only Linux has, and every `unsafe` block of lockrun: the
 //! process's start-up, starting the command (`clone`), signals (signalfd, `sigaction`), the parent-death
 //! signal and the watchdog's fork (`prctl`), POSIX timers, the terminal's ioctls,
-//! `CLOCK_BOOTTIME` and what `/proc` says about processes and file locks. The
+//! `CLOCK_BOOTTIME`, a process's end (pidfd) and what `/proc` says about processes and file locks. The
 //! rest of the crate is plain safe Rust and asks this module. `unsafe` is
 //! allowed file by file, in the files that need it, each block with its
 //! `SAFETY:` reason (clippy's `undocumented_unsafe_blocks` is denied).
@@ -15,6 +15,7 @@ pub mod alarm;
 pub mod clock;
 pub mod doorbell;
 pub mod interrupt;
+pub mod pidfd;
 pub mod proc;
 pub mod signals;
 pub mod spawn;

@@ -304,6 +304,7 @@ impl LineView {
             local_ahead,
             // A lease that runs out deletes its keys, and the watch sees it.
             moves_by: None,
+            watched: false,
             other_parallelism: None,
         };
         (blocker, line)
@@ -320,6 +321,7 @@ impl LineView {
                 Some(&request.owner.token),
             ),
             moves_by: None,
+            watched: false,
             other_parallelism: None,
         }
     }

@@ -404,6 +404,7 @@ impl Store for FileStore {
             position: (ahead.len() - dead + 1) as u32,
             local_ahead: Vec::new(),
             moves_by,
+            watched: false,
             other_parallelism: None,
         }))
     }

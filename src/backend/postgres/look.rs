@@ -35,8 +35,8 @@ pub struct LookReport {
     pub began_listening: bool,
     /// When to look again at the latest, if sooner than the line says.
     pub moves_by: Option<Moment>,
-    /// We stand beyond the waiters the line keeps told, and watch no entry ahead.
-    pub afar: bool,
+    /// Whether we stand among the waiters the line keeps told.
+    pub reach: Reach,
     /// Another `-p` that a holder or waiter has: we were let in neither as a holder nor as a waiter.
     other_parallelism: Option<u32>,
     holders: Vec<Holder>,
@@ -44,8 +44,23 @@ pub struct LookReport {
     just_ahead: Vec<Neighbour>,
     /// The waiter nearest ahead of us on our host (boot and host name), if any.
     nearest_local: Option<Neighbour>,
+    /// The waiter of our host nearest the head within the listening places
+    /// ahead of us, if any: once it has ended, we are within them.
+    local_at_listening: Option<Neighbour>,
     /// When the answer came: `left_ms` counts from then.
     answered: Moment,
+}
+
+/// Where a look found us against the waiters the line keeps told.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Reach {
+    /// Among them: a notice says when the line moves for us.
+    Told,
+    /// Beyond them, waiting for the end of the waiter of our host among them
+    /// nearest the head, which brings us among them, and for nothing else.
+    Watching,
+    /// Beyond them, with nobody to wait for: we look again in time.
+    Afar,
 }
 
 /// A holder or a waiter just ahead, as the report gives it.
@@ -234,12 +249,18 @@ impl LookReport {
     }
 
     /// The report's one row: our position and place, whether the line lets
-    /// us in, the holders, the waiters just ahead, another `-p` and the
-    /// waiter of our host nearest ahead.
+    /// us in, the holders, the waiters just ahead, another `-p`, the waiter
+    /// of our host nearest ahead and the one whose end brings us among the listeners.
     fn report(row: &Row) -> Result<Self> {
         fn listed<T: DeserializeOwned>(row: &Row, column: usize) -> Result<Vec<T>> {
             row.get::<_, Option<String>>(column)
                 .map_or(Ok(Vec::new()), |json| serde_json::from_str(&json))
+                .map_err(|err| Error::internal("reading the line", err))
+        }
+        fn one<T: DeserializeOwned>(row: &Row, column: usize) -> Result<Option<T>> {
+            row.get::<_, Option<String>>(column)
+                .map(|json| serde_json::from_str(&json))
+                .transpose()
                 .map_err(|err| Error::internal("reading the line", err))
         }
         Ok(Self {
@@ -250,16 +271,21 @@ impl LookReport {
             began_listening: false,
             holders: listed(row, 3)?,
             just_ahead: listed(row, 4)?,
-            nearest_local: row
-                .get::<_, Option<String>>(6)
-                .map(|json| serde_json::from_str(&json))
-                .transpose()
-                .map_err(|err| Error::internal("reading the line", err))?,
+            nearest_local: one(row, 6)?,
+            local_at_listening: one(row, 7)?,
             answered: Moment::now(),
             moves_by: None,
-            afar: false,
+            reach: Reach::Told,
             other_parallelism: row.get::<_, Option<i32>>(5).map(i32::cast_unsigned),
         })
+    }
+
+    /// The process of our host whose end brings us among the waiters the
+    /// line keeps told, if one stands within their places ahead of us.
+    pub fn local_at_listening(&self) -> Option<&Process> {
+        self.local_at_listening
+            .as_ref()
+            .map(|waiter| &waiter.owner.process)
     }
 
     /// The live holders of `name` the look saw, as `status` lists them.
@@ -305,7 +331,8 @@ impl LookReport {
             nearest_local,
         );
         line.moves_by = [line.moves_by, self.moves_by].into_iter().flatten().min();
-        if self.afar {
+        line.watched = self.reach == Reach::Watching;
+        if self.reach != Reach::Told {
             // Far back, a dead entry ahead holds nobody up yet: we look at its
             // process at each of our looks, not every second in between.
             line.local_ahead.retain(|owner| owner.process.is_gone());

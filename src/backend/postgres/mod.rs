@@ -35,10 +35,11 @@ use crate::error::Result;
 use crate::identity::Process;
 use crate::name::Name;
 use crate::platform::clock::Moment;
+use crate::platform::pidfd::ProcessEnd;
 use crate::timing::FREE_CALL;
 use connect::{Connector, Statement};
 use link::PostgresLink;
-use look::{LookReport, wake_params};
+use look::{LookReport, Reach, wake_params};
 use schema::{MODES_SINCE, SCHEMA_VERSION, Schema};
 
 use slot::PostgresSlot;
@@ -88,6 +89,7 @@ impl Options {
             look_again: false,
             refresh_due: None,
             seen: None,
+            watch: None,
             location,
         }))
     }
@@ -99,11 +101,18 @@ impl Options {
 /// only to look, so a line of thousands needs a few connections.
 const SPARE_LISTENERS: u32 = 16;
 const MAX_LISTENERS: u32 = 64;
-/// How long a waiter beyond those places waits between looks per place it is
-/// beyond them: a line of short jobs drains the places ahead of it no faster
-/// than about one per 10 ms, so it comes in well before they have gone, and a
-/// line of a thousand that stands still costs a few dozen more looks a second
-/// than the looks every TTL/3 that keep the places.
+
+/// The places in line, from the head, whose waiters listen with `-p parallelism`.
+fn listener_places(parallelism: u32) -> u32 {
+    (parallelism + SPARE_LISTENERS).min(MAX_LISTENERS)
+}
+
+/// How long a waiter beyond those places, with no waiter of its host among
+/// them to wait for, waits between looks per place it is beyond them: a line
+/// of short jobs drains the places ahead of it no faster than about one per
+/// 10 ms, so it comes in well before they have gone, and a line of a
+/// thousand that stands still costs a few dozen more looks a second than the
+/// looks every TTL/3 that keep the places.
 const PACE_FROM_AFAR: Duration = Duration::from_millis(100);
 /// How long the holders a look saw stand for the name's holders: a busy
 /// run's message, right after its look, then costs no transaction of its own.
@@ -136,6 +145,8 @@ struct PostgresStore {
     refresh_due: Option<Moment>,
     /// The holders the last look saw, for a message that follows it.
     seen: Option<SeenHolders>,
+    /// Far back in line, the waiter of our host whose end brings us among the listeners.
+    watch: Option<ProcessEnd>,
     /// The server, its password redacted, and the schema.
     location: String,
 }
@@ -167,15 +178,24 @@ impl PostgresStore {
                 self.place_kept_at = Some(sent);
             }
         }
-        let listener_places = (request.parallelism + SPARE_LISTENERS).min(MAX_LISTENERS);
-        let distance = (look.place.saturating_sub(listener_places))
-            .max(look.position.saturating_sub(MAX_LISTENERS));
-        look.afar = distance > 0;
-        if look.afar {
+        let distance = (look
+            .place
+            .saturating_sub(listener_places(request.parallelism)))
+        .max(look.position.saturating_sub(MAX_LISTENERS));
+        self.watch = None;
+        if distance > 0 {
             link.disconnect();
-            // Not told when the line moves: look again in time to come in and listen
-            // before the places ahead have gone, however fast the line moves then.
-            look.moves_by = Some(Moment::now() + PACE_FROM_AFAR * distance);
+            // Not told when the line moves: look again when a waiter of our host
+            // among the listening places ends, which brings us among them...
+            self.watch = look.local_at_listening().and_then(Process::watch_end);
+            look.reach = if self.watch.is_some() {
+                Reach::Watching
+            } else {
+                // ... or else in time to come in and listen before the places ahead
+                // have gone, however fast the line moves then.
+                look.moves_by = Some(Moment::now() + PACE_FROM_AFAR * distance);
+                Reach::Afar
+            };
         }
         // Without the name's lock, a wake-up may have gone out just before we listened.
         self.look_again = look.began_listening && !join && link.listening(&request.owner.token);
@@ -343,6 +363,10 @@ impl Store for PostgresStore {
     fn wait(&mut self, request: &Request, until: Moment) -> Result<Waited> {
         if std::mem::take(&mut self.look_again) {
             return Ok(Waited::Moved);
+        }
+        if let Some(watch) = &self.watch {
+            // Far back, with no session: only the end of the waiter we watch moves us.
+            return Ok(Waited::told(watch.wait(until.remaining())));
         }
         let woken = self
             .link

@@ -102,8 +102,11 @@ pub struct Sql {
     /// slot, the live holders and the waiters of the place just ahead as JSON
     /// (owner, `kept`, `left_ms` until the lease or place ends; a holder's
     /// `slot`, `fence`, `since_ms` and `expires_ms` too), and another
-    /// `-p` that a holder or waiter has, if one does, and the waiter nearest
-    /// ahead of us on our boot and host, as JSON like those.
+    /// `-p` that a holder or waiter has, if one does, the waiter nearest
+    /// ahead of us on our boot and host, and the one of our boot and host
+    /// nearest the head within the listening places ahead of us (see
+    /// [`super::listener_places`]): once it has ended, we are among them. As
+    /// JSON like those.
     pub report: String,
     /// The parameters of `report`. The report for a run that stands in no
     /// line (`--no-wait`): its columns, with no position, place or neighbours,
@@ -336,15 +339,24 @@ impl Sql {
                                                   'left_ms', {LEFT_MS})
                          FROM line WHERE position < (SELECT position FROM mine)
                                      AND boot_id = $7 AND host = $8
-                         ORDER BY position DESC LIMIT 1)::text",
-                line = line(&format!(" AND ticket <= {our_ticket}"))
+                         ORDER BY position DESC LIMIT 1)::text,
+                        (SELECT json_build_object({owner_json}, 'kept', false,
+                                                  'left_ms', {LEFT_MS})
+                         FROM line WHERE position < (SELECT position FROM mine)
+                                     AND place >= (SELECT place FROM mine) - least($3 + {spare}, {most})
+                                     AND position >= (SELECT position FROM mine) - {most}
+                                     AND boot_id = $7 AND host = $8
+                         ORDER BY position LIMIT 1)::text",
+                line = line(&format!(" AND ticket <= {our_ticket}")),
+                spare = super::SPARE_LISTENERS,
+                most = super::MAX_LISTENERS,
             ),
             outside_report: format!(
                 "WITH live AS (SELECT * FROM {holders} WHERE name = $1 AND expires_at > now())
                  SELECT 0::integer, 0::integer,
                         ({admitted}) OR EXISTS (SELECT FROM live WHERE token = $2 AND NOT kept),
                         {live_holders}, NULL::text,
-                        ({other_parallelism} LIMIT 1), NULL::text"
+                        ({other_parallelism} LIMIT 1), NULL::text, NULL::text"
             ),
             evict: format!(
                 "WITH dead AS (

@@ -371,6 +371,7 @@ impl Store for RedisStore {
             moves_by: u64::try_from(second)
                 .ok()
                 .map(|pttl| sent + Duration::from_millis(pttl + 1)),
+            watched: false,
             other_parallelism: None,
         }))
     }
