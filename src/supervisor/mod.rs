@@ -241,11 +241,11 @@ pub fn supervise(
     if ending.is_err() {
         abandon(child);
     }
-    watchdog.group_ended();
-    Supervised {
-        ending,
-        watchdog: (!reaped).then_some(watchdog),
+    let watchdog = (!reaped).then_some(watchdog);
+    if let Some(watchdog) = &watchdog {
+        watchdog.group_ended();
     }
+    Supervised { ending, watchdog }
 }
 
 /// Kills the command and waits for it: the lock is never released with it running.
