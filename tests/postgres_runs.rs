@@ -906,7 +906,9 @@ fn served_in_order_never_standing_still(scratch: &Scratch, count: usize, within:
 /// run, it is among them itself), not for a timer: each of the 13 behind the
 /// 17 that listen connects once more, to listen, though the line moves a place
 /// every 150 ms or so, slower than the 100 ms a place that paces the looks of
-/// a far waiter with nobody of its host to wait for; and none comes in late.
+/// a far waiter with nobody of its host to wait for, and though the backoff's
+/// steps (1 s, then 1.5 s) would have it look again meanwhile; and none comes
+/// in late.
 #[test]
 fn waiters_too_far_back_to_listen_come_in_when_one_of_their_host_among_the_listeners_ends() {
     let Some(server) = PostgresServer::start_with(&["log_connections=on"]).map(Arc::new) else {
@@ -924,8 +926,7 @@ fn waiters_too_far_back_to_listen_come_in_when_one_of_their_host_among_the_liste
             );
             let waiter = store
                 .lockrun()
-                .args(["--name", "slow", "-w", "60", "--initial-delay", "30"])
-                .args(["-c", &script])
+                .args(["--name", "slow", "-w", "60", "-c", &script])
                 .start();
             wait_until("a waiter in line", || {
                 waiting_pids(&store, "slow").len() > place
