@@ -294,13 +294,17 @@ impl RedisServer {
 
     /// A connection for inspecting the server, with the password of `--requirepass`.
     pub fn client(&self) -> redis::Connection {
+        self.try_client()
+            .expect("connect to the test's redis-server")
+    }
+
+    /// [`RedisServer::client`], or why not (a server changing its role may drop it).
+    pub fn try_client(&self) -> redis::RedisResult<redis::Connection> {
         let url = match self.extra.iter().position(|arg| arg == "--requirepass") {
             Some(i) => format!("redis://:{}@127.0.0.1:{}", self.extra[i + 1], self.port),
             None => self.url(),
         };
-        redis::Client::open(url)
-            .and_then(|client| client.get_connection_with_timeout(PATIENCE))
-            .expect("connect to the test's redis-server")
+        redis::Client::open(url).and_then(|client| client.get_connection_with_timeout(PATIENCE))
     }
 
     /// Calls per command so far, from `INFO commandstats` (commands that scripts
