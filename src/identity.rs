@@ -2,6 +2,7 @@
 //! tell whether its process is still alive (pid + process start time + boot id).
 
 use std::fmt::Write as _;
+use std::sync::OnceLock;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -29,8 +30,8 @@ impl Process {
         Self {
             pid,
             start_time: start_time(pid).unwrap_or(0),
-            boot_id: boot_id(),
-            host: host_name(),
+            boot_id: here().boot_id.clone(),
+            host: here().host.clone(),
         }
     }
 
@@ -76,8 +77,25 @@ impl Process {
     /// Whether it ran on this boot of this machine, in our pid namespace:
     /// otherwise its pids mean nothing here.
     fn runs_here(&self) -> bool {
-        !self.boot_id.is_empty() && self.boot_id == boot_id() && self.host == host_name()
+        let here = here();
+        !self.boot_id.is_empty() && self.boot_id == here.boot_id && self.host == here.host
     }
+}
+
+/// This process's boot, pid namespace and host, which a waiter compares with
+/// every entry ahead of it at every look: read once, as they are this
+/// process's for its life (the host name as it started, as its entries say).
+struct Here {
+    boot_id: String,
+    host: String,
+}
+
+fn here() -> &'static Here {
+    static HERE: OnceLock<Here> = OnceLock::new();
+    HERE.get_or_init(|| Here {
+        boot_id: boot_id(),
+        host: host_name(),
+    })
 }
 
 fn start_time(pid: u32) -> Option<u64> {

@@ -950,6 +950,58 @@ fn waiters_too_far_back_to_listen_come_in_when_one_of_their_host_among_the_liste
     );
 }
 
+/// A waiter far back in line that comes among the listening places connects
+/// anew, looks once, listening from before that look (a wake-up sent after it
+/// reaches it; what one sent before it said, the look sees), and readies its
+/// release in one round trip, where it looked twice and readied it in three.
+#[test]
+fn a_waiter_that_comes_in_from_afar_looks_once_and_readies_its_release_at_once() {
+    let Some(server) = PostgresServer::start().map(Arc::new) else {
+        return;
+    };
+    let proxy = Proxy::start(&server, true);
+    let store = Store::on_postgres(&server);
+    let scratch = Scratch::new();
+    let mut holder = hold(&store, &scratch, "in", &[]);
+    // One slot and 16 more listen; the 18th, through the proxy, stands beyond
+    // them. It comes in as the first of them ends, 16 places from the head.
+    let mut waiters: Vec<Running> = (0..17)
+        .map(|place| {
+            let waiter = store
+                .lockrun()
+                .args(["--name", "in", "-w", "60", "sleep", "0.1"])
+                .start();
+            wait_until("a waiter in line", || {
+                waiting_pids(&store, "in").len() > place
+            });
+            waiter
+        })
+        .collect();
+    let events = scratch.path("far.events");
+    let mut far = Store::on_postgres_at(&proxy.url(), Box::new(()))
+        .lockrun()
+        .args(["--name", "in", "-w", "60", "--initial-delay", "30"])
+        .args(["--log-format", "json", "true"])
+        .stderr(fs::File::create(&events).unwrap())
+        .start();
+    wait_until("the far waiter in line", || {
+        fs::read_to_string(&events).is_ok_and(|text| text.contains(r#""waiting""#))
+    });
+    let before = proxy.turns();
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(wait(&mut holder).code(), Some(0));
+    for waiter in &mut waiters {
+        assert_eq!(wait(waiter).code(), Some(0));
+    }
+    assert_eq!(wait(&mut far).code(), Some(0));
+    let turns = proxy.turns() - before;
+    eprintln!("the far waiter took {turns} turns from in line to its end");
+    // Startup and SCRAM (3), the look, the release readied; a look each time
+    // a slot is granted to one of the two places ahead of it (told so, in
+    // case the new head has died), none for its own grant; the release.
+    assert!(turns <= 3 + 2 + 2 + 1, "{turns} round trips");
+}
+
 #[test]
 fn a_waiter_too_far_back_to_listen_sleeps_between_its_looks() {
     let Some(store) = Store::postgres() else {

@@ -342,14 +342,24 @@ impl Session {
     /// the statements and COMMIT go out in one write. Each statement sees
     /// what the ones before it did. Returns the rows of each; a failing
     /// statement aborts the transaction (the ones after it fail too, and
-    /// COMMIT rolls it back) and is the failure returned.
+    /// COMMIT rolls it back) and is the failure returned. A statement
+    /// `first` (without parameters) is run and committed in a transaction of
+    /// its own just before, in the same write: the statements see what holds
+    /// from its commit on.
     pub fn transact(
         &mut self,
+        first: Option<&str>,
         what: &str,
         within: Duration,
         statements: &[Statement],
     ) -> Result<Vec<Vec<Row>>, Failure> {
-        let begin = begin_with_limits(within);
+        let begin = match first {
+            Some(first) => {
+                let limits = begin_with_limits(within);
+                format!("{limits}; {first}; COMMIT; {limits}")
+            }
+            None => begin_with_limits(within),
+        };
         self.drive(within, async |client: &Client| {
             let mut steps: Vec<Step> = Vec::with_capacity(statements.len() + 2);
             steps.push(Box::pin(async {

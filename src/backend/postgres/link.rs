@@ -112,12 +112,17 @@ impl PostgresLink {
         let able = session
             .server_major()
             .is_some_and(|major| major >= SINCE_MAJOR);
+        let what = "ready the release";
+        // Prepared and planned in one round trip: a new session has nothing
+        // prepared, unless a pooler gave us a server session that has it.
         let ready = able
-            && session
-                .transaction("ready the release", FREE_CALL, async |client| {
-                    wake.ready(client).await
-                })
-                .is_ok();
+            && (session
+                .transact_written(what, FREE_CALL, &wake.readied())
+                .is_ok()
+                || session.is_usable()
+                    && session
+                        .transaction(what, FREE_CALL, async |client| wake.ready(client).await)
+                        .is_ok());
         self.wake_ready = Some(ready);
     }
 
@@ -159,14 +164,28 @@ impl PostgresLink {
         within: Duration,
         statements: &[Statement],
     ) -> Result<Vec<Vec<Row>>> {
+        self.transact_after(None, what, within, statements)
+    }
+
+    /// [`PostgresLink::transact`], with `first` committed in a transaction
+    /// of its own just before, in the same round trip (see [`Session::transact`]).
+    pub fn transact_after(
+        &mut self,
+        first: Option<&str>,
+        what: &str,
+        within: Duration,
+        statements: &[Statement],
+    ) -> Result<Vec<Vec<Row>>> {
         let deadline = Deadline::after(within);
         let reused = self.session.as_ref().is_some_and(Session::is_usable);
-        let result = self.session(within)?.transact(what, within, statements);
+        let result = self
+            .session(within)?
+            .transact(first, what, within, statements);
         match result {
             Err(failure) if reused && failure.is_transient() && self.is_broken() => {
                 let left = deadline.remaining();
                 self.session(left)?
-                    .transact(what, left, statements)
+                    .transact(first, what, left, statements)
                     .map_err(|failure| self.failed(failure))
             }
             result => result.map_err(|failure| self.failed(failure)),

@@ -31,8 +31,6 @@ pub struct LookReport {
     pub place: u32,
     /// Whether the line lets us take a slot now.
     pub admitted: bool,
-    /// The look began to listen for wake-ups (its session did not before).
-    pub began_listening: bool,
     /// When to look again at the latest, if sooner than the line says.
     pub moves_by: Option<Moment>,
     /// Whether we stand among the waiters the line keeps told.
@@ -187,7 +185,7 @@ impl LookReport {
     /// our place (`--no-wait`: only takes); without, takes no lock and keeps
     /// our place (for another TTL if `refresh`), or for `--no-wait` only
     /// reads. A look made while we queue listens for wake-ups on our own
-    /// channel, in the same transaction, if the session does not yet.
+    /// channel, if the session does not yet.
     pub fn take(
         link: &mut PostgresLink,
         sql: &Sql,
@@ -198,16 +196,17 @@ impl LookReport {
         let params = Params::new(request);
         let all = params.all();
         let wake = wake_params(&params.name, &false);
-        let listen = format!("LISTEN \"{CHANNEL_PREFIX}{}\"", request.owner.token);
+        // Committed before the look, in the same round trip: a wake-up sent
+        // after the look read the line reaches us, and what one sent before
+        // it said the look sees.
         let began_listening = request.queue && !link.listening(&request.owner.token);
+        let listen =
+            began_listening.then(|| format!("LISTEN \"{CHANNEL_PREFIX}{}\"", request.owner.token));
         let mut statements: Vec<Statement> = Vec::new();
-        if began_listening {
-            statements.push((&listen, &[]));
-        }
         // Where the take's rows are, when there is one.
         let mut take = None;
         if join && request.queue {
-            take = Some(statements.len() + 2);
+            take = Some(2);
             statements.extend([
                 (sql.lock_new.as_str(), &all[..1]),
                 (&sql.purge, &all[..1]),
@@ -219,7 +218,7 @@ impl LookReport {
             // A --no-wait run that a look found a slot free for takes it or
             // goes: it frees none and stands in no line, so it neither tidies
             // the line nor wakes it.
-            take = Some(statements.len() + 1);
+            take = Some(1);
             statements.extend([(sql.lock_new.as_str(), &all[..1]), (&sql.take, &all[..])]);
         } else if refresh && request.queue {
             statements.push((&sql.keep_place, &all[..4]));
@@ -235,7 +234,7 @@ impl LookReport {
         } else {
             "look at the line"
         };
-        let results = link.transact(what, link.patience(), &statements)?;
+        let results = link.transact_after(listen.as_deref(), what, link.patience(), &statements)?;
         if join {
             link.doubt_wakeups();
         }
@@ -244,7 +243,6 @@ impl LookReport {
         }
         let mut look = Self::report(&results[results.len() - 1][0])?;
         look.taken = take.and_then(|take| taken(&results[take]));
-        look.began_listening = began_listening;
         Ok(look)
     }
 
@@ -268,7 +266,6 @@ impl LookReport {
             position: row.get::<_, i32>(0).cast_unsigned(),
             place: row.get::<_, i32>(1).cast_unsigned(),
             admitted: row.get(2),
-            began_listening: false,
             holders: listed(row, 3)?,
             just_ahead: listed(row, 4)?,
             nearest_local: one(row, 6)?,

@@ -86,7 +86,6 @@ impl Options {
             in_line: false,
             granted: None,
             place_kept_at: None,
-            look_again: false,
             refresh_due: None,
             seen: None,
             watch: None,
@@ -138,9 +137,6 @@ struct PostgresStore {
     /// granted to us has a lease that ends where our place would have, so no
     /// earlier than a TTL after this.
     place_kept_at: Option<Moment>,
-    /// The last look began to listen without the name's lock: a wake-up
-    /// may have gone out just before, so look again rather than wait.
-    look_again: bool,
     /// When our place in line must be kept for another TTL, lest it lapse.
     refresh_due: Option<Moment>,
     /// The holders the last look saw, for a message that follows it.
@@ -197,8 +193,6 @@ impl PostgresStore {
                 Reach::Afar
             };
         }
-        // Without the name's lock, a wake-up may have gone out just before we listened.
-        self.look_again = look.began_listening && !join && link.listening(&request.owner.token);
         if look.position > 0
             && link.listening(&request.owner.token)
             && let Some(prepared) = &self.sql.prepared_wake
@@ -361,9 +355,6 @@ impl Store for PostgresStore {
     }
 
     fn wait(&mut self, request: &Request, until: Moment) -> Result<Waited> {
-        if std::mem::take(&mut self.look_again) {
-            return Ok(Waited::Moved);
-        }
         if let Some(watch) = &self.watch {
             // Far back, with no session: only the end of the waiter we watch moves us.
             return Ok(Waited::told(watch.wait(until.remaining())));

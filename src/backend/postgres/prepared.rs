@@ -47,6 +47,18 @@ impl PreparedWake {
         }
     }
 
+    /// Prepares the wake and has it planned, for one transaction (see
+    /// [`crate::backend::postgres::connect::Session::transact_written`]): a
+    /// round trip. It fails where the server session has the wake prepared
+    /// already (behind a pooler); [`PreparedWake::ready`] is for that one.
+    pub fn readied(&self) -> [String; 3] {
+        [
+            GENERIC_PLAN.to_owned(),
+            self.prepare.clone(),
+            self.plan.clone(),
+        ]
+    }
+
     /// Prepares the wake, unless the server session has it already (behind
     /// a pooler), and has it planned: inside a transaction, which `client` is in.
     pub async fn ready(&self, client: &Client) -> Result<(), tokio_postgres::Error> {
