@@ -1002,6 +1002,80 @@ fn a_waiter_that_comes_in_from_afar_looks_once_and_readies_its_release_at_once()
     assert!(turns <= 3 + 2 + 2 + 1, "{turns} round trips");
 }
 
+/// Far back in line, a waiter that waits for a waiter of its host among the
+/// listeners keeps its place (every TTL/3) with the keep alone: the server
+/// does not read the line for it, which in a line of a thousand made a
+/// hundred such reads a second. It still comes in and is served in order.
+#[test]
+fn a_waiter_far_back_keeps_its_place_without_the_server_reading_the_line() {
+    let Some(server) = PostgresServer::start_with(&[
+        "log_connections=on",
+        "log_statement=all",
+        "log_line_prefix=%c ",
+    ])
+    .map(Arc::new) else {
+        return;
+    };
+    let store = Store::on_postgres(&server);
+    let scratch = Scratch::new();
+    let mut holder = hold(&store, &scratch, "kept", &[]);
+    // One slot and 16 more listen over the sessions they keep; the 18th, with
+    // a TTL of 3 s, keeps its place every second, each time over a new session.
+    let mut waiters = line_up(&store, &scratch, "kept", 17, &["-w", "60"]);
+    let events = scratch.path("far.events");
+    waiters.push(
+        store
+            .lockrun()
+            .args(["--name", "kept", "-w", "60", "--ttl", "3s"])
+            .args(["--log-format", "json", "true"])
+            .stderr(fs::File::create(&events).unwrap())
+            .start(),
+    );
+    wait_until("the far waiter in line", || {
+        fs::read_to_string(&events).is_ok_and(|text| text.contains(r#""waiting""#))
+    });
+    let known: Vec<String> = sessions_opened(&server.log());
+    wait_until("three places kept afar", || {
+        sessions_opened(&server.log()).len() >= known.len() + 3
+    });
+    let log = server.log();
+    let afar: Vec<String> = sessions_opened(&log)
+        .into_iter()
+        .filter(|session| !known.contains(session))
+        .collect();
+    let statements: Vec<&str> = log
+        .lines()
+        .filter(|line| {
+            afar.iter()
+                .any(|session| line.starts_with(&format!("{session} ")))
+        })
+        .filter(|line| line.contains("statement: ") || line.contains("execute "))
+        .collect();
+    fs::write(scratch.path("release"), "").unwrap();
+    assert_eq!(wait(&mut holder).code(), Some(0));
+    for waiter in &mut waiters {
+        assert_eq!(wait(waiter).code(), Some(0));
+    }
+    assert!(
+        statements
+            .iter()
+            .any(|line| line.contains("SET expires_at")),
+        "{statements:#?}"
+    );
+    assert!(
+        !statements.iter().any(|line| line.contains("WITH line AS")),
+        "{statements:#?}"
+    );
+}
+
+/// The sessions `log` says were authorized, by their ids (`log_line_prefix=%c `).
+fn sessions_opened(log: &str) -> Vec<String> {
+    log.lines()
+        .filter(|line| line.contains("connection authorized"))
+        .filter_map(|line| line.split_whitespace().next().map(str::to_owned))
+        .collect()
+}
+
 #[test]
 fn a_waiter_too_far_back_to_listen_sleeps_between_its_looks() {
     let Some(store) = Store::postgres() else {

@@ -329,7 +329,7 @@ pub enum Attempt {
 }
 
 /// Where a waiter stands.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Line {
     /// Our place among the waiters, from 1; 0 when we are not in line (`--no-wait`).
     pub position: u32,

@@ -169,6 +169,19 @@ pub fn take(link: &mut PostgresLink, sql: &Sql, request: &Request) -> Result<Opt
     Ok(taken(&results[1]))
 }
 
+/// Keeps our place in line for another TTL, reading nothing: whether it was
+/// still there to keep (not lapsed, nor granted a slot).
+pub fn keep_place(link: &mut PostgresLink, sql: &Sql, request: &Request) -> Result<bool> {
+    let params = Params::new(request);
+    let all = params.all();
+    let results = link.transact(
+        "keep our place",
+        link.patience(),
+        &[(&sql.keep_place, &all[..4])],
+    )?;
+    Ok(!results[0].is_empty())
+}
+
 /// Claims the slot granted to us (see [`Sql::claim`]): renews its lease,
 /// without the name's lock, so that the sharers one release let in do not
 /// wait for each other.
@@ -327,7 +340,12 @@ impl LookReport {
             &just_ahead,
             nearest_local,
         );
-        line.moves_by = [line.moves_by, self.moves_by].into_iter().flatten().min();
+        line.moves_by = match self.reach {
+            // Only the end of the waiter we watch brings us among the
+            // listeners: a lease or place ahead running out does not.
+            Reach::Watching => None,
+            _ => [line.moves_by, self.moves_by].into_iter().flatten().min(),
+        };
         line.watched = self.reach == Reach::Watching;
         if self.reach != Reach::Told {
             // Far back, a dead entry ahead holds nobody up yet: we look at its

@@ -30,7 +30,7 @@ use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
 
 use super::record::{sort, waiting};
-use super::{Abilities, Attempt, Common, Entry, Mode, Owner, Request, Store, Waited};
+use super::{Abilities, Attempt, Common, Entry, Line, Mode, Owner, Request, Store, Waited};
 use crate::error::Result;
 use crate::identity::Process;
 use crate::name::Name;
@@ -88,7 +88,7 @@ impl Options {
             place_kept_at: None,
             refresh_due: None,
             seen: None,
-            watch: None,
+            far: None,
             location,
         }))
     }
@@ -117,6 +117,14 @@ const PACE_FROM_AFAR: Duration = Duration::from_millis(100);
 /// run's message, right after its look, then costs no transaction of its own.
 const SEEN_HOLDERS_FOR: Duration = Duration::from_millis(200);
 
+/// Far back in line: the waiter of our host among the listening places whose
+/// end brings us among them, and the line as the look that found it saw it,
+/// which stands for the line until then (see [`PostgresStore::keep_place_afar`]).
+struct FarBack {
+    end: ProcessEnd,
+    line: Line,
+}
+
 /// The holders of `name` a look saw, and until when they stand for them.
 struct SeenHolders {
     name: String,
@@ -141,8 +149,8 @@ struct PostgresStore {
     refresh_due: Option<Moment>,
     /// The holders the last look saw, for a message that follows it.
     seen: Option<SeenHolders>,
-    /// Far back in line, the waiter of our host whose end brings us among the listeners.
-    watch: Option<ProcessEnd>,
+    /// Far back in line, watching the waiter of our host whose end brings us among the listeners.
+    far: Option<FarBack>,
     /// The server, its password redacted, and the schema.
     location: String,
 }
@@ -178,20 +186,21 @@ impl PostgresStore {
             .place
             .saturating_sub(listener_places(request.parallelism)))
         .max(look.position.saturating_sub(MAX_LISTENERS));
-        self.watch = None;
+        self.far = None;
         if distance > 0 {
             link.disconnect();
             // Not told when the line moves: look again when a waiter of our host
             // among the listening places ends, which brings us among them...
-            self.watch = look.local_at_listening().and_then(Process::watch_end);
-            look.reach = if self.watch.is_some() {
-                Reach::Watching
+            if let Some(end) = look.local_at_listening().and_then(Process::watch_end) {
+                look.reach = Reach::Watching;
+                let as_seen = look.line(&request.owner.process);
+                self.far = Some(FarBack { end, line: as_seen });
             } else {
                 // ... or else in time to come in and listen before the places ahead
                 // have gone, however fast the line moves then.
                 look.moves_by = Some(Moment::now() + PACE_FROM_AFAR * distance);
-                Reach::Afar
-            };
+                look.reach = Reach::Afar;
+            }
         }
         if look.position > 0
             && link.listening(&request.owner.token)
@@ -202,6 +211,29 @@ impl PostgresStore {
             link.ready_wake(prepared);
         }
         Ok(look)
+    }
+
+    /// Far back, a look due only to keep our place keeps it and reads
+    /// nothing while the waiter we watch has not ended: a line of a thousand
+    /// keeps its places without the server reading it a hundred times a
+    /// second. `None` when a look is due, or our place is gone (lapsed, or
+    /// a slot granted to us).
+    fn keep_place_afar(&mut self, request: &Request) -> Result<Option<Line>> {
+        let due = self.refresh_due.is_some_and(Moment::has_passed);
+        let Some(far) = (self.far.as_ref()).filter(|far| due && !far.end.wait(Duration::ZERO))
+        else {
+            return Ok(None);
+        };
+        let as_seen = far.line.clone();
+        let mut link = self.link.borrow_mut();
+        let sent = Moment::now();
+        if !look::keep_place(&mut link, &self.sql, request)? {
+            return Ok(None);
+        }
+        link.disconnect();
+        self.refresh_due = Some(Moment::now() + request.plan.keep_place_every());
+        self.place_kept_at = Some(sent);
+        Ok(Some(as_seen))
     }
 
     /// The statements for tables of `version`: the operators' views read an
@@ -290,6 +322,9 @@ impl Store for PostgresStore {
             }
         }
         if self.in_line {
+            if let Some(line) = self.keep_place_afar(request)? {
+                return Ok(Attempt::Waiting(line));
+            }
             // Keeping our place takes no lock; only a slot that is likely ours needs it.
             let look = self.look(request, false)?;
             if look.position > 0 && !look.admitted {
@@ -355,9 +390,9 @@ impl Store for PostgresStore {
     }
 
     fn wait(&mut self, request: &Request, until: Moment) -> Result<Waited> {
-        if let Some(watch) = &self.watch {
+        if let Some(far) = &self.far {
             // Far back, with no session: only the end of the waiter we watch moves us.
-            return Ok(Waited::told(watch.wait(until.remaining())));
+            return Ok(Waited::told(far.end.wait(until.remaining())));
         }
         let woken = self
             .link

@@ -84,7 +84,8 @@ pub struct Sql {
     /// (granted to us, or taken before a lost reply), if it has not lapsed,
     /// without the name's lock: (slot, fence), or no row.
     pub claim: String,
-    /// $2 token, $4 TTL ms. Keeps our place in line for another TTL, if it has not lapsed.
+    /// $2 token, $4 TTL ms. Keeps our place in line for another TTL, if it
+    /// has not lapsed (nor become a slot granted to us): one row if it has been kept.
     pub keep_place: String,
     /// $1 name, $2 channel prefix, $3 whether the line moved. Grants free
     /// slots to the waiters at the head whom the line lets in
@@ -264,7 +265,7 @@ impl Sql {
             claim,
             keep_place: format!(
                 "UPDATE {waiters} SET expires_at = now() + $4 * interval '1 millisecond'
-                 WHERE token = $2 AND expires_at > now()"
+                 WHERE token = $2 AND expires_at > now() RETURNING token"
             ),
             wake: if version >= MODES_SINCE {
                 format!(
