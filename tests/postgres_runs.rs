@@ -977,16 +977,12 @@ fn a_waiter_that_comes_in_from_afar_looks_once_and_readies_its_release_at_once()
             waiter
         })
         .collect();
-    let events = scratch.path("far.events");
-    let mut far = Store::on_postgres_at(&proxy.url(), Box::new(()))
-        .lockrun()
-        .args(["--name", "in", "-w", "60", "--initial-delay", "30"])
-        .args(["--log-format", "json", "true"])
-        .stderr(fs::File::create(&events).unwrap())
-        .start();
-    wait_until("the far waiter in line", || {
-        fs::read_to_string(&events).is_ok_and(|text| text.contains(r#""waiting""#))
-    });
+    let proxied = Store::on_postgres_at(&proxy.url(), Box::new(()));
+    let mut far = far_waiter(
+        &proxied,
+        &scratch,
+        &["--name", "in", "--initial-delay", "30"],
+    );
     let before = proxy.turns();
     fs::write(scratch.path("release"), "").unwrap();
     assert_eq!(wait(&mut holder).code(), Some(0));
@@ -1005,7 +1001,7 @@ fn a_waiter_that_comes_in_from_afar_looks_once_and_readies_its_release_at_once()
 /// Far back in line, a waiter that waits for a waiter of its host among the
 /// listeners keeps its place (every TTL/3) with the keep alone: the server
 /// does not read the line for it, which in a line of a thousand made a
-/// hundred such reads a second. It still comes in and is served in order.
+/// hundred such reads a second. It still comes in and runs when its turn comes.
 #[test]
 fn a_waiter_far_back_keeps_its_place_without_the_server_reading_the_line() {
     let Some(server) = PostgresServer::start_with(&[
@@ -1022,18 +1018,11 @@ fn a_waiter_far_back_keeps_its_place_without_the_server_reading_the_line() {
     // One slot and 16 more listen over the sessions they keep; the 18th, with
     // a TTL of 3 s, keeps its place every second, each time over a new session.
     let mut waiters = line_up(&store, &scratch, "kept", 17, &["-w", "60"]);
-    let events = scratch.path("far.events");
-    waiters.push(
-        store
-            .lockrun()
-            .args(["--name", "kept", "-w", "60", "--ttl", "3s"])
-            .args(["--log-format", "json", "true"])
-            .stderr(fs::File::create(&events).unwrap())
-            .start(),
-    );
-    wait_until("the far waiter in line", || {
-        fs::read_to_string(&events).is_ok_and(|text| text.contains(r#""waiting""#))
-    });
+    waiters.push(far_waiter(
+        &store,
+        &scratch,
+        &["--name", "kept", "--ttl", "3s"],
+    ));
     let known: Vec<String> = sessions_opened(&server.log());
     wait_until("three places kept afar", || {
         sessions_opened(&server.log()).len() >= known.len() + 3
@@ -1066,6 +1055,22 @@ fn a_waiter_far_back_keeps_its_place_without_the_server_reading_the_line() {
         !statements.iter().any(|line| line.contains("WITH line AS")),
         "{statements:#?}"
     );
+}
+
+/// A waiter that runs `true` with `args` (its name among them), once it is in line.
+fn far_waiter(store: &Store, scratch: &Scratch, args: &[&str]) -> Running {
+    let events = scratch.path("far.events");
+    let waiter = store
+        .lockrun()
+        .args(["-w", "60", "--log-format", "json"])
+        .args(args)
+        .arg("true")
+        .stderr(fs::File::create(&events).unwrap())
+        .start();
+    wait_until("the far waiter in line", || {
+        fs::read_to_string(&events).is_ok_and(|text| text.contains(r#""waiting""#))
+    });
+    waiter
 }
 
 /// The sessions `log` says were authorized, by their ids (`log_line_prefix=%c `).
