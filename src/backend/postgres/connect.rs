@@ -343,9 +343,10 @@ impl Session {
     /// what the ones before it did. Returns the rows of each; a failing
     /// statement aborts the transaction (the ones after it fail too, and
     /// COMMIT rolls it back) and is the failure returned. A statement
-    /// `first` (without parameters) is run and committed in a transaction of
-    /// its own just before, in the same write: the statements see what holds
-    /// from its commit on.
+    /// `first` (without parameters, and one whose commit cannot fail, as
+    /// LISTEN's: a failed commit would leave the statements outside a
+    /// transaction) is run and committed in a transaction of its own just
+    /// before, in the same write: the statements see what holds from its commit on.
     pub fn transact(
         &mut self,
         first: Option<&str>,

@@ -16,7 +16,7 @@ use super::link::PostgresLink;
 use super::sql::{CHANNEL_PREFIX, Sql};
 use super::{holder_entry, millis};
 use crate::backend::record::{Ahead, line};
-use crate::backend::{Entry, Line, Mode, Request};
+use crate::backend::{Entry, Line, Mode, Owner, Request};
 use crate::error::{Error, Result};
 use crate::identity::Process;
 use crate::platform::clock::Moment;
@@ -169,17 +169,22 @@ pub fn take(link: &mut PostgresLink, sql: &Sql, request: &Request) -> Result<Opt
     Ok(taken(&results[1]))
 }
 
-/// Keeps our place in line for another TTL, reading nothing: whether it was
-/// still there to keep (not lapsed, nor granted a slot).
-pub fn keep_place(link: &mut PostgresLink, sql: &Sql, request: &Request) -> Result<bool> {
+/// Keeps our place in line for another TTL, reading nothing else than
+/// whether the waiter `ahead` (its token) still stands in line: `None` when
+/// our place was gone (lapsed, or a slot granted to us), else that.
+pub fn keep_place_behind(
+    link: &mut PostgresLink,
+    sql: &Sql,
+    request: &Request,
+    ahead: &str,
+) -> Result<Option<bool>> {
     let params = Params::new(request);
     let all = params.all();
-    let results = link.transact(
-        "keep our place",
-        link.patience(),
-        &[(&sql.keep_place, &all[..4])],
-    )?;
-    Ok(!results[0].is_empty())
+    let mut with_ahead = all[..4].to_vec();
+    with_ahead.push((&ahead, Type::TEXT));
+    let statement: Statement = (&sql.keep_place_behind, &with_ahead);
+    let results = link.transact("keep our place", link.patience(), &[statement])?;
+    Ok(results[0].first().map(|row| row.get(0)))
 }
 
 /// Claims the slot granted to us (see [`Sql::claim`]): renews its lease,
@@ -290,12 +295,10 @@ impl LookReport {
         })
     }
 
-    /// The process of our host whose end brings us among the waiters the
+    /// The waiter of our host whose end brings us among the waiters the
     /// line keeps told, if one stands within their places ahead of us.
-    pub fn local_at_listening(&self) -> Option<&Process> {
-        self.local_at_listening
-            .as_ref()
-            .map(|waiter| &waiter.owner.process)
+    pub fn local_at_listening(&self) -> Option<&Owner> {
+        self.local_at_listening.as_ref().map(|waiter| &waiter.owner)
     }
 
     /// The live holders of `name` the look saw, as `status` lists them.

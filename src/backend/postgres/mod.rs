@@ -118,10 +118,12 @@ const PACE_FROM_AFAR: Duration = Duration::from_millis(100);
 const SEEN_HOLDERS_FOR: Duration = Duration::from_millis(200);
 
 /// Far back in line: the waiter of our host among the listening places whose
-/// end brings us among them, and the line as the look that found it saw it,
-/// which stands for the line until then (see [`PostgresStore::keep_place_afar`]).
+/// end brings us among them (its process's end, and its token), and the line
+/// as the look that found it saw it, which stands for the line while that
+/// waiter stands in it (see [`PostgresStore::keep_place_afar`]).
 struct FarBack {
     end: ProcessEnd,
+    token: String,
     line: Line,
 }
 
@@ -191,10 +193,18 @@ impl PostgresStore {
             link.disconnect();
             // Not told when the line moves: look again when a waiter of our host
             // among the listening places ends, which brings us among them...
-            if let Some(end) = look.local_at_listening().and_then(Process::watch_end) {
+            let watched = look.local_at_listening().and_then(|waiter| {
+                let end = waiter.process.watch_end()?;
+                Some((end, waiter.token.clone()))
+            });
+            if let Some((end, token)) = watched {
                 look.reach = Reach::Watching;
                 let as_seen = look.line(&request.owner.process);
-                self.far = Some(FarBack { end, line: as_seen });
+                self.far = Some(FarBack {
+                    end,
+                    token,
+                    line: as_seen,
+                });
             } else {
                 // ... or else in time to come in and listen before the places ahead
                 // have gone, however fast the line moves then.
@@ -214,26 +224,31 @@ impl PostgresStore {
     }
 
     /// Far back, a look due only to keep our place keeps it and reads
-    /// nothing while the waiter we watch has not ended: a line of a thousand
-    /// keeps its places without the server reading it a hundred times a
-    /// second. `None` when a look is due, or our place is gone (lapsed, or
-    /// a slot granted to us).
+    /// nothing more while the waiter we watch stands in line ahead of us:
+    /// only once it has left the line (for a slot, or gone) can we be among
+    /// the listeners, and a line of a thousand keeps its places without the
+    /// server reading it a hundred times a second. `None` when a look is
+    /// due: that waiter left the line, or our place is gone (lapsed, or a
+    /// slot granted to us).
     fn keep_place_afar(&mut self, request: &Request) -> Result<Option<Line>> {
         let due = self.refresh_due.is_some_and(Moment::has_passed);
         let Some(far) = (self.far.as_ref()).filter(|far| due && !far.end.wait(Duration::ZERO))
         else {
             return Ok(None);
         };
-        let as_seen = far.line.clone();
         let mut link = self.link.borrow_mut();
         let sent = Moment::now();
-        if !look::keep_place(&mut link, &self.sql, request)? {
-            return Ok(None);
+        let kept = look::keep_place_behind(&mut link, &self.sql, request, &far.token);
+        if matches!(kept, Ok(Some(true)) | Err(_)) {
+            // Otherwise we look at once, over the same session.
+            link.disconnect();
         }
-        link.disconnect();
+        let Some(ahead_waits) = kept? else {
+            return Ok(None);
+        };
         self.refresh_due = Some(Moment::now() + request.plan.keep_place_every());
         self.place_kept_at = Some(sent);
-        Ok(Some(as_seen))
+        Ok(ahead_waits.then(|| far.line.clone()))
     }
 
     /// The statements for tables of `version`: the operators' views read an

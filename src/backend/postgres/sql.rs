@@ -84,9 +84,12 @@ pub struct Sql {
     /// (granted to us, or taken before a lost reply), if it has not lapsed,
     /// without the name's lock: (slot, fence), or no row.
     pub claim: String,
-    /// $2 token, $4 TTL ms. Keeps our place in line for another TTL, if it
-    /// has not lapsed (nor become a slot granted to us): one row if it has been kept.
+    /// $2 token, $4 TTL ms. Keeps our place in line for another TTL, if it has not lapsed.
     pub keep_place: String,
+    /// $2 token, $4 TTL ms, $5 another waiter's token. Keeps our place as
+    /// `keep_place` does (one row if it was there to keep: not lapsed, nor
+    /// become a slot granted to us), and says whether that waiter still stands in line.
+    pub keep_place_behind: String,
     /// $1 name, $2 channel prefix, $3 whether the line moved. Grants free
     /// slots to the waiters at the head whom the line lets in
     /// (`Request::admitted` for each, those ahead of it let in first), in
@@ -265,7 +268,12 @@ impl Sql {
             claim,
             keep_place: format!(
                 "UPDATE {waiters} SET expires_at = now() + $4 * interval '1 millisecond'
-                 WHERE token = $2 AND expires_at > now() RETURNING token"
+                 WHERE token = $2 AND expires_at > now()"
+            ),
+            keep_place_behind: format!(
+                "UPDATE {waiters} SET expires_at = now() + $4 * interval '1 millisecond'
+                 WHERE token = $2 AND expires_at > now()
+                 RETURNING EXISTS (SELECT FROM {waiters} WHERE token = $5 AND expires_at > now())"
             ),
             wake: if version >= MODES_SINCE {
                 format!(
