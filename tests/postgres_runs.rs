@@ -1057,6 +1057,34 @@ fn a_waiter_far_back_keeps_its_place_without_the_server_reading_the_line() {
     );
 }
 
+/// Far back in line, a waiter that waits for the end of a waiter of its host
+/// among the listeners looks again once that waiter has left the line though
+/// its process lives on. Here it is paused and its place lapses; the waiters
+/// between are killed, and so is the holder. Their places and the holder's
+/// lease run out and nobody releases, so nobody grants the free slot to the
+/// far waiter, now at the head: it must see that for itself, not wait for
+/// the paused process's end.
+#[test]
+fn a_far_waiter_looks_again_once_the_waiter_it_watches_has_left_the_line_alive() {
+    let Some(store) = Store::postgres() else {
+        return;
+    };
+    let scratch = Scratch::new();
+    let ttl = ["--ttl", "3s"];
+    let mut holder = hold(&store, &scratch, "left", &ttl);
+    let mut waiters = line_up(&store, &scratch, "left", 17, &["-w", "60", "--ttl", "3s"]);
+    let mut far = far_waiter(&store, &scratch, &["--name", "left", "--ttl", "3s"]);
+    let watched = waiters[0].id();
+    signal(watched, nix::sys::signal::Signal::SIGSTOP);
+    for gone in waiters[1..].iter_mut().chain([&mut holder]) {
+        gone.kill().unwrap();
+        gone.wait().unwrap();
+    }
+    let status = wait(&mut far);
+    signal(watched, nix::sys::signal::Signal::SIGKILL);
+    assert_eq!(status.code(), Some(0));
+}
+
 /// A waiter that runs `true` with `args` (its name among them), once it is in line.
 fn far_waiter(store: &Store, scratch: &Scratch, args: &[&str]) -> Running {
     let events = scratch.path("far.events");
