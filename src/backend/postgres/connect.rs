@@ -342,22 +342,22 @@ impl Session {
     /// the statements and COMMIT go out in one write. Each statement sees
     /// what the ones before it did. Returns the rows of each; a failing
     /// statement aborts the transaction (the ones after it fail too, and
-    /// COMMIT rolls it back) and is the failure returned. A statement
-    /// `first` (without parameters, and one whose commit cannot fail, as
-    /// LISTEN's: a failed commit would leave the statements outside a
-    /// transaction) is run and committed in a transaction of its own just
-    /// before, in the same write: the statements see what holds from its commit on.
+    /// COMMIT rolls it back) and is the failure returned. With `listen_on`,
+    /// the session LISTENs on that channel in a transaction of its own,
+    /// committed just before in the same write: what a notification sent
+    /// before that commit said, the statements see, and every one sent after
+    /// it reaches us.
     pub fn transact(
         &mut self,
-        first: Option<&str>,
+        listen_on: Option<&str>,
         what: &str,
         within: Duration,
         statements: &[Statement],
     ) -> Result<Vec<Vec<Row>>, Failure> {
-        let begin = match first {
-            Some(first) => {
+        let begin = match listen_on {
+            Some(channel) => {
                 let limits = begin_with_limits(within);
-                format!("{limits}; {first}; COMMIT; {limits}")
+                format!("{limits}; LISTEN \"{channel}\"; COMMIT; {limits}")
             }
             None => begin_with_limits(within),
         };

@@ -164,14 +164,14 @@ impl PostgresLink {
         within: Duration,
         statements: &[Statement],
     ) -> Result<Vec<Vec<Row>>> {
-        self.transact_after(None, what, within, statements)
+        self.transact_listening(None, what, within, statements)
     }
 
-    /// [`PostgresLink::transact`], with `first` committed in a transaction
-    /// of its own just before, in the same round trip (see [`Session::transact`]).
-    pub fn transact_after(
+    /// [`PostgresLink::transact`], listening on the channel `listen_on` from
+    /// just before, in the same round trip (see [`Session::transact`]).
+    pub fn transact_listening(
         &mut self,
-        first: Option<&str>,
+        listen_on: Option<&str>,
         what: &str,
         within: Duration,
         statements: &[Statement],
@@ -180,12 +180,12 @@ impl PostgresLink {
         let reused = self.session.as_ref().is_some_and(Session::is_usable);
         let result = self
             .session(within)?
-            .transact(first, what, within, statements);
+            .transact(listen_on, what, within, statements);
         match result {
             Err(failure) if reused && failure.is_transient() && self.is_broken() => {
                 let left = deadline.remaining();
                 self.session(left)?
-                    .transact(first, what, left, statements)
+                    .transact(listen_on, what, left, statements)
                     .map_err(|failure| self.failed(failure))
             }
             result => result.map_err(|failure| self.failed(failure)),

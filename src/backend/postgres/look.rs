@@ -218,8 +218,7 @@ impl LookReport {
         // after the look read the line reaches us, and what one sent before
         // it said the look sees.
         let began_listening = request.queue && !link.listening(&request.owner.token);
-        let listen =
-            began_listening.then(|| format!("LISTEN \"{CHANNEL_PREFIX}{}\"", request.owner.token));
+        let channel = began_listening.then(|| format!("{CHANNEL_PREFIX}{}", request.owner.token));
         let mut statements: Vec<Statement> = Vec::new();
         // Where the take's rows are, when there is one.
         let mut take = None;
@@ -252,7 +251,7 @@ impl LookReport {
         } else {
             "look at the line"
         };
-        let results = link.transact_after(listen.as_deref(), what, link.patience(), &statements)?;
+        let results = link.transact_listening(channel.as_deref(), what, link.patience(), &statements)?;
         if join {
             link.doubt_wakeups();
         }
