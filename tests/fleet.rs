@@ -155,8 +155,10 @@ fn postgres_store() -> Option<(Store, Gauge)> {
 fn postgres_gauge(server: Arc<crate::support::postgres::PostgresServer>) -> Gauge {
     let read = move || {
         let calls = server.transactions();
-        let row = server
-            .client()
+        // Kept open until the postmaster is found from its server process,
+        // which may otherwise have exited already.
+        let mut client = server.client();
+        let row = client
             .query_one(
                 "SELECT (SELECT count(*) FROM pg_stat_activity \
                  WHERE backend_type = 'client backend'), pg_backend_pid()",
@@ -166,10 +168,12 @@ fn postgres_gauge(server: Arc<crate::support::postgres::PostgresServer>) -> Gaug
         // The postmaster: the parent of this session's server process; its
         // children's CPU time (running and reaped sessions) counts as its own.
         let backend: i32 = row.get(1);
-        let postmaster = parent_of(backend.unsigned_abs());
+        let postmaster =
+            parent_of(backend.unsigned_abs()).expect("the postmaster, from its server process");
+        drop(client);
         Work {
             calls,
-            cpu: postmaster.map_or(Duration::ZERO, cpu_time_with_children),
+            cpu: cpu_time_with_children(postmaster),
             connections: Some(row.get::<_, i64>(0).unsigned_abs().saturating_sub(1)),
             memory: None,
         }

@@ -251,7 +251,8 @@ impl LookReport {
         } else {
             "look at the line"
         };
-        let results = link.transact_listening(channel.as_deref(), what, link.patience(), &statements)?;
+        let results =
+            link.transact_listening(channel.as_deref(), what, link.patience(), &statements)?;
         if join {
             link.doubt_wakeups();
         }
