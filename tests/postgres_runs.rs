@@ -1072,6 +1072,7 @@ fn a_far_waiter_looks_again_once_the_waiter_it_watches_has_left_the_line_alive()
     let scratch = Scratch::new();
     let ttl = ["--ttl", "3s"];
     let mut holder = hold(&store, &scratch, "left", &ttl);
+    // One slot and 16 more listen; the 18th stands beyond them and watches the first.
     let mut waiters = line_up(&store, &scratch, "left", 17, &["-w", "60", "--ttl", "3s"]);
     let mut far = far_waiter(&store, &scratch, &["--name", "left", "--ttl", "3s"]);
     let watched = waiters[0].id();
