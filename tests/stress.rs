@@ -107,7 +107,7 @@ pub fn contend(store: &Store, slots: u32) {
     let after_death = match store.kind {
         "file" => Duration::ZERO,
         // An entry on S3 is recorded with a TTL of at least 2 s, whatever
-        // `--ttl` asks (docs/backends/s3.md: "The TTL").
+        // `--ttl` asks (docs/backends/s3.md: "S3 backend").
         "s3" => TTL.max(Duration::from_secs(2)),
         _ => TTL,
     };
