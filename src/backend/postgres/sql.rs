@@ -221,6 +221,10 @@ impl Sql {
             "token, pid, start_time, boot_id, host, command, {mode} AS mode,
              (extract(epoch FROM expires_at) * 1000)::bigint AS expires_ms"
         );
+        let keep_place = format!(
+            "UPDATE {waiters} SET expires_at = now() + $4 * interval '1 millisecond'
+             WHERE token = $2 AND expires_at > now()"
+        );
         let mut sql = Self {
             lock_new: format!(
                 "INSERT INTO {locks} AS l (name) VALUES ($1)
@@ -266,15 +270,11 @@ impl Sql {
                  ON CONFLICT (token) DO UPDATE SET expires_at = excluded.expires_at"
             ),
             claim,
-            keep_place: format!(
-                "UPDATE {waiters} SET expires_at = now() + $4 * interval '1 millisecond'
-                 WHERE token = $2 AND expires_at > now()"
-            ),
             keep_place_behind: format!(
-                "UPDATE {waiters} SET expires_at = now() + $4 * interval '1 millisecond'
-                 WHERE token = $2 AND expires_at > now()
+                "{keep_place}
                  RETURNING EXISTS (SELECT FROM {waiters} WHERE token = $5 AND expires_at > now())"
             ),
+            keep_place,
             wake: if version >= MODES_SINCE {
                 format!(
                     "WITH line AS ({line}), room AS (
