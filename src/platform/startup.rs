@@ -48,7 +48,7 @@ macro_rules! entry_point {
     };
 }
 
-/// The process's own argv, as the C runtime passed it, for [`blank_arguments`].
+/// The process's own argv, as the C runtime passed it, for [`blank_arguments`] and [`retitle`].
 static ARGV: AtomicPtr<*mut c_char> = AtomicPtr::new(std::ptr::null_mut());
 static ARGC: AtomicUsize = AtomicUsize::new(0);
 
@@ -100,6 +100,46 @@ pub fn blank_arguments(secret: impl Fn(&[u8]) -> Vec<Range<usize>>) {
                 bytes[span].fill(b'*');
             }
         }
+    }
+}
+
+/// Writes `title` over the process's command line, where `ps` and
+/// /proc/PID/cmdline read it, and zeroes the rest of its arguments' memory
+/// (setproctitle's way): for a forked process that is not lockrun (the
+/// watchdog). The area is the argv strings the kernel laid end to end from
+/// `argv[0]`, as the C runtime passed them, so no /proc read is needed to find
+/// it; a title that does not fit is not written. Nothing happens unless
+/// [`arguments`] ran.
+pub fn retitle(title: &CStr) {
+    let words = ARGV.load(Ordering::Relaxed);
+    let count = ARGC.load(Ordering::Relaxed);
+    if words.is_null() || count == 0 {
+        return;
+    }
+    // SAFETY: `arguments` stored argv and argc as the C runtime passed them:
+    // `words[index]` is a NUL-terminated string that lives as long as the
+    // process and that nothing reads any more (the arguments were copied at
+    // start-up). Only strings that follow each other without a gap are
+    // spanned, so the area is exec's own argument memory, writable, from the
+    // first string's start to past the last one's NUL.
+    unsafe {
+        let start = *words;
+        let mut end = start;
+        for index in 0..count {
+            let word = *words.add(index);
+            if word != end {
+                break;
+            }
+            end = word.add(CStr::from_ptr(word).count_bytes() + 1);
+        }
+        let title = title.to_bytes_with_nul();
+        let length = end.offset_from(start).unsigned_abs();
+        if length < title.len() {
+            return;
+        }
+        let area = std::slice::from_raw_parts_mut(start.cast::<u8>(), length);
+        area.fill(0);
+        area[..title.len()].copy_from_slice(title);
     }
 }
 

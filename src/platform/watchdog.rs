@@ -557,33 +557,8 @@ fn exit() -> ! {
 }
 
 /// Takes the watchdog's own name: its command name, and its command line in
-/// place of lockrun's (setproctitle's way: the arguments' memory, this
-/// process's own copy since the fork, is written over).
+/// place of lockrun's (this process's own copy of it since the fork).
 fn rename() {
     let _ = nix::sys::prctl::set_name(NAME);
-    let Some((start, end)) = arguments_area() else {
-        return;
-    };
-    let name = NAME.to_bytes_with_nul();
-    if end - start < name.len() {
-        return;
-    }
-    // SAFETY: [start, end) is where the kernel put this process's arguments at
-    // exec, in its stack: mapped, writable, and read by nothing in this process
-    // after the fork (lockrun copied what it needed at start-up).
-    unsafe {
-        let area = std::slice::from_raw_parts_mut(start as *mut u8, end - start);
-        area.fill(0);
-        area[..name.len()].copy_from_slice(name);
-    }
-}
-
-/// Where this process's arguments are, from `/proc/self/stat` (fields 48 and 49).
-fn arguments_area() -> Option<(usize, usize)> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // The command name (field 2) may contain spaces and parentheses: skip past its last ')'.
-    let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace().skip(45);
-    let first = fields.next()?.parse().ok()?;
-    let past_last = fields.next()?.parse().ok()?;
-    (first < past_last).then_some((first, past_last))
+    super::startup::retitle(NAME);
 }
