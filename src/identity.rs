@@ -108,10 +108,36 @@ fn start_time(pid: u32) -> Option<u64> {
 /// The name of the user this process runs as, or its uid where it has none.
 pub fn user_name() -> String {
     let uid = nix::unistd::getuid();
-    nix::unistd::User::from_uid(uid)
+    name_of(uid).unwrap_or_else(|| uid.to_string())
+}
+
+/// The name of the user `uid`, if it has one. /etc/passwd is read first, as
+/// glibc's own "files" source reads it: NSS's start (nsswitch.conf, nscd's
+/// socket, perhaps a module loaded) costs about 0.1 ms of a 2 ms run
+/// (BENCHMARKS.md: "Start-up: where a `lockrun -- true` goes (default build)").
+/// NSS is asked only for a user the file does not list (a directory's: LDAP, sssd).
+pub fn name_of(uid: nix::unistd::Uid) -> Option<String> {
+    std::fs::read_to_string("/etc/passwd")
         .ok()
-        .flatten()
-        .map_or_else(|| uid.to_string(), |user| user.name)
+        .and_then(|passwd| listed_user_name(&passwd, uid.as_raw()).map(str::to_owned))
+        .or_else(|| {
+            nix::unistd::User::from_uid(uid)
+                .ok()
+                .flatten()
+                .map(|user| user.name)
+        })
+}
+
+/// The name on the first line of a passwd(5) file with this uid; NIS's
+/// `+`/`-` lines and comments name nobody.
+fn listed_user_name(passwd: &str, uid: u32) -> Option<&str> {
+    passwd.lines().find_map(|line| {
+        let mut fields = line.split(':');
+        let name = fields.next()?;
+        let listed_uid = fields.nth(1)?.parse::<u32>().ok()?;
+        let named = !name.is_empty() && !name.starts_with(['+', '-', '#']);
+        (named && listed_uid == uid).then_some(name)
+    })
 }
 
 fn host_name() -> String {
@@ -154,6 +180,16 @@ mod tests {
             "{a}"
         );
         assert_ne!(a, b);
+    }
+
+    #[test]
+    fn a_user_is_named_by_the_first_passwd_line_with_its_uid() {
+        let passwd = "# local users\n+nis:x:1000:1000::/:/bin/sh\nroot:x:0:0:root:/root:/bin/bash\n\
+                      alice:x:1000:1000::/home/alice:/bin/sh\nalias:x:1000:1000::/:/bin/sh\nbad:x:12x:1::/:\n";
+        assert_eq!(listed_user_name(passwd, 0), Some("root"));
+        assert_eq!(listed_user_name(passwd, 1000), Some("alice"));
+        assert_eq!(listed_user_name(passwd, 12), None);
+        assert_eq!(listed_user_name(passwd, 4242), None);
     }
 
     #[test]

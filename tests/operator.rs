@@ -146,6 +146,12 @@ fn status_json_has_exactly_the_spec_keys() {
         "file locks have no lease"
     );
     assert_eq!(object["command"], "/bin/sh", "the program, not its script");
+    let user = std::process::Command::new("id")
+        .arg("-un")
+        .output()
+        .expect("id runs");
+    let user = String::from_utf8_lossy(&user.stdout);
+    assert_eq!(object["user"], user.trim(), "the holder's user, by name");
     let_go(&scratch, holder);
 }
 

@@ -461,10 +461,7 @@ fn local_socket(port: u16) -> Host {
 
 /// The name of the effective user, as libpq takes it when no user is given.
 fn os_user() -> Option<String> {
-    nix::unistd::User::from_uid(nix::unistd::geteuid())
-        .ok()
-        .flatten()
-        .map(|user| user.name)
+    crate::identity::name_of(nix::unistd::geteuid())
 }
 
 fn percent_decode(text: &str, what: &str) -> Result<String, String> {
