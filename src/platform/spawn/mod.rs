@@ -25,7 +25,6 @@ use nix::sys::wait::waitpid;
 use nix::unistd::{Pid, getpid, getppid, setpgid};
 
 pub use exec::Exec;
-use stack::Stack;
 
 use super::clock::Moment;
 use super::watchdog::Announcer;
@@ -55,7 +54,7 @@ pub fn spawn(
     let parent = getpid();
     // The child reports why it could not exec here: it shares this memory.
     let failure = AtomicI32::new(0);
-    let mut stack = Stack::new()?;
+    let stack = stack::map()?;
     let child = || -> isize {
         let errno = setup(parent, tty, watchdog, start_before)
             .map_or_else(|errno| errno as i32, |()| prepared.exec());
@@ -68,7 +67,7 @@ pub fn spawn(
     let pid = unsafe {
         clone(
             Box::new(child),
-            stack.as_mut_slice(),
+            stack,
             CloneFlags::CLONE_VM | CloneFlags::CLONE_VFORK,
             Some(Signal::SIGCHLD as i32),
         )
