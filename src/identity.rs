@@ -114,8 +114,9 @@ pub fn user_name() -> String {
 /// The name of the user `uid`, if it has one. /etc/passwd is read first, as
 /// glibc's own "files" source reads it: NSS's start (nsswitch.conf, nscd's
 /// socket, perhaps a module loaded) costs about 0.1 ms of a 2 ms run
-/// (BENCHMARKS.md: "Start-up: where a `lockrun -- true` goes (default build)").
-/// NSS is asked only for a user the file does not list (a directory's: LDAP, sssd).
+/// (BENCHMARKS.md: "Less work per run: the user's name, the spawn's stack, the
+/// watchdog's title"). NSS is asked only for a user the file does not list (a
+/// directory's: LDAP, sssd).
 pub fn name_of(uid: nix::unistd::Uid) -> Option<String> {
     std::fs::read_to_string("/etc/passwd")
         .ok()

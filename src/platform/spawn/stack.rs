@@ -5,9 +5,9 @@
 //! It is never unmapped: lockrun starts one command, and unmapping memory that
 //! the child used, perhaps on another processor, has the kernel flush that
 //! processor's TLB by an interrupt and wait for it, 0.2-0.5 ms of a 2.5 ms
-//! run on a virtual machine whose other processor slept (BENCHMARKS.md:
-//! "Start-up: where a `lockrun -- true` goes (default build)"). lockrun's exit
-//! takes it down with the rest of its memory.
+//! run on a virtual machine whose other processor slept (BENCHMARKS.md: "Less
+//! work per run: the user's name, the spawn's stack, the watchdog's title").
+//! lockrun's exit takes it down with the rest of its memory.
 
 #![allow(unsafe_code)]
 
